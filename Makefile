@@ -1,0 +1,37 @@
+# Set-up and checks. Everything lives in .venv at the repository root.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+FAIRSEQ_VERSION := 0.12.3.1
+# fairseq-fixed's C++/Cython extensions are tied to the torch ABI and the numpy major version:
+# its built wheel is cached under a key naming all of them (pip's own cache keys only the sdist).
+WHEEL_CACHE ?= $(HOME)/.cache/fairseq_tying/wheels
+PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+WHEEL_DIR := $(WHEEL_CACHE)/$(PY_TAG)-torch$(TORCH_VERSION)-numpy1-fairseq$(FAIRSEQ_VERSION)
+
+.PHONY: setup test lint demo clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "torch==$(TORCH_VERSION)" "numpy<2" cython setuptools wheel
+	test -n "$$(ls $(WHEEL_DIR)/fairseq_fixed-*.whl 2>/dev/null)" || { \
+	  rm -rf $(WHEEL_DIR).tmp && \
+	  $(PIP) wheel -q --no-build-isolation --no-deps --no-cache-dir -w $(WHEEL_DIR).tmp \
+	    "fairseq-fixed==$(FAIRSEQ_VERSION)" && \
+	  rm -rf $(WHEEL_DIR) && mv $(WHEEL_DIR).tmp $(WHEEL_DIR); }
+	$(PIP) install -q $(WHEEL_DIR)/fairseq_fixed-*.whl
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check fairseq_tying scripts tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

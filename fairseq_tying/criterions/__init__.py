@@ -1,0 +1,1 @@
+"""Criterions registered with fairseq."""

@@ -1,0 +1,1 @@
+"""Data preparation: the embedded Bible corpus, standard benchmarks, subwords."""

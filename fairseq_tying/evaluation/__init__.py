@@ -1,0 +1,1 @@
+"""Evaluation: generation, sacrebleu scoring, significance tests, tables and plots."""

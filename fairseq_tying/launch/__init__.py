@@ -1,0 +1,1 @@
+"""Launching sweeps on SLURM with submitit (or locally)."""
