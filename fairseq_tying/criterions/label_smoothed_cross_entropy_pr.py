@@ -1,0 +1,77 @@
+"""Label-smoothed cross-entropy + Press & Wolf's projection regularization λ‖P‖², with
+statistics of the tied matrix's row norms logged every update."""
+
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+from fairseq.logging import metrics
+
+NORM_STATS = ("wnorm_mean", "wnorm_std", "wnorm_min", "wnorm_max")
+
+
+@dataclass
+class ProjectionRegConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    projection_reg: float = field(
+        default=0.15,
+        metadata={"help": "weight λ of the penalty λ‖P‖² on the --tied-projection matrix P"},
+    )
+
+
+def row_norm_stats(weight: torch.Tensor, padding_idx: Optional[int]) -> dict[str, float]:
+    """Mean, std, min and max of ‖w_i‖ over the rows (the padding row excluded)."""
+    with torch.no_grad():
+        norms = weight.float().norm(dim=-1)
+        if padding_idx is not None:
+            norms = torch.cat([norms[:padding_idx], norms[padding_idx + 1:]])
+        stats = torch.stack([norms.mean(), norms.std(), norms.min(), norms.max()]).tolist()
+    return dict(zip(NORM_STATS, stats, strict=True))
+
+
+@register_criterion("label_smoothed_cross_entropy_pr", dataclass=ProjectionRegConfig)
+class LabelSmoothedCrossEntropyPR(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
+                 report_accuracy=False, projection_reg=0.15):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        self.projection_reg = projection_reg
+
+    def forward(self, model, sample, reduce=True):
+        loss, sample_size, logging_output = super().forward(model, sample, reduce)
+        scorer = getattr(model.decoder, "scorer", None)
+        if scorer is None:
+            return loss, sample_size, logging_output
+        if scorer.projection is not None and model.training and self.projection_reg > 0:
+            # fairseq divides the summed loss by sample_size: scale so the mean gets λ‖P‖².
+            penalty = self.projection_reg * scorer.projection.weight.float().pow(2).sum()
+            loss = loss + penalty * sample_size
+            logging_output["loss"] = loss.data
+            logging_output["proj_reg"] = penalty.item()
+        padding = model.decoder.embed_tokens.padding_idx
+        logging_output.update(row_norm_stats(scorer.weight, padding))
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        logs = [log for log in logging_outputs if "wnorm_mean" in log]
+        if not logs:
+            return
+        for key, combine in (("wnorm_mean", _mean), ("wnorm_std", _mean),
+                             ("wnorm_min", min), ("wnorm_max", max), ("proj_reg", _mean)):
+            values = [log[key] for log in logs if key in log]
+            if values:
+                metrics.log_scalar(key, combine(values), round=4)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return False  # min/max/means are not sums
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)

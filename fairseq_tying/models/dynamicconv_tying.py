@@ -1,0 +1,91 @@
+"""DynamicConv (fairseq's lightconv family, dynamic convolutions) with tying and output layers."""
+
+from __future__ import annotations
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.lightconv import (
+    LightConvDecoder,
+    LightConvEncoder,
+    LightConvModel,
+    lightconv_iwslt_de_en,
+    lightconv_wmt_en_de_big,
+)
+from fairseq.models.lightconv import base_architecture as lightconv_base
+
+from fairseq_tying.models.tying import (
+    ScorerDecoderMixin,
+    TyingSpec,
+    add_tying_args,
+    attach_scorer,
+    build_embeddings,
+    tying_defaults,
+)
+
+# fairseq's default kernel sizes per block (7 encoder blocks, 6 decoder blocks).
+KERNEL_SIZES = [3, 7, 15, 31, 31, 31, 31]
+
+
+class DynamicConvDecoder(ScorerDecoderMixin, LightConvDecoder):
+    """fairseq's lightconv decoder split into ``extract_features`` and ``output_layer``.
+
+    ``attach_scorer`` makes the stock forward stop at the features (its output projection is
+    the identity), so ``extract_features`` is that forward and scores come from ``self.scorer``.
+    """
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         **kwargs):
+        return super().forward(prev_output_tokens, encoder_out, incremental_state)
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                features_only: bool = False, **kwargs):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        return (x if features_only else self.output_layer(x)), extra
+
+
+@register_model("dynamicconv_tying")
+class DynamicConvModel(LightConvModel):
+    @staticmethod
+    def add_args(parser):
+        LightConvModel.add_args(parser)
+        add_tying_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        lightconv_base(args)
+        args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
+        args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
+        spec = TyingSpec.from_args(args, task)
+        args.share_all_embeddings = spec.mode == "three_way"
+        args.share_decoder_input_output_embed = spec.mode != "none"
+        encoder_embed, decoder_embed = build_embeddings(spec, args, task)
+        encoder = LightConvEncoder(args, task.source_dictionary, encoder_embed)
+        decoder = DynamicConvDecoder(args, task.target_dictionary, decoder_embed)
+        attach_scorer(decoder, spec)
+        return cls(encoder, decoder)
+
+
+def _kernel_sizes(layers: int) -> list[int]:
+    return (KERNEL_SIZES + [KERNEL_SIZES[-1]] * layers)[:layers]
+
+
+def _register(name: str, preset, tying: str) -> None:
+    def architecture(args):
+        tying_defaults(args, tying)
+        args.encoder_conv_type = getattr(args, "encoder_conv_type", "dynamic")
+        args.decoder_conv_type = getattr(args, "decoder_conv_type", "dynamic")
+        args.encoder_layers = getattr(args, "encoder_layers", 7)
+        args.decoder_layers = getattr(args, "decoder_layers", 6)
+        # Kernel-size lists follow the layer counts unless given explicitly.
+        args.encoder_kernel_size_list = getattr(
+            args, "encoder_kernel_size_list", _kernel_sizes(args.encoder_layers))
+        args.decoder_kernel_size_list = getattr(
+            args, "decoder_kernel_size_list", _kernel_sizes(args.decoder_layers))
+        preset(args)
+
+    register_model_architecture("dynamicconv_tying", name)(architecture)
+
+
+for _suffix, _preset in (("", lightconv_base), ("_iwslt_de_en", lightconv_iwslt_de_en),
+                         ("_wmt_en_de_big", lightconv_wmt_en_de_big)):
+    _register(f"dynamicconv_dwt{_suffix}", _preset, "decoder")
+    _register(f"dynamicconv_twwt{_suffix}", _preset, "three_way")

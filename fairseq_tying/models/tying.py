@@ -1,0 +1,113 @@
+"""Tying modes shared by both model families: flags, validation and embedding construction.
+
+- ``none``       encoder input, decoder input and decoder output each have their own matrix;
+- ``decoder``    decoder input = decoder output (DWT, Press & Wolf 2017);
+- ``three_way``  encoder input = decoder input = decoder output (TWWT; needs a joined dictionary).
+"""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser, Namespace
+from dataclasses import dataclass
+
+from torch import nn
+
+from fairseq_tying import scoring
+from fairseq_tying.output_layer import OutputScorer, TiedEmbedding
+
+TYING_MODES = ("none", "decoder", "three_way")
+
+
+def add_tying_args(parser: ArgumentParser) -> None:
+    # No defaults here: fairseq's architecture functions fill them in (see ``tying_defaults``).
+    parser.add_argument("--tying", choices=TYING_MODES,
+                        help="which embeddings share one matrix (default: set by the --arch)")
+    parser.add_argument("--output-layer", choices=scoring.RULES,
+                        help="scoring rule over the tied matrix (default: dot)")
+    parser.add_argument("--tied-projection", action="store_true",
+                        help="learned linear map from the decoder output (size H) to the "
+                             "embedding size D before the output layer; allows H != D")
+    parser.add_argument("--tied-embed-dim", type=int, metavar="D",
+                        help="columns of the decoder's (tied) embedding matrix "
+                             "(default: --decoder-embed-dim); needs --tied-projection if different")
+
+
+def tying_defaults(args: Namespace, tying: str) -> None:
+    args.tying = getattr(args, "tying", None) or tying
+    args.output_layer = getattr(args, "output_layer", None) or "dot"
+    args.tied_projection = getattr(args, "tied_projection", False)
+    args.tied_embed_dim = getattr(args, "tied_embed_dim", None)
+
+
+@dataclass(frozen=True)
+class TyingSpec:
+    mode: str
+    rule: str
+    embed_dim: int  # D, columns of the decoder's embedding matrix
+    hidden_dim: int  # H, size of the decoder output fed to the output layer
+    projection: bool
+
+    @classmethod
+    def from_args(cls, args: Namespace, task) -> TyingSpec:
+        """Validate the tying flags against the model flags and the task's dictionaries."""
+        hidden = args.decoder_output_dim
+        spec = cls(args.tying, args.output_layer, args.tied_embed_dim or args.decoder_embed_dim,
+                   hidden, bool(args.tied_projection))
+        if getattr(args, "share_all_embeddings", False) and spec.mode != "three_way":
+            raise ValueError(f"--share-all-embeddings conflicts with --tying {spec.mode}; "
+                             "use --tying three_way instead")
+        if spec.mode == "three_way":
+            if task.source_dictionary != task.target_dictionary:
+                raise ValueError(
+                    "--tying three_way (the *_twwt archs) shares one matrix between source and "
+                    "target: binarize the data with fairseq-preprocess --joined-dictionary "
+                    "(or use --tying decoder)")
+            if args.encoder_embed_dim != spec.embed_dim:
+                raise ValueError(
+                    f"--tying three_way needs --encoder-embed-dim ({args.encoder_embed_dim}) equal "
+                    f"to the tied embedding size D ({spec.embed_dim}; --tied-embed-dim)")
+        if spec.mode != "none" and spec.hidden_dim != spec.embed_dim and not spec.projection:
+            raise ValueError(
+                f"the decoder output size H={spec.hidden_dim} differs from the tied embedding "
+                f"size D={spec.embed_dim}: add --tied-projection (a learned H->D map)")
+        return spec
+
+    @property
+    def normalize_inputs(self) -> bool:
+        return self.mode != "none" and self.rule in scoring.NORMALIZED_INPUT_RULES
+
+
+def build_embeddings(spec: TyingSpec, args: Namespace, task) -> tuple[TiedEmbedding, TiedEmbedding]:
+    """Encoder and decoder input embeddings; one module under three-way tying."""
+    src, tgt = task.source_dictionary, task.target_dictionary
+    decoder_dim = spec.embed_dim if spec.mode != "none" else args.decoder_embed_dim
+    decoder = TiedEmbedding(len(tgt), decoder_dim, tgt.pad())
+    decoder.normalize_rows = spec.normalize_inputs
+    if spec.mode == "three_way":
+        return decoder, decoder
+    return TiedEmbedding(len(src), args.encoder_embed_dim, src.pad()), decoder
+
+
+def attach_scorer(decoder: nn.Module, spec: TyingSpec) -> None:
+    """Route the decoder's output through an ``OutputScorer`` over the tied (or own) matrix.
+
+    fairseq's decoder has built ``output_projection`` (sharing the embedding when tied); its
+    weight moves into ``decoder.scorer`` and ``output_projection`` becomes the identity, so the
+    decoder's own forward yields features and ``decoder.output_layer`` yields the scores.
+    """
+    if decoder.adaptive_softmax is not None:
+        raise ValueError("--adaptive-softmax-cutoff is not supported with tied output layers")
+    weight = decoder.embed_tokens.weight if spec.mode != "none" else decoder.output_projection.weight
+    projection = None
+    if spec.projection:
+        projection = nn.Linear(spec.hidden_dim, weight.shape[1], bias=False)
+        nn.init.normal_(projection.weight, mean=0, std=spec.hidden_dim**-0.5)
+    decoder.scorer = OutputScorer(weight, spec.rule, projection)
+    decoder.output_projection = nn.Identity()
+
+
+class ScorerDecoderMixin:
+    """``output_layer`` of a decoder whose scores come from ``self.scorer``."""
+
+    def output_layer(self, features):
+        return self.scorer(features)

@@ -1,0 +1,68 @@
+"""Output-layer scoring rules over a tied embedding matrix W (row w_i per token).
+
+With h the decoder output, the score of token i is
+
+    dot       s_i = h·w_i
+    l2norm    s_i = h·w_i / ‖w_i‖        and every input lookup uses w_i / ‖w_i‖ too
+    cosine    s_i = h·w_i / ‖w_i‖        input lookups use the raw w_i
+    sqnorm    s_i = h·w_i / ‖w_i‖²
+    distance  s_i = h·w_i − ½‖w_i‖²      (= −½‖h − w_i‖² up to a term constant in i)
+
+Each rule is an affine map ``s = h·W_outᵀ + b``; ``output_matrix_and_bias`` returns (W_out, b),
+so scoring is one ``F.linear`` whatever the rule. Norms are computed in fp32, so ‖w‖² cannot
+overflow in half precision. A row with ‖w‖ < ``EPS`` (fairseq's all-zero padding row) is
+scaled by 0, not by 1/EPS: it scores 0 and gets no gradient, instead of NaN or a huge one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+EPS = 1e-6
+RULES = ("dot", "l2norm", "sqnorm", "distance", "cosine")
+NORMALIZED_INPUT_RULES = frozenset({"l2norm"})
+
+
+def row_norms(weight: Tensor) -> Tensor:
+    """‖w_i‖ for every row (last dimension), in fp32."""
+    return weight.float().norm(dim=-1)
+
+
+def inverse_norms(weight: Tensor, power: int = 1) -> Tensor:
+    """1/‖w_i‖^power, and 0 for rows with ‖w_i‖ < EPS."""
+    norms = row_norms(weight)
+    return torch.where(norms < EPS, 0.0, norms.clamp_min(EPS).pow(-power))
+
+
+def unit_rows(weight: Tensor) -> Tensor:
+    """w_i / ‖w_i‖ along the last dimension, in the input's dtype."""
+    return _scale_rows(weight, inverse_norms(weight))
+
+
+def _scale_rows(weight: Tensor, scale: Tensor) -> Tensor:
+    return (weight.float() * scale.unsqueeze(-1)).to(weight.dtype)
+
+
+Affine = tuple[Tensor, Tensor | None]
+
+_RULES: dict[str, Callable[[Tensor], Affine]] = {
+    "dot": lambda w: (w, None),
+    "l2norm": lambda w: (unit_rows(w), None),
+    "cosine": lambda w: (unit_rows(w), None),
+    "sqnorm": lambda w: (_scale_rows(w, inverse_norms(w, power=2)), None),
+    "distance": lambda w: (w, (-0.5 * w.float().pow(2).sum(-1)).to(w.dtype)),
+}
+
+
+def output_matrix_and_bias(rule: str, weight: Tensor) -> Affine:
+    """(W_out, b) such that the scores of ``rule`` are ``h @ W_out.T + b``."""
+    return _RULES[rule](weight)
+
+
+def scores(rule: str, hidden: Tensor, weight: Tensor) -> Tensor:
+    """Scores of every token for decoder outputs ``hidden`` (…, D) under ``rule``."""
+    w_out, bias = output_matrix_and_bias(rule, weight)
+    return torch.nn.functional.linear(hidden, w_out, bias)
