@@ -1,0 +1,5 @@
+import sys
+
+from fairseq_tying.evaluation.cli import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""Atomic file writes: write a temp file in the target's folder, then ``os.replace`` it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """Call ``write(tmp_path)`` and move the result onto ``path``; nothing half-written stays."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    def _write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    return atomic_write(path, _write)
+
+
+def write_lines(path: str | os.PathLike, lines: list[str]) -> Path:
+    return write_text(path, "".join(line + "\n" for line in lines))
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    return write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]

@@ -1,0 +1,71 @@
+"""Reading fairseq checkpoints with ``torch.load(weights_only=True)``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fairseq_tying import checkpoint_compat
+
+checkpoint_compat.allow_fairseq_checkpoints()
+
+_EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")
+_UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if obj is None:
+        return default
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    if isinstance(obj, argparse.Namespace):
+        return getattr(obj, key, default)
+    return default
+
+
+def model_args(state: dict[str, Any]) -> Any:
+    """The model section of a checkpoint's config (a dict or an argparse.Namespace)."""
+    cfg = state.get("cfg")
+    if cfg is not None and _get(cfg, "model") is not None:
+        return _get(cfg, "model")
+    return state.get("args")
+
+
+def config_value(state: dict[str, Any], key: str, section: str | None = None) -> Any:
+    """Look ``key`` up in the model config, then in ``cfg[section]``, then in legacy ``args``."""
+    value = _get(model_args(state), key)
+    if value is None and section is not None:
+        value = _get(_get(state.get("cfg"), section), key)
+    if value is None:
+        value = _get(state.get("args"), key)
+    return value
+
+
+def arch_of(state: dict[str, Any]) -> str | None:
+    model = model_args(state)
+    return _get(model, "arch") or _get(model, "_name")
+
+
+def epoch_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """``checkpoint_E_U.pt`` files by update if there are any, else ``checkpointE.pt`` by epoch."""
+    run_dir = Path(run_dir)
+    by_update = sorted(
+        (int(m.group(2)), p) for p in run_dir.iterdir() if (m := _UPDATE.match(p.name))
+    )
+    if by_update:
+        return [p for _, p in by_update]
+    by_epoch = sorted(
+        (int(m.group(1)), p) for p in run_dir.iterdir() if (m := _EPOCH.match(p.name))
+    )
+    return [p for _, p in by_epoch]

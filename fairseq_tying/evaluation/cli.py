@@ -1,0 +1,97 @@
+"""``python -m fairseq_tying.evaluation {evaluate,collect,norms,average}``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from fairseq_tying.evaluation.presets import PRESET_CHOICES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_tying.evaluation",
+        description="Evaluate fairseq_tying runs with sacrebleu and compare them.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("evaluate", help="generate with fairseq-generate and score one run")
+    ev.add_argument("run_dir", metavar="RUN_DIR", help="folder with the run's checkpoints")
+    ev.add_argument("--data", help="prepared data dir (raw/, bin/, prep.json); default: the "
+                    "data_dir in RUN_DIR/run.json")
+    ev.add_argument("--subset", default="test", help="subset to translate (default: test)")
+    ev.add_argument("--checkpoint", help="checkpoint file (default: checkpoint_best.pt, "
+                    "else checkpoint_last.pt)")
+    ev.add_argument("--average-last", type=int, metavar="N",
+                    help="evaluate the average of the last N epoch/update checkpoints")
+    ev.add_argument("--preset", default="auto", choices=PRESET_CHOICES,
+                    help="beam/lenpen preset; auto picks it from the checkpoint's arch")
+    ev.add_argument("--beam", type=int, help="override the preset's beam size")
+    ev.add_argument("--lenpen", type=float, help="override the preset's length penalty")
+    ev.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    ev.add_argument("--max-tokens", type=int, help="tokens per batch (instead of sentences)")
+    ev.add_argument("--cpu", action="store_true", help="generate on the CPU")
+    ev.add_argument("--user-dir", help="fairseq plugin dir (default: this package)")
+
+    co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
+    co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
+    co.add_argument("--out", required=True, help="output folder")
+    co.add_argument("--baseline", help="method label of the baseline (default: a dot-product "
+                    "output layer method)")
+    co.add_argument("--bootstrap-samples", type=int, default=1000)
+
+    no = sub.add_parser("norms", help="histogram of the tied matrix's row norms")
+    no.add_argument("checkpoints", nargs="+", metavar="CKPT")
+    no.add_argument("--out", required=True, help="PNG file to write")
+    no.add_argument("--labels", nargs="+", help="one legend label per checkpoint")
+    no.add_argument("--key", help="state dict key of the matrix (default: output projection)")
+    no.add_argument("--keep-special", action="store_true",
+                    help="include the rows of <s>, <pad>, </s>, <unk>")
+    no.add_argument("--bins", type=int, default=50)
+
+    av = sub.add_parser("average", help="average checkpoints' parameters into one file")
+    av.add_argument("checkpoints", nargs="+", metavar="CKPT")
+    av.add_argument("--out", required=True)
+    return parser
+
+
+COMMANDS = ("evaluate", "collect", "norms", "average")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        argv.insert(0, "evaluate")  # `python -m fairseq_tying.evaluation RUN_DIR ...`
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "evaluate":
+            from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
+
+            result = evaluate_run(
+                args.run_dir, args.data, subset=args.subset, checkpoint=args.checkpoint,
+                average_last=args.average_last, preset=args.preset, beam=args.beam,
+                lenpen=args.lenpen, batch_size=args.batch_size, max_tokens=args.max_tokens,
+                cpu=args.cpu, user_dir=args.user_dir,
+            )
+            print("\n".join(summary_lines(result)))
+        elif args.command == "collect":
+            from fairseq_tying.evaluation.collect import collect
+
+            done = collect(args.runs_root, args.out, args.baseline, args.bootstrap_samples)
+            print(done["markdown"])
+            print(f"wrote {args.out}/results.md, results.json, bleu.png")
+        elif args.command == "norms":
+            from fairseq_tying.evaluation.norms import norms_report
+
+            print(norms_report(args.checkpoints, args.out, args.labels, args.key,
+                               args.keep_special, args.bins))
+            print(f"wrote {args.out}")
+        elif args.command == "average":
+            from fairseq_tying.evaluation.average import average_checkpoints
+
+            print(f"wrote {average_checkpoints(args.checkpoints, args.out)}")
+    except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,187 @@
+"""``evaluate RUN_DIR``: generate, detokenize, score, write ``eval.json`` and hypotheses."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fairseq_tying.evaluation import average, checkpoints, scoring
+from fairseq_tying.evaluation._io import read_lines, write_json, write_lines, write_text
+from fairseq_tying.evaluation.generate import generate
+from fairseq_tying.evaluation.presets import resolve_preset
+from fairseq_tying.evaluation.records import read_run_json, record_for_run
+
+PREP_KEYS = ("src", "tgt", "post_process")
+
+
+@dataclass
+class DataDir:
+    root: Path
+    prep: dict[str, Any]
+
+    @property
+    def src(self) -> str:
+        return self.prep["src"]
+
+    @property
+    def tgt(self) -> str:
+        return self.prep["tgt"]
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    def reference(self, subset: str) -> Path:
+        return self.root / "raw" / f"{subset}.{self.tgt}"
+
+
+def load_data_dir(path: str | os.PathLike) -> DataDir:
+    root = Path(path).resolve()
+    prep_path = root / "prep.json"
+    if not prep_path.is_file():
+        raise FileNotFoundError(
+            f"--data {path}: no prep.json there; pass a data dir made by the data preparation step"
+        )
+    with open(prep_path, encoding="utf-8") as f:
+        prep = json.load(f)
+    missing = [k for k in PREP_KEYS if k not in prep]
+    if missing:
+        raise ValueError(f"{prep_path} lacks keys {missing}")
+    if not (root / "bin").is_dir():
+        raise FileNotFoundError(f"--data {path}: no bin/ folder (fairseq-preprocess output)")
+    return DataDir(root, prep)
+
+
+def eval_json_name(subset: str) -> str:
+    return "eval.json" if subset == "test" else f"eval-{subset}.json"
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    """``RUN_DIR/checkpoints`` (the launcher's layout) if it exists, else RUN_DIR itself."""
+    sub = run_dir / "checkpoints"
+    return sub if sub.is_dir() else run_dir
+
+
+def data_from_run_json(run_dir: Path) -> str:
+    data = read_run_json(run_dir).get("data_dir")
+    if not data:
+        raise ValueError(f"--data is required ({run_dir}/run.json names no data_dir)")
+    return str(data)
+
+
+def pick_checkpoint(run_dir: Path, checkpoint: str | None, average_last: int | None) -> tuple[
+    Path, list[str]
+]:
+    """The checkpoint to evaluate, averaging the last N first when asked."""
+    run_dir = checkpoint_dir(run_dir)
+    if average_last:
+        if checkpoint:
+            raise ValueError("give either --checkpoint or --average-last, not both")
+        inputs = average.last_checkpoints(run_dir, average_last)
+        out = run_dir / f"checkpoint.avg{average_last}.pt"
+        average.average_checkpoints(inputs, out)
+        return out, [p.name for p in inputs]
+    if checkpoint:
+        path = Path(checkpoint)
+        path = path if path.is_absolute() or path.exists() else run_dir / checkpoint
+        if not path.is_file():
+            raise FileNotFoundError(f"--checkpoint {checkpoint}: not found (also not in {run_dir})")
+        return path, []
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        if (run_dir / name).is_file():
+            return run_dir / name, []
+    raise FileNotFoundError(
+        f"{run_dir} has no checkpoint_best.pt or checkpoint_last.pt; pass --checkpoint"
+    )
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def evaluate_run(
+    run_dir: str | os.PathLike,
+    data: str | os.PathLike | None,
+    *,
+    subset: str = "test",
+    checkpoint: str | None = None,
+    average_last: int | None = None,
+    preset: str = "auto",
+    beam: int | None = None,
+    lenpen: float | None = None,
+    batch_size: int | None = 64,
+    max_tokens: int | None = None,
+    cpu: bool = False,
+    user_dir: str | None = None,
+) -> dict[str, Any]:
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"RUN_DIR {run_dir} is not a directory")
+    data_dir = load_data_dir(data if data is not None else data_from_run_json(run_dir))
+    ref_path = data_dir.reference(subset)
+    if not ref_path.is_file():
+        raise FileNotFoundError(f"reference {ref_path} missing (--data/--subset)")
+    refs = read_lines(ref_path)
+
+    ckpt, averaged = pick_checkpoint(run_dir, checkpoint, average_last)
+    state = checkpoints.load(ckpt)
+    arch = checkpoints.arch_of(state)
+    chosen = resolve_preset(preset, arch)
+    beam = beam if beam is not None else chosen.beam
+    lenpen = lenpen if lenpen is not None else chosen.lenpen
+    record = record_for_run(run_dir, state)
+    del state
+
+    hyps, raw, cmd = generate(
+        dict(
+            bin_dir=data_dir.bin, checkpoint=ckpt, src=data_dir.src, tgt=data_dir.tgt,
+            subset=subset, beam=beam, lenpen=lenpen, post_process=data_dir.prep["post_process"],
+            batch_size=batch_size, max_tokens=max_tokens, cpu=cpu, user_dir=user_dir,
+        ),
+        expected=len(refs),
+    )
+    if data_dir.prep.get("detokenizer") == "moses":
+        hyps = scoring.moses_detokenize(hyps, data_dir.tgt)
+    scores = scoring.score(hyps, refs, data_dir.src, data_dir.tgt)
+
+    hyp_name = f"{subset}.hyp.{data_dir.tgt}"
+    write_text(run_dir / f"generate-{subset}.txt", raw)
+    write_lines(run_dir / hyp_name, hyps)
+    result = {
+        "run": record.as_dict(),
+        "run_dir": str(run_dir),
+        "checkpoint": str(ckpt),
+        "averaged": averaged,
+        "data": str(data_dir.root),
+        "corpus": data_dir.prep.get("corpus"),
+        "src": data_dir.src,
+        "tgt": data_dir.tgt,
+        "subset": subset,
+        "preset": chosen.name if (beam, lenpen) == (chosen.beam, chosen.lenpen) else "custom",
+        "beam": beam,
+        "lenpen": lenpen,
+        "hypotheses": hyp_name,
+        "references": str(ref_path),
+        "references_sha256": sha256(ref_path),
+        "generate_command": cmd,
+        **scores.as_dict(),
+    }
+    write_json(run_dir / eval_json_name(subset), result)
+    return result
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    return [
+        f"run          {result['run_dir']}",
+        f"checkpoint   {result['checkpoint']}"
+        + (f"  (average of {', '.join(result['averaged'])})" if result["averaged"] else ""),
+        f"preset       {result['preset']} (beam {result['beam']}, lenpen {result['lenpen']})",
+        f"BLEU         {result['bleu']:.2f}  {result['bleu_signature']}",
+        f"tok. BLEU    {result['tok_bleu']:.2f}  {result['tok_bleu_signature']}",
+        f"chrF         {result['chrf']:.2f}  {result['chrf_signature']}",
+        f"sentences    {result['n_sentences']}",
+    ]

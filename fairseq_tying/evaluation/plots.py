@@ -1,0 +1,71 @@
+"""PNG plots: BLEU per method with seed error bars; histograms of embedding row norms."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fairseq_tying.evaluation._io import atomic_write  # noqa: E402
+
+
+@dataclass
+class MethodPoints:
+    method: str
+    seeds_bleu: list[float]
+    mean: float
+    ci: float  # NaN for one seed
+    baseline: bool = False
+
+
+def _save(fig, out: str | os.PathLike) -> None:
+    atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+    plt.close(fig)
+
+
+def plot_bleu(groups: dict[str, list[MethodPoints]], out: str | os.PathLike) -> None:
+    """One panel per test set: each seed as a dot, the mean with its 95% CI as an error bar."""
+    fig, axes = plt.subplots(
+        1, len(groups), figsize=(max(4.0, 1.6 * max(len(m) for m in groups.values()) + 2) *
+                                 len(groups), 4.2), squeeze=False
+    )
+    for ax, (title, methods) in zip(axes[0], groups.items(), strict=True):
+        x = np.arange(len(methods))
+        for i, m in enumerate(methods):
+            color = "tab:gray" if m.baseline else "tab:blue"
+            jitter = np.linspace(-0.12, 0.12, len(m.seeds_bleu)) if len(m.seeds_bleu) > 1 else [0]
+            ax.scatter(i + np.asarray(jitter), m.seeds_bleu, s=14, color=color, alpha=0.5,
+                       zorder=2)
+            err = None if np.isnan(m.ci) else m.ci
+            ax.errorbar(i, m.mean, yerr=err, fmt="o", color=color, capsize=6, markersize=7,
+                        zorder=3)
+        ax.set_xticks(x, [m.method for m in methods], rotation=20, ha="right")
+        ax.set_ylabel("BLEU (sacrebleu)")
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("BLEU per method: seeds (dots), mean ± 95% CI")
+    _save(fig, out)
+
+
+def plot_norm_histograms(
+    norms: Sequence[np.ndarray], labels: Sequence[str], out: str | os.PathLike, bins: int = 50
+) -> None:
+    """Overlaid histograms of row norms, one per checkpoint."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    lo = min(float(n.min()) for n in norms)
+    hi = max(float(n.max()) for n in norms)
+    edges = np.linspace(lo, hi if hi > lo else lo + 1e-6, bins + 1)
+    for n, label in zip(norms, labels, strict=True):
+        ax.hist(n, bins=edges, alpha=0.5, label=f"{label} (mean {n.mean():.2f})",
+                histtype="stepfilled", edgecolor="black", linewidth=0.5)
+    ax.set_xlabel("L2 norm of embedding row")
+    ax.set_ylabel("number of words")
+    ax.set_title("Row norms of the tied embedding matrix")
+    ax.legend()
+    _save(fig, out)

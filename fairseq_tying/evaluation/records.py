@@ -1,0 +1,89 @@
+"""Run metadata: which method, architecture, tying, output layer and seed a run used."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from fairseq_tying.evaluation import checkpoints
+
+RUN_JSON = "run.json"
+
+
+@dataclass
+class RunRecord:
+    name: str
+    method: str
+    arch: str
+    tying: str
+    output_layer: str
+    seed: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
+def _tying_from_config(state: dict) -> str:
+    tying = checkpoints.config_value(state, "tying")
+    if tying:
+        return str(tying)
+    if checkpoints.config_value(state, "share_all_embeddings"):
+        return "three_way"
+    if checkpoints.config_value(state, "share_decoder_input_output_embed"):
+        return "decoder"
+    return "none"
+
+
+def method_label(arch: str, tying: str, output_layer: str) -> str:
+    return f"{arch}:{tying}:{output_layer}"
+
+
+def read_run_json(run_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(run_dir) / RUN_JSON
+    if not path.is_file():
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); fix or remove it") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    # Accept "label" as a synonym of "method" and "output-layer" spellings.
+    if "label" in data and "method" not in data:
+        data["method"] = data["label"]
+    if "output-layer" in data and "output_layer" not in data:
+        data["output_layer"] = data["output-layer"]
+    return data
+
+
+def record_for_run(run_dir: str | os.PathLike, state: dict | None) -> RunRecord:
+    """Metadata from the checkpoint config, overridden by ``RUN_DIR/run.json`` where given."""
+    arch = tying = output_layer = "?"
+    seed = None
+    if state is not None:
+        arch = checkpoints.arch_of(state) or "?"
+        tying = _tying_from_config(state)
+        output_layer = str(checkpoints.config_value(state, "output_layer") or "dot")
+        seed = checkpoints.config_value(state, "seed", section="common")
+    meta = read_run_json(run_dir)
+    arch = str(meta.get("arch", arch))
+    tying = str(meta.get("tying", tying))
+    output_layer = str(meta.get("output_layer", output_layer))
+    seed = meta.get("seed", seed)
+    method = str(meta.get("method") or method_label(arch, tying, output_layer))
+    return RunRecord(
+        name=str(meta.get("name") or Path(run_dir).resolve().name),
+        method=method,
+        arch=arch,
+        tying=tying,
+        output_layer=output_layer,
+        seed=int(seed) if seed is not None else None,
+    )

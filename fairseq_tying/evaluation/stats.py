@@ -1,0 +1,27 @@
+"""Mean and 95% confidence interval over seeds (Student's t distribution)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from scipy import stats as _st
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Return ``(mean, half_width)``; the half width is NaN for fewer than two values."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("mean_ci needs at least one value")
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    t = float(_st.t.ppf(0.5 + confidence / 2, n - 1))
+    return mean, t * sd / math.sqrt(n)
+
+
+def format_ci(mean: float, half: float, digits: int = 2) -> str:
+    if math.isnan(half):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {half:.{digits}f}"
