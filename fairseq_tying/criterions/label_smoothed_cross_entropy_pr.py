@@ -3,7 +3,6 @@ statistics of the tied matrix's row norms logged every update."""
 
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 from fairseq.criterions import register_criterion
@@ -24,7 +23,7 @@ class ProjectionRegConfig(LabelSmoothedCrossEntropyCriterionConfig):
     )
 
 
-def row_norm_stats(weight: torch.Tensor, padding_idx: Optional[int]) -> dict[str, float]:
+def row_norm_stats(weight: torch.Tensor, padding_idx: int | None) -> dict[str, float]:
     """Mean, std, min and max of ‖w_i‖ over the rows (the padding row excluded)."""
     with torch.no_grad():
         norms = weight.float().norm(dim=-1)

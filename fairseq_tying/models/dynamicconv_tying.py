@@ -14,10 +14,9 @@ from fairseq.models.lightconv import base_architecture as lightconv_base
 
 from fairseq_tying.models.tying import (
     ScorerDecoderMixin,
-    TyingSpec,
     add_tying_args,
     attach_scorer,
-    build_embeddings,
+    prepare_model,
     tying_defaults,
 )
 
@@ -52,12 +51,7 @@ class DynamicConvModel(LightConvModel):
     @classmethod
     def build_model(cls, args, task):
         lightconv_base(args)
-        args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
-        args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
-        spec = TyingSpec.from_args(args, task)
-        args.share_all_embeddings = spec.mode == "three_way"
-        args.share_decoder_input_output_embed = spec.mode != "none"
-        encoder_embed, decoder_embed = build_embeddings(spec, args, task)
+        spec, encoder_embed, decoder_embed = prepare_model(args, task, max_positions=1024)
         encoder = LightConvEncoder(args, task.source_dictionary, encoder_embed)
         decoder = DynamicConvDecoder(args, task.target_dictionary, decoder_embed)
         attach_scorer(decoder, spec)

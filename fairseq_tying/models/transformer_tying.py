@@ -5,8 +5,7 @@ from __future__ import annotations
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder, TransformerModel
 from fairseq.models.transformer.transformer_config import (
-    DEFAULT_MAX_SOURCE_POSITIONS,
-    DEFAULT_MAX_TARGET_POSITIONS,
+    DEFAULT_MAX_SOURCE_POSITIONS as DEFAULT_MAX_POSITIONS,
 )
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
@@ -16,10 +15,9 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from fairseq_tying.models.tying import (
     ScorerDecoderMixin,
-    TyingSpec,
     add_tying_args,
     attach_scorer,
-    build_embeddings,
+    prepare_model,
     tying_defaults,
 )
 
@@ -38,12 +36,7 @@ class TiedTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         base_architecture(args)
-        args.max_source_positions = getattr(args, "max_source_positions", None) or DEFAULT_MAX_SOURCE_POSITIONS
-        args.max_target_positions = getattr(args, "max_target_positions", None) or DEFAULT_MAX_TARGET_POSITIONS
-        spec = TyingSpec.from_args(args, task)
-        args.share_all_embeddings = spec.mode == "three_way"
-        args.share_decoder_input_output_embed = spec.mode != "none"
-        encoder_embed, decoder_embed = build_embeddings(spec, args, task)
+        spec, encoder_embed, decoder_embed = prepare_model(args, task, DEFAULT_MAX_POSITIONS)
         encoder = cls.build_encoder(args, task.source_dictionary, encoder_embed)
         decoder = TiedTransformerDecoder(args, task.target_dictionary, decoder_embed)
         attach_scorer(decoder, spec)

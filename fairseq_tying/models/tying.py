@@ -77,6 +77,17 @@ class TyingSpec:
         return self.mode != "none" and self.rule in scoring.NORMALIZED_INPUT_RULES
 
 
+def prepare_model(args: Namespace, task, max_positions: int):
+    """Validate the flags, set fairseq's sharing flags from ``--tying`` and build the input
+    embeddings. Returns (spec, encoder embedding, decoder embedding)."""
+    args.max_source_positions = getattr(args, "max_source_positions", None) or max_positions
+    args.max_target_positions = getattr(args, "max_target_positions", None) or max_positions
+    spec = TyingSpec.from_args(args, task)
+    args.share_all_embeddings = spec.mode == "three_way"
+    args.share_decoder_input_output_embed = spec.mode != "none"
+    return (spec, *build_embeddings(spec, args, task))
+
+
 def build_embeddings(spec: TyingSpec, args: Namespace, task) -> tuple[TiedEmbedding, TiedEmbedding]:
     """Encoder and decoder input embeddings; one module under three-way tying."""
     src, tgt = task.source_dictionary, task.target_dictionary
@@ -97,7 +108,8 @@ def attach_scorer(decoder: nn.Module, spec: TyingSpec) -> None:
     """
     if decoder.adaptive_softmax is not None:
         raise ValueError("--adaptive-softmax-cutoff is not supported with tied output layers")
-    weight = decoder.embed_tokens.weight if spec.mode != "none" else decoder.output_projection.weight
+    tied = spec.mode != "none"
+    weight = decoder.embed_tokens.weight if tied else decoder.output_projection.weight
     projection = None
     if spec.projection:
         projection = nn.Linear(spec.hidden_dim, weight.shape[1], bias=False)
@@ -111,3 +123,9 @@ class ScorerDecoderMixin:
 
     def output_layer(self, features):
         return self.scorer(features)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        # fairseq re-adds ``output_projection.weight`` for tied decoders; ours is ``scorer.weight``.
+        state_dict = super().upgrade_state_dict_named(state_dict, name) or state_dict
+        state_dict.pop(f"{name}.output_projection.weight", None)
+        return state_dict

@@ -1,0 +1,85 @@
+"""Shared fixtures: a tiny generated parallel corpus binarized with the real fairseq-preprocess."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN_DIR = str(REPO / "fairseq_tying")
+BIN = Path(sys.executable).parent
+TINY_MODEL = [
+    "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--dropout", "0",
+]
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def run_cli(tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run one of fairseq's console scripts from this environment; output captured."""
+    proc = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True,
+                          env=cli_env(), cwd=REPO)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def write_corpus(folder: Path, seed: int = 0) -> None:
+    """A toy 'translation' task: the target is the reversed, upper-cased source."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(40)]
+    for split, n in (("train", 300), ("valid", 20), ("test", 20)):
+        sents = [[rng.choice(words) for _ in range(rng.randint(3, 9))] for _ in range(n)]
+        (folder / f"{split}.src").write_text("".join(" ".join(s) + "\n" for s in sents))
+        (folder / f"{split}.tgt").write_text(
+            "".join(" ".join(reversed(s)).upper() + "\n" for s in sents))
+
+
+def binarize(folder: Path, dest: Path, joined: bool) -> Path:
+    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+            "--trainpref", str(folder / "train"), "--validpref", str(folder / "valid"),
+            "--testpref", str(folder / "test"), "--destdir", str(dest), "--workers", "1",
+            *(["--joined-dictionary"] if joined else []))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    write_corpus(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def joined_bin(tiny_corpus, tmp_path_factory) -> Path:
+    return binarize(tiny_corpus, tmp_path_factory.mktemp("joined") / "bin", joined=True)
+
+
+@pytest.fixture(scope="session")
+def separate_bin(tiny_corpus, tmp_path_factory) -> Path:
+    return binarize(tiny_corpus, tmp_path_factory.mktemp("separate") / "bin", joined=False)
+
+
+def build_model(data: Path, arch: str, *flags: str):
+    """Parse flags with fairseq's own training parser and build the model in-process."""
+    from fairseq import options, tasks
+
+    import fairseq_tying  # noqa: F401  (registration)
+
+    parser = options.get_training_parser()
+    args: Namespace = options.parse_args_and_arch(
+        parser, [str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *TINY_MODEL, *flags])
+    task = tasks.setup_task(args)
+    return task.build_model(args), task

@@ -1,0 +1,190 @@
+"""Tying by tensor identity, parameter counts, gradients, incremental decoding and the cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fairseq_tying import scoring
+from tests.conftest import build_model
+
+FAMILIES = ["transformer", "dynamicconv"]
+
+
+def _arch(family: str, tying: str) -> str:
+    return f"{family}_{'twwt' if tying == 'three_way' else 'dwt'}"
+
+
+def _model(data, family, tying="three_way", rule="dot", *flags):
+    model, task = build_model(data, _arch(family, tying), "--tying", tying,
+                              "--output-layer", rule, *flags)
+    return model, task
+
+
+def _n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_three_way_tying_shares_one_tensor(joined_bin, family):
+    model, _ = _model(joined_bin, family, "three_way", "l2norm")
+    enc, dec = model.encoder.embed_tokens.weight, model.decoder.embed_tokens.weight
+    out = model.decoder.scorer.weight
+    assert enc is dec is out
+    assert enc.data_ptr() == out.data_ptr()
+    assert model.encoder.embed_tokens.normalize_rows  # l2norm: input lookups normalized too
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoder_tying_shares_two_roles(joined_bin, family):
+    model, _ = _model(joined_bin, family, "decoder", "cosine")
+    assert model.decoder.embed_tokens.weight is model.decoder.scorer.weight
+    assert model.encoder.embed_tokens.weight is not model.decoder.scorer.weight
+    assert model.encoder.embed_tokens.weight.data_ptr() != model.decoder.scorer.weight.data_ptr()
+    assert not model.decoder.embed_tokens.normalize_rows  # cosine: raw input lookups
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_untied_has_three_matrices(joined_bin, family):
+    model, _ = _model(joined_bin, family, "none", "dot")
+    weights = {id(model.encoder.embed_tokens.weight), id(model.decoder.embed_tokens.weight),
+               id(model.decoder.scorer.weight)}
+    assert len(weights) == 3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parameter_counts_follow_the_formula(joined_bin, family):
+    counts = {t: _n_params(_model(joined_bin, family, t)[0]) for t in ("none", "decoder",
+                                                                        "three_way")}
+    _, task = _model(joined_bin, family)
+    vocab, dim = len(task.target_dictionary), 16
+    assert counts["none"] - counts["decoder"] == vocab * dim  # the output matrix
+    assert counts["decoder"] - counts["three_way"] == vocab * dim  # the encoder embedding
+    with_projection = _n_params(_model(joined_bin, family, "three_way", "dot",
+                                       "--tied-projection")[0])
+    assert with_projection - counts["three_way"] == dim * dim
+
+
+def test_twwt_has_exactly_the_parameters_of_fairseqs_shared_transformer(joined_bin):
+    ours, _ = _model(joined_bin, "transformer", "three_way", "sqnorm")
+    stock, _ = build_model(joined_bin, "transformer", "--share-all-embeddings")
+    assert _n_params(ours) == _n_params(stock)
+
+
+@pytest.mark.parametrize("rule", scoring.RULES)
+def test_gradients_reach_the_shared_matrix_from_both_roles(joined_bin, rule):
+    model, task = _model(joined_bin, "transformer", "three_way", rule)
+    weight = model.decoder.scorer.weight
+    src = torch.tensor([[5, 6, 7, task.source_dictionary.eos()]])
+    encoded = model.encoder(src, src_lengths=torch.tensor([4]))["encoder_out"][0]
+    # a plain sum would be constant after the final LayerNorm
+    (encoded * torch.randn_like(encoded)).sum().backward()
+    input_grad = weight.grad.clone()
+    assert input_grad[[5, 6, 7]].abs().sum() > 0 and input_grad[8:].abs().sum() == 0
+    weight.grad = None
+    model.decoder.output_layer(torch.randn(2, 3, 16)).logsumexp(-1).sum().backward()
+    assert weight.grad[8:].abs().sum() > 0  # rows never looked up learn through the output
+
+
+@pytest.mark.parametrize("rule", scoring.RULES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_incremental_decoding_equals_full_forward(joined_bin, family, rule):
+    torch.manual_seed(0)
+    model, task = _model(joined_bin, family, "three_way", rule, "--tied-projection")
+    model.eval()
+    d = task.target_dictionary
+    src = torch.randint(d.nspecial, len(d), (2, 6))
+    prev = torch.cat([torch.full((2, 1), d.eos()), torch.randint(d.nspecial, len(d), (2, 4))], 1)
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state: dict = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+                 for t in range(prev.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-5)
+    features, _ = model.decoder(prev, encoder_out=enc, features_only=True)
+    torch.testing.assert_close(model.decoder.output_layer(features), full)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_output_layer_applies_the_rule_to_the_projected_features(joined_bin, family):
+    model, _ = _model(joined_bin, family, "three_way", "distance", "--tied-projection")
+    scorer = model.decoder.scorer
+    h = torch.randn(3, 16)
+    want = scoring.scores("distance", scorer.projection(h), scorer.weight)
+    torch.testing.assert_close(model.decoder.output_layer(h), want)
+
+
+def test_hidden_size_differs_from_embedding_size_with_projection(joined_bin):
+    model, _ = _model(joined_bin, "transformer", "decoder", "l2norm", "--tied-projection",
+                      "--tied-embed-dim", "8")
+    assert model.decoder.scorer.weight.shape[1] == 8
+    assert model.decoder.scorer.projection.weight.shape == (8, 16)
+    out, _ = model(torch.tensor([[5, 6, 2]]), torch.tensor([3]), torch.tensor([[2, 5]]))
+    assert out.shape[-1] == len(model.decoder.dictionary) and torch.isfinite(out).all()
+
+
+class TestCache:
+    """In eval mode (no autograd) the normalized matrix is computed once and reused; it must
+    never be used after the weights could have changed."""
+
+    def _scorer(self, joined_bin, rule="l2norm"):
+        model, _ = _model(joined_bin, "transformer", "three_way", rule)
+        return model, model.decoder.scorer
+
+    def _fresh(self, scorer, h):
+        return scoring.scores(scorer.rule, h, scorer.weight)
+
+    def test_cached_once_in_eval(self, joined_bin):
+        model, scorer = self._scorer(joined_bin)
+        model.eval()
+        with torch.no_grad():
+            a = scorer.output_matrix_and_bias()[0]
+            b = scorer.output_matrix_and_bias()[0]
+        assert a is b
+        model.train()
+        assert scorer._cache is None
+
+    def test_in_place_update_invalidates(self, joined_bin):
+        model, scorer = self._scorer(joined_bin, "sqnorm")
+        model.eval()
+        h = torch.randn(2, 16)
+        with torch.no_grad():
+            scorer(h)
+            scorer.weight.mul_(3)
+            torch.testing.assert_close(scorer(h), self._fresh(scorer, h))
+
+    def test_optimizer_step_invalidates_even_through_param_data(self, joined_bin):
+        model, scorer = self._scorer(joined_bin, "cosine")
+        model.eval()
+        h = torch.randn(2, 16)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        with torch.no_grad():
+            scorer(h)
+        opt.step = _step_through_data(opt, scorer.weight)
+        opt.step()
+        with torch.no_grad():
+            torch.testing.assert_close(scorer(h), self._fresh(scorer, h))
+
+    def test_load_state_dict_invalidates(self, joined_bin):
+        model, scorer = self._scorer(joined_bin, "distance")
+        other, _ = self._scorer(joined_bin, "distance")
+        model.eval()
+        h = torch.randn(2, 16)
+        with torch.no_grad():
+            before = scorer(h)
+            model.load_state_dict(other.state_dict())
+            after = scorer(h)
+        assert not torch.allclose(before, after)
+        torch.testing.assert_close(after, self._fresh(scorer, h))
+
+
+def _step_through_data(opt: torch.optim.Optimizer, weight: torch.nn.Parameter):
+    """An optimizer whose update writes through ``param.data`` (no version bump), as fairseq's
+    fp16 optimizers do, still wrapped by torch's step hooks."""
+
+    class DataWriter(torch.optim.Optimizer):
+        def step(self, closure=None):
+            weight.data.copy_(weight.data * 2 + 1)
+
+    return DataWriter([weight], {}).step

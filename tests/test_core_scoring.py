@@ -1,0 +1,135 @@
+"""Each scoring rule against an independent computation of its formula, and the
+normalization paper's properties (identity, normality, unbiasedness)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fairseq_tying import scoring
+
+
+def reference_scores(rule: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The formulas written out row by row in float64."""
+    h, w = h.double(), w.double()
+    out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float64)
+    for i in range(w.shape[0]):
+        dot = h @ w[i]
+        norm = math.sqrt(float((w[i] * w[i]).sum()))
+        out[:, i] = {
+            "dot": dot,
+            "l2norm": dot / norm,
+            "cosine": dot / norm,
+            "sqnorm": dot / norm**2,
+            "distance": dot - 0.5 * norm**2,
+        }[rule]
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("rule", scoring.RULES)
+def test_scores_match_formula(rule, dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(50, 8, generator=g) * torch.rand(50, 1, generator=g) * 3
+    h = torch.randn(6, 8, generator=g)
+    got = scoring.scores(rule, h.to(dtype), w.to(dtype))
+    assert got.dtype == dtype
+    want = reference_scores(rule, h.to(dtype), w.to(dtype))
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+@pytest.mark.parametrize("rule", scoring.RULES)
+def test_zero_padding_row_scores_zero_without_nan_or_huge_gradient(rule):
+    w = torch.randn(10, 4)
+    w[1] = 0
+    w.requires_grad_(True)
+    s = scoring.scores(rule, torch.randn(3, 4), w)
+    assert torch.isfinite(s).all() and (s[:, 1] == 0).all()
+    s.sum().backward()
+    assert torch.isfinite(w.grad).all()
+    assert w.grad[1].abs().max() < 10  # 1/EPS scaling would give ~1e6 or 1e12 here
+
+
+def test_norms_in_fp32_keep_half_precision_finite():
+    w = torch.randn(20, 16) * 120  # ‖w‖ ≈ 480, ‖w‖² ≈ 2.3e5 > fp16 max (65504)
+    h = torch.randn(4, 16) * 100
+    for rule in ("sqnorm", "l2norm", "cosine"):
+        s = scoring.scores(rule, h.half(), w.half())
+        assert torch.isfinite(s).all(), rule
+        torch.testing.assert_close(s.double(), reference_scores(rule, h.half(), w.half()),
+                                   rtol=2e-2, atol=0.5)
+
+
+def test_unit_rows():
+    x = torch.randn(3, 5, 7)
+    torch.testing.assert_close(scoring.unit_rows(x).norm(dim=-1), torch.ones(3, 5))
+
+
+# --- identity: h = w_k  =>  argmax_i s_i = k -------------------------------------------------
+
+def _varied_rows(seed: int, n: int = 200, d: int = 16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g) * (0.2 + 3 * torch.rand(n, 1, generator=g))
+
+
+@pytest.mark.parametrize("rule", ["l2norm", "cosine", "distance"])
+def test_identity_holds_for_any_row_norms(rule):
+    w = _varied_rows(1)
+    h = scoring.unit_rows(w) if rule == "l2norm" else w  # l2norm: inputs are normalized too
+    assert torch.equal(scoring.scores(rule, h, w).argmax(-1), torch.arange(len(w)))
+
+
+def test_identity_for_sqnorm_holds_on_rows_of_equal_norm_and_can_fail_otherwise():
+    """s_i = ‖w_k‖cosθ/‖w_i‖ ≤ 1 = s_k needs ‖w_i‖ ≥ ‖w_k‖cosθ: true for equal norms (the
+    regime normalization drives towards), false for a much shorter parallel row."""
+    w = scoring.unit_rows(_varied_rows(2)) * 2.5
+    assert torch.equal(scoring.scores("sqnorm", w, w).argmax(-1), torch.arange(len(w)))
+    w = torch.tensor([[4.0, 0.0], [1.0, 0.0]])
+    assert scoring.scores("sqnorm", w[:1], w).argmax().item() == 1
+
+
+def test_identity_can_fail_for_dot():
+    w = torch.tensor([[1.0, 0.0], [3.0, 1.0]])  # a longer row wins against h = w_0
+    assert scoring.scores("dot", w[:1], w).argmax().item() == 1
+    assert scoring.scores("l2norm", scoring.unit_rows(w[:1]), w).argmax().item() == 0
+
+
+# --- normality: h a convex combination of unit rows => every l2norm score ≤ 1 -----------------
+
+def test_normality_of_l2norm():
+    g = torch.Generator().manual_seed(3)
+    w = _varied_rows(3)
+    mix = torch.distributions.Dirichlet(torch.ones(len(w))).sample((64,))
+    h = mix @ scoring.unit_rows(w)
+    assert scoring.scores("l2norm", h, w).max() <= 1 + 1e-6
+    h_dot = torch.softmax(torch.randn(64, len(w), generator=g) * 5, -1) @ w
+    assert scoring.scores("dot", h_dot, w).max() > 1  # dot has no such bound
+
+
+# --- unbiasedness: with random unit h, no token wins more often because of its norm ----------
+
+def _argmax_counts(rule: str, seed: int = 4, n_rows: int = 20, trials: int = 20000):
+    """Rows with norms 0.3 … 3 and fresh random directions each trial; h a random unit vector.
+    An unbiased rule picks every row equally often, whatever its norm."""
+    g = torch.Generator().manual_seed(seed)
+    norms = torch.linspace(0.3, 3.0, n_rows).view(1, n_rows, 1)
+    w = scoring.unit_rows(torch.randn(trials, n_rows, 8, generator=g)) * norms
+    h = scoring.unit_rows(torch.randn(trials, 1, 8, generator=g))
+    w_out, bias = scoring.output_matrix_and_bias(rule, w)
+    s = (h * w_out).sum(-1) + (0 if bias is None else bias)
+    return torch.bincount(s.argmax(-1), minlength=n_rows).double()
+
+
+def _chi_square(counts: torch.Tensor) -> float:
+    expected = counts.sum() / len(counts)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_unbiasedness_of_l2norm():
+    # 19 degrees of freedom: the 99.9% quantile of chi-square is 43.8.
+    assert _chi_square(_argmax_counts("l2norm")) < 43.8
+    counts = _argmax_counts("dot")
+    assert _chi_square(counts) > 1000  # dot favours long rows
+    assert counts[-5:].sum() > 3 * counts[:5].sum()
