@@ -1,0 +1,273 @@
+"""The embedded Bible es-en corpus (RV1909 / WEB-derived): regeneration from Debian's SWORD
+modules, its held-out-book split, and extraction of the committed copy.
+
+    python -m fairseq_tying.data.bible regenerate --out DIR   # needs the Debian packages
+    python -m fairseq_tying.data.bible extract --out DIR      # the committed corpus, plain text
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fairseq_tying.data.align import Group, align_book, length_stats
+from fairseq_tying.data.osis import clean_osis, parse_imp
+from fairseq_tying.data.recase import undo_drop_caps, word_case_counts
+
+NAME = "Bible es-en, RV1909 / WEB-derived"
+CORPUS_DIR = Path(__file__).resolve().parent / "corpus" / "bible-es-en"
+SPLITS = ("train", "valid", "test")
+LANGS = ("es", "en")
+MODULES = {"es": "spaRV1909eb", "en": "engWEB2015eb"}
+PACKAGES = {"es": ("sword-text-sparv", "2.60-1"), "en": ("sword-text-web", "426.0-1")}
+APT_HINT = (
+    "install them as root with: apt-get install --no-install-recommends "
+    "sword-text-sparv sword-text-web libsword-utils (or scripts/install_system_packages.sh)"
+)
+# Held-out books (SWORD's English book names), so parallel passages cannot leak across splits.
+HELD_OUT = {
+    "test": ("Ruth", "Ecclesiastes", "Jonah", "John", "James", "I John"),
+    "valid": ("Esther", "Joel", "Habakkuk", "Philippians", "Hebrews", "I Peter"),
+}
+# Training-only groups (misaligned verse slots realigned by length) must fit this well.
+MAX_GROUP_Z = 2.5
+GZIP_MTIME = 0  # fixed gzip header time: the compressed files are byte-reproducible
+
+Key = tuple[int, int]  # (chapter, verse)
+
+
+def split_of(book: str) -> str:
+    for split, books in HELD_OUT.items():
+        if book in books:
+            return split
+    return "train"
+
+
+@dataclass
+class Corpus:
+    """Aligned pairs per split with their verse ids, plus alignment statistics."""
+
+    pairs: dict[str, list[tuple[str, str, str]]] = field(
+        default_factory=lambda: {s: [] for s in SPLITS}
+    )  # split -> [(id, es, en)]
+    stats: Counter = field(default_factory=Counter)
+
+
+def dump_module(module: str) -> str:
+    """The ``mod2imp`` dump of an installed SWORD module."""
+    if shutil.which("mod2imp") is None:
+        raise RuntimeError(f"mod2imp (Debian package libsword-utils) is not installed; {APT_HINT}")
+    proc = subprocess.run(["mod2imp", module], capture_output=True)
+    text = proc.stdout.decode("utf-8")
+    if proc.returncode != 0 or "$$$" not in text:
+        raise RuntimeError(f"mod2imp could not read the SWORD module {module}; {APT_HINT}")
+    return text
+
+
+def package_version(package: str) -> str | None:
+    proc = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def clean_module(imp: str, drop_caps: bool = False) -> dict[str, list[tuple[Key, str]]]:
+    """Book -> non-empty cleaned verses in order (``drop_caps``: recase chapter openings)."""
+    books: dict[str, list[tuple[Key, str]]] = {}
+    for v in parse_imp(imp):
+        text = clean_osis(v.osis, v.book, v.chapter, v.verse)
+        if text:
+            books.setdefault(v.book, []).append(((v.chapter, v.verse), text))
+    if drop_caps:
+        counts = word_case_counts(t for verses in books.values() for _, t in verses)
+        for book, verses in books.items():
+            psalm = book == "Psalms"
+            verses[:] = [(k, undo_drop_caps(t, k[1], psalm, counts)) for k, t in verses]
+    return books
+
+
+def _ref(book: str, src: tuple[Key, ...], tgt: tuple[Key, ...]) -> str:
+    """``Book C:V=C:V``: the Spanish and the English verse slots of a line."""
+    slots = ["+".join(f"{c}:{v}" for c, v in keys) for keys in (src, tgt)]
+    return f"{book} {slots[0]}={slots[1]}"
+
+
+def build(es_imp: str, en_imp: str) -> Corpus:
+    """Clean both dumps, align each book by length and split by held-out books."""
+    es, en = clean_module(es_imp, drop_caps=True), clean_module(en_imp)
+    books = [b for b in es if b in en]  # the Spanish module's book order (protocanon)
+    en_text = {b: dict(en[b]) for b in books}
+    same_slot = [(t, en_text[b][k]) for b in books for k, t in es[b] if k in en_text[b]]
+    ratio, var = length_stats(same_slot)
+    corpus = Corpus()
+    for book in books:
+        split = split_of(book)
+        es_text = dict(es[book])
+        for g in align_book(es[book], en[book], ratio, var):
+            kind = _group_kind(g, split)
+            corpus.stats[kind] += 1
+            if kind in ("confirmed", "group"):
+                src = " ".join(es_text[k] for k in g.src_keys)
+                tgt = " ".join(en_text[book][k] for k in g.tgt_keys)
+                corpus.pairs[split].append((_ref(book, g.src_keys, g.tgt_keys), src, tgt))
+    corpus.stats["ratio_x1000"] = round(ratio * 1000)
+    return corpus
+
+
+def _group_kind(g: Group, split: str) -> str:
+    if g.confirmed:
+        return "confirmed"
+    if not g.src_keys or not g.tgt_keys:
+        return "dropped_unmatched"
+    if split != "train":
+        return "dropped_heldout"
+    if abs(g.z) > MAX_GROUP_Z:
+        return "dropped_length"
+    return "group"
+
+
+def _gzip_bytes(lines: list[str]) -> bytes:
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=GZIP_MTIME, compresslevel=9) as f:
+        f.write("".join(line + "\n" for line in lines).encode("utf-8"))
+    return buf.getvalue()
+
+
+def write_corpus(corpus: Corpus, out: Path, versions: dict[str, str | None]) -> None:
+    """Write ``{split}.{es,en,ids}.gz`` and README.md into ``out``, replacing it atomically."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)
+    try:
+        sums: dict[str, str] = {}
+        for split in SPLITS:
+            rows = corpus.pairs[split]
+            for suffix, col in (("ids", 0), ("es", 1), ("en", 2)):
+                name = f"{split}.{suffix}.gz"
+                data = _gzip_bytes([r[col] for r in rows])
+                (tmp / name).write_bytes(data)
+                sums[name] = hashlib.sha256(data).hexdigest()
+        (tmp / "README.md").write_text(provenance(corpus, sums, versions), encoding="utf-8")
+        _replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_dir(new: Path, dest: Path) -> None:
+    old = None
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
+        os.replace(dest, old / dest.name)
+    os.replace(new, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def provenance(corpus: Corpus, sums: dict[str, str], versions: dict[str, str | None]) -> str:
+    st = corpus.stats
+    sizes = " / ".join(f"{len(corpus.pairs[s]):,} {s}" for s in SPLITS)
+    lines = [
+        f"# {NAME}",
+        "",
+        "Verse-aligned Spanish-English Bible text, cleaned from the Debian packages "
+        f"`{PACKAGES['es'][0]}` {versions.get('es')} (SWORD module {MODULES['es']}: Reina-Valera "
+        f"1909) and `{PACKAGES['en'][0]}` {versions.get('en')} (SWORD module {MODULES['en']}: an "
+        "English public-domain translation). Both texts are in the public domain; the English "
+        "text here is modified (notes, headings and glossary removed), so it is not called by "
+        "the English module's trademarked name.",
+        "",
+        "Regenerate with `python -m fairseq_tying.data.bible regenerate --out DIR`; "
+        "read with `python -m fairseq_tying.data.bible extract --out DIR`.",
+        "",
+        f"Pairs: {sizes}. Alignment groups: {st['confirmed']:,} confirmed verse pairs, "
+        f"{st['group']:,} realigned groups (training only), dropped: "
+        f"{st['dropped_heldout']:,} unconfirmed in held-out books, "
+        f"{st['dropped_length']:,} with mismatched lengths, "
+        f"{st['dropped_unmatched']:,} verse slots with no counterpart.",
+        "",
+        "`{split}.ids.gz` names each line's verses: `Book C:V=C:V` "
+        "(Spanish slots = English slots).",
+        "",
+        "| file | sha256 |",
+        "|---|---|",
+        *(f"| {name} | `{digest}` |" for name, digest in sorted(sums.items())),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def regenerate(out: Path) -> Corpus:
+    versions = {lang: package_version(pkg) for lang, (pkg, _) in PACKAGES.items()}
+    for lang, (pkg, expected) in PACKAGES.items():
+        if versions[lang] is None:
+            raise RuntimeError(f"Debian package {pkg} is not installed; {APT_HINT}")
+        if versions[lang] != expected:
+            print(
+                f"warning: {pkg} is {versions[lang]}, the committed corpus was built from "
+                f"{expected}; the output will differ from it",
+                file=sys.stderr,
+            )
+    corpus = build(dump_module(MODULES["es"]), dump_module(MODULES["en"]))
+    write_corpus(corpus, out, versions)
+    return corpus
+
+
+def read_split(split: str, lang: str, corpus_dir: Path = CORPUS_DIR) -> list[str]:
+    """Lines of one side of one split of a corpus directory written by ``regenerate``."""
+    path = Path(corpus_dir) / f"{split}.{lang}.gz"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the committed Bible corpus is incomplete")
+    return gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
+
+
+def extract(out: Path, corpus_dir: Path = CORPUS_DIR) -> dict[str, int]:
+    """Write the committed corpus as plain ``out/{split}.{es,en}``; return the split sizes."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = {}
+    for split in SPLITS:
+        sides = {lang: read_split(split, lang, corpus_dir) for lang in LANGS}
+        if len(sides["es"]) != len(sides["en"]):
+            raise ValueError(f"{corpus_dir}: {split}.es and {split}.en differ in length")
+        sizes[split] = len(sides["es"])
+        for lang, lines in sides.items():
+            tmp = out / f".{split}.{lang}.tmp"
+            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            os.replace(tmp, out / f"{split}.{lang}")
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fairseq_tying.data.bible", description=NAME)
+    sub = parser.add_subparsers(dest="command", required=True)
+    reg = sub.add_parser("regenerate", help="rebuild the corpus from the Debian SWORD packages")
+    reg.add_argument("--out", type=Path, required=True, help="directory to (re)write")
+    ext = sub.add_parser("extract", help="write the committed corpus as plain text")
+    ext.add_argument("--out", type=Path, required=True, help="directory for {split}.{es,en}")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "regenerate":
+            corpus = regenerate(args.out)
+            sizes = {s: len(corpus.pairs[s]) for s in SPLITS}
+        else:
+            sizes = extract(args.out)
+    except (RuntimeError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{NAME} -> {args.out}: " + ", ".join(f"{s} {n:,} pairs" for s, n in sizes.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
