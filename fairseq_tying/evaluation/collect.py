@@ -10,13 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sacrebleu.metrics import BLEU, CHRF
-from sacrebleu.significance import PairedTest
 from tqdm import tqdm
 
 from fairseq_tying.evaluation._io import read_lines, write_json, write_text
 from fairseq_tying.evaluation.plots import MethodPoints, plot_bleu
 from fairseq_tying.evaluation.records import RunRecord, read_run_json
+from fairseq_tying.evaluation.significance import paired_bootstrap
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
 from fairseq_tying.evaluation.tables import markdown_table
 
@@ -75,33 +74,17 @@ def choose_baseline(methods: dict[str, list[Entry]], baseline: str | None) -> st
 def paired_tests(
     baseline_runs: list[Entry], others: list[Entry], refs: list[str], n_samples: int
 ) -> dict[str, dict[str, Any]]:
-    """Paired bootstrap resampling (sacrebleu) of each run against the baseline run of the
-    same seed (or the first baseline run when no seed matches)."""
+    """Each run against the baseline run of the same seed (else the first baseline run)."""
     by_seed = {e.record.seed: e for e in baseline_runs}
     pairs: dict[str, list[Entry]] = defaultdict(list)
     for e in others:
-        bl = by_seed.get(e.record.seed, baseline_runs[0])
-        pairs[bl.label].append(e)
+        pairs[by_seed.get(e.record.seed, baseline_runs[0]).label].append(e)
     baseline_of = {e.label: e for e in baseline_runs}
     out: dict[str, dict[str, Any]] = {}
     for bl_label, systems in tqdm(pairs.items(), desc="paired bootstrap", unit="baseline"):
         bl = baseline_of[bl_label]
-        named = [(bl.label, bl.hypotheses())] + [(s.label, s.hypotheses()) for s in systems]
-        for name, hyps in named:
-            if len(hyps) != len(refs):
-                raise ValueError(f"{name}: {len(hyps)} hypotheses for {len(refs)} references")
-        test = PairedTest(named, {"BLEU": BLEU(), "chrF": CHRF()}, [refs], test_type="bs",
-                          n_samples=n_samples)
-        signatures, scores = test()
-        metric_names = [k for k in scores if k != "System"]
-        for i, name in enumerate(scores["System"][1:], start=1):
-            res = {m: scores[m][i] for m in metric_names}
-            out[name] = {
-                "baseline_run": bl.label,
-                "bleu_p": res[metric_names[0]].p_value,
-                "chrf_p": res[metric_names[1]].p_value,
-                "signatures": {m: str(s) for m, s in signatures.items()},
-            }
+        out.update(paired_bootstrap((bl.label, bl.hypotheses()),
+                                    [(s.label, s.hypotheses()) for s in systems], refs, n_samples))
     return out
 
 
@@ -141,7 +124,7 @@ def summarize_group(entries: list[Entry], baseline: str | None, n_samples: int) 
             t = tests.get(e.label, {})
             runs_out.append({**e.record.as_dict(), **{k: e.result[k] for k in METRICS},
                              "bleu_p": t.get("bleu_p"), "chrf_p": t.get("chrf_p"),
-                             "baseline_run": t.get("baseline_run"), "run_dir": str(e.run_dir)})
+                             "baseline_run": t.get("baseline"), "run_dir": str(e.run_dir)})
     first = entries[0].result
     return {
         "title": group_title(first), "baseline": base, "n_bootstrap": n_samples,

@@ -11,13 +11,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import fairseq_tying
-
 _DETOK_LINE = re.compile(r"^D-(\d+)\t[^\t]*\t?(.*)$")
 
 
 def plugin_dir() -> str:
-    return os.path.dirname(os.path.abspath(fairseq_tying.__file__))
+    """The fairseq_tying package folder (this module's parent's parent)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def fairseq_generate_exe() -> str:

@@ -14,6 +14,7 @@ from fairseq_tying.evaluation.tables import markdown_table
 
 # The output matrix first (it is the tied matrix under any tying), then the embeddings.
 CANDIDATE_KEYS = (
+    "decoder.scorer.weight",  # fairseq_tying's output layer
     "decoder.output_projection.weight",
     "decoder.embed_out",
     "decoder.embed_tokens.weight",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import matplotlib
 
 matplotlib.use("Agg")
+logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font-search noise otherwise
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -45,7 +47,9 @@ def plot_bleu(groups: dict[str, list[MethodPoints]], out: str | os.PathLike) -> 
             err = None if np.isnan(m.ci) else m.ci
             ax.errorbar(i, m.mean, yerr=err, fmt="o", color=color, capsize=6, markersize=7,
                         zorder=3)
-        ax.set_xticks(x, [m.method for m in methods], rotation=20, ha="right")
+        ax.set_xticks(x, [m.method + (" (baseline)" if m.baseline else "") for m in methods],
+                      rotation=20, ha="right")
+        ax.set_xlim(-0.5, len(methods) - 0.5)
         ax.set_ylabel("BLEU (sacrebleu)")
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)

@@ -1,0 +1,100 @@
+"""``collect``: Markdown table, results.json and the BLEU plot over several runs and seeds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+
+from fairseq_tying.evaluation import scoring
+from fairseq_tying.evaluation.cli import main
+from fairseq_tying.evaluation.collect import collect
+from fairseq_tying.evaluation.stats import format_ci, mean_ci
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _make_runs(root: Path) -> dict[str, list[float]]:
+    """Two methods x three seeds of real hypothesis files, scored like ``evaluate`` does."""
+    rng = random.Random(1)
+    words = "the a cat dog house big small red runs eats water bread and not very".split()
+    refs = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + "."
+            for _ in range(120)]
+    ref_path = root / "data" / "test.en"
+    ref_path.parent.mkdir(parents=True)
+    ref_path.write_text("\n".join(refs) + "\n")
+    sha = hashlib.sha256(ref_path.read_bytes()).hexdigest()
+    bleus: dict[str, list[float]] = {}
+    for method, out_layer, noise in (("dot", "dot", 0.35), ("l2norm", "l2norm", 0.1)):
+        for seed in (1, 2, 3):
+            hyps = [" ".join(w if rng.random() > noise else rng.choice(words)
+                             for w in r.split()) for r in refs]
+            run = root / "runs" / f"{method}-s{seed}"
+            run.mkdir(parents=True)
+            (run / "test.hyp.en").write_text("\n".join(hyps) + "\n")
+            s = scoring.score(hyps, refs, "es", "en")
+            bleus.setdefault(method, []).append(s.bleu)
+            (run / "eval.json").write_text(json.dumps({
+                "run": {"name": run.name, "method": method, "arch": "transformer_twwt",
+                        "tying": "three_way", "output_layer": out_layer, "seed": seed},
+                "corpus": "toy", "src": "es", "tgt": "en", "subset": "test",
+                "hypotheses": "test.hyp.en", "references": str(ref_path),
+                "references_sha256": sha, **s.as_dict()}))
+    return bleus
+
+
+@pytest.fixture()
+def runs(tmp_path: Path) -> tuple[Path, dict[str, list[float]]]:
+    return tmp_path, _make_runs(tmp_path)
+
+
+def test_collect_table_json_and_plot(runs, capsys):
+    root, bleus = runs
+    out = root / "report"
+    assert main(["collect", str(root / "runs"), "--out", str(out), "--baseline", "dot",
+                 "--bootstrap-samples", "200"]) == 0
+    printed = capsys.readouterr().out
+    md = (out / "results.md").read_text()
+    assert md in printed  # the same table goes to the terminal
+    for method, values in bleus.items():
+        assert format_ci(*mean_ci(values)) in md  # mean ± t-CI over the three seeds
+    assert "| l2norm " in md and "3/3" in md  # all three seeds significantly better
+    results = json.loads((out / "results.json").read_text())
+    [group] = results["groups"]
+    assert group["baseline"] == "dot"
+    methods = {m["method"]: m for m in group["methods"]}
+    assert methods["l2norm"]["bleu_mean"] == pytest.approx(np.mean(bleus["l2norm"]))
+    assert methods["l2norm"]["delta_bleu"] > 0
+    assert all(p < 0.05 for p in methods["l2norm"]["bleu_p_values"])
+    runs_by_name = {r["name"]: r for r in group["runs"]}
+    assert runs_by_name["l2norm-s2"]["baseline_run"] == "dot-s2"  # paired by seed
+    assert runs_by_name["dot-s1"]["bleu_p"] is None
+
+    png = out / "bleu.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    img = mpimg.imread(png)[..., :3]
+    assert img.shape[0] > 200 and img.shape[1] > 200
+    blue = np.all(np.abs(img - np.array([0.12, 0.47, 0.71])) < 0.08, axis=-1).sum()
+    gray = np.all(np.abs(img - np.array([0.5, 0.5, 0.5])) < 0.05, axis=-1).sum()
+    assert blue > 20 and gray > 20  # the method's and the baseline's markers are drawn
+
+
+def test_default_baseline_is_dot_and_unknown_baseline_is_an_error(runs, capsys):
+    root, _ = runs
+    res = collect(root / "runs", root / "r1", n_samples=100)
+    assert res["results"]["groups"][0]["baseline"] == "dot"
+    assert main(["collect", str(root / "runs"), "--out", str(root / "r2"),
+                 "--baseline", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline 'nope'" in err and "l2norm" in err
+    assert not (root / "r2" / "results.md").exists()
+
+
+def test_collect_without_runs_is_an_error(tmp_path, capsys):
+    assert main(["collect", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "no eval.json" in capsys.readouterr().err

@@ -1,0 +1,168 @@
+"""Scores against sacrebleu's own CLI, the paired bootstrap, the CI over seeds, presets."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairseq_tying.evaluation import scoring
+from fairseq_tying.evaluation.generate import parse_hypotheses
+from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
+from fairseq_tying.evaluation.significance import paired_bootstrap
+from fairseq_tying.evaluation.stats import format_ci, mean_ci
+
+SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
+
+REFS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "It's a well-known fact that state-of-the-art systems aren't perfect.",
+    "\"Hello,\" she said, (quietly) and left at 10:30.",
+    "Das Haus ist sehr groß.",
+    "One more line without punctuation",
+]
+HYPS = [
+    "The quick brown fox jumped over a lazy dog.",
+    "It is a well-known fact that state-of-the-art systems are not perfect.",
+    "\"Hello\", she said quietly and left at 10:30.",
+    "Das Haus ist groß.",
+    "One more line with no punctuation",
+]
+
+
+def _cli(ref: Path, hyp: Path, *args: str) -> list[dict]:
+    out = subprocess.run([SACREBLEU, str(ref), "-i", str(hyp), "-w", "6", *args],
+                         capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    return data if isinstance(data, list) else [data]
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    ref, hyp = tmp_path / "ref.txt", tmp_path / "hyp.txt"
+    ref.write_text("\n".join(REFS) + "\n")
+    hyp.write_text("\n".join(HYPS) + "\n")
+    return ref, hyp
+
+
+def test_detokenized_bleu_and_chrf_match_sacrebleu_cli(files):
+    ref, hyp = files
+    bleu, chrf = _cli(ref, hyp, "-m", "bleu", "chrf")
+    s = scoring.score(HYPS, REFS, "es", "en")
+    assert 0 < s.bleu < 100 and 0 < s.chrf < 100
+    assert s.bleu == pytest.approx(bleu["score"], abs=1e-5)
+    assert s.chrf == pytest.approx(chrf["score"], abs=1e-5)
+    assert s.bleu_signature == bleu["signature"]
+    assert s.chrf_signature == chrf["signature"]
+    assert s.n_sentences == len(REFS)
+
+
+def test_tokenized_bleu_matches_cli_on_moses_tokenized_text(files, tmp_path):
+    tok_ref, tok_hyp = tmp_path / "ref.tok", tmp_path / "hyp.tok"
+    tok_ref.write_text("\n".join(scoring.tokenize_for_bleu(REFS, "en", False)) + "\n")
+    tok_hyp.write_text("\n".join(scoring.tokenize_for_bleu(HYPS, "en", False)) + "\n")
+    # Moses tokenization as multi-bleu.perl expects it: punctuation split, nothing escaped.
+    assert tok_ref.read_text().splitlines()[2] == '" Hello , " she said , ( quietly ) and left at 10 : 30 .'
+    [cli] = _cli(tok_ref, tok_hyp, "-m", "bleu", "--tokenize", "none")
+    s = scoring.score(HYPS, REFS, "es", "en")
+    assert s.tok_bleu == pytest.approx(cli["score"], abs=1e-5)
+    assert s.tok_bleu != pytest.approx(s.bleu, abs=1e-3)  # tokenization really differs
+    assert "tok:none" in s.tok_bleu_signature and not s.compound_split
+
+
+def test_compound_splitting_equals_fairseq_perl_one_liner():
+    lines = ["state-of-the-art e-mail x - y", "Hof-Test a-b-c"]
+    ours = [scoring.split_compounds(x) for x in lines]
+    assert ours[0] == "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art e ##AT##-##AT## mail x - y"
+    assert ours[1] == "Hof ##AT##-##AT## Test a ##AT##-##AT## b-c"
+    if shutil.which("perl"):
+        perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"],
+                              input="\n".join(lines) + "\n", capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+        assert ours == perl
+
+
+def test_compound_splitting_only_for_english_german():
+    de = scoring.score(HYPS, REFS, "en", "de")
+    en = scoring.score(HYPS, REFS, "de", "en")
+    assert de.compound_split and not en.compound_split
+    assert de.tok_bleu != pytest.approx(en.tok_bleu, abs=1e-6)
+    assert "compound" in de.tok_bleu_signature
+
+
+def test_identical_output_scores_100():
+    s = scoring.score(REFS, REFS, "es", "en")
+    assert s.bleu == pytest.approx(100) and s.tok_bleu == pytest.approx(100)
+    assert s.chrf == pytest.approx(100)
+
+
+def test_length_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="4 hypotheses but 5 references"):
+        scoring.score(HYPS[:4], REFS, "es", "en")
+
+
+def _corpus(seed: int = 0):
+    rng = random.Random(seed)
+    words = "the a cat dog house big small red runs eats water bread and not very".split()
+    refs = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) for _ in range(150)]
+
+    def corrupt(p: float) -> list[str]:
+        return [" ".join(w if rng.random() > p else rng.choice(words) for w in r.split())
+                for r in refs]
+
+    return refs, corrupt(0.1), corrupt(0.4)
+
+
+def test_paired_bootstrap_better_and_identical_systems():
+    refs, good, bad = _corpus()
+    near = list(good)
+    near[3] = bad[3]
+    res = paired_bootstrap(("base", good), [("bad", bad), ("same", list(good)), ("near", near)],
+                           refs, n_samples=300)
+    assert res["bad"]["bleu_p"] < 0.05 and res["bad"]["chrf_p"] < 0.05
+    assert res["bad"]["bleu"] < res["same"]["bleu"]
+    assert res["same"]["bleu_p"] == 1.0 and res["same"]["identical_to_baseline"]
+    assert res["near"]["bleu_p"] > 0.05 and not res["near"]["identical_to_baseline"]
+    assert "bs:300" in res["bad"]["signatures"]["bleu"]
+
+
+def test_mean_ci_against_hand_computation():
+    values = [27.1, 27.9, 26.8]
+    mean, half = mean_ci(values)
+    # mean 27.2667, sample sd 0.568624, t(0.975, df=2) = 4.302653
+    assert mean == pytest.approx(27.266667, abs=1e-5)
+    assert half == pytest.approx(4.302653 * 0.568624 / math.sqrt(3), abs=1e-4)
+    assert format_ci(mean, half) == "27.27 ± 1.41"
+    m1, h1 = mean_ci([25.0])
+    assert m1 == 25.0 and math.isnan(h1) and format_ci(m1, h1) == "25.00"
+    _, h5 = mean_ci([1.0, 2.0, 3.0, 4.0, 5.0])  # t(0.975, 4) = 2.776445, sd = sqrt(2.5)
+    assert h5 == pytest.approx(2.776445 * math.sqrt(2.5) / math.sqrt(5), abs=1e-5)
+
+
+@pytest.mark.parametrize("arch,name,beam,lenpen", [
+    ("transformer_twwt_wmt_en_de_big", "transformer_wmt", 4, 0.6),
+    ("transformer_vaswani_wmt_en_de_big", "transformer_wmt", 4, 0.6),
+    ("transformer_twwt_iwslt_de_en", "transformer_iwslt", 5, 1.0),
+    ("transformer_dwt", "transformer_iwslt", 5, 1.0),
+    ("dynamicconv_twwt_wmt_en_de_big", "dynamicconv_wmt", 5, 0.5),
+    ("lightconv_iwslt_de_en", "dynamicconv_iwslt", 4, 1.0),
+    ("dynamicconv_twwt", "dynamicconv_iwslt", 4, 1.0),
+])
+def test_auto_preset(arch, name, beam, lenpen):
+    p = preset_for_arch(arch)
+    assert (p.name, p.beam, p.lenpen) == (name, beam, lenpen)
+    assert resolve_preset("auto", arch) == p
+    assert resolve_preset("transformer_wmt", arch).beam == 4
+
+
+def test_parse_hypotheses_restores_corpus_order_and_detects_gaps():
+    text = "S-2\tc\nH-2\t-0.1\tC\nD-2\t-0.1\tC c\nD-0\t-0.2\tA a\nD-1\t-0.3\t\n"
+    assert parse_hypotheses(text, 3) == ["A a", "", "C c"]
+    with pytest.raises(RuntimeError, match="translated 3 of 4"):
+        parse_hypotheses(text, 4)
