@@ -11,7 +11,6 @@ import argparse
 import gzip
 import hashlib
 import io
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fairseq_tying.data.align import Group, align_book, length_stats
+from fairseq_tying.data.fsutil import replace_dir, write_lines
 from fairseq_tying.data.osis import clean_osis, parse_imp
 from fairseq_tying.data.recase import undo_drop_caps, word_case_counts
 
@@ -159,19 +159,9 @@ def write_corpus(corpus: Corpus, out: Path, versions: dict[str, str | None]) -> 
                 (tmp / name).write_bytes(data)
                 sums[name] = hashlib.sha256(data).hexdigest()
         (tmp / "README.md").write_text(provenance(corpus, sums, versions), encoding="utf-8")
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _replace_dir(new: Path, dest: Path) -> None:
-    old = None
-    if dest.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
-        os.replace(dest, old / dest.name)
-    os.replace(new, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def provenance(corpus: Corpus, sums: dict[str, str], versions: dict[str, str | None]) -> str:
@@ -242,9 +232,7 @@ def extract(out: Path, corpus_dir: Path = CORPUS_DIR) -> dict[str, int]:
             raise ValueError(f"{corpus_dir}: {split}.es and {split}.en differ in length")
         sizes[split] = len(sides["es"])
         for lang, lines in sides.items():
-            tmp = out / f".{split}.{lang}.tmp"
-            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            os.replace(tmp, out / f"{split}.{lang}")
+            write_lines(out / f"{split}.{lang}", lines)
     return sizes
 
 
