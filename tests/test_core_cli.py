@@ -1,0 +1,131 @@
+"""The plugin through fairseq's real command-line tools: train every family x tying x output
+layer, generate from the checkpoints, resume training, and the errors for bad input."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from fairseq_tying import scoring
+from tests.conftest import TINY_MODEL, run_cli
+
+TYING_ARCH = {"none": "dwt", "decoder": "dwt", "three_way": "twwt"}
+
+
+def train_args(data: Path, save_dir: Path, arch: str, *flags: str, updates: int = 4) -> list[str]:
+    return [str(data), "--user-dir", "fairseq_tying", "--arch", arch, *TINY_MODEL,
+            "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "600",
+            "--max-update", str(updates), "--save-dir", str(save_dir), "--cpu", "--seed", "3",
+            "--no-progress-bar", "--log-interval", "1", "--no-epoch-checkpoints", *flags]
+
+
+def last_updates(log: str) -> int:
+    return int(re.findall(r"num_updates (\d+)", log)[-1])
+
+
+@pytest.mark.parametrize("rule", scoring.RULES)
+@pytest.mark.parametrize("tying", ["none", "decoder", "three_way"])
+@pytest.mark.parametrize("family", ["transformer", "dynamicconv"])
+def test_train_then_generate(joined_bin, tmp_path, family, tying, rule):
+    arch = f"{family}_{TYING_ARCH[tying]}"
+    proc = run_cli("fairseq-train", *train_args(joined_bin, tmp_path, arch, "--tying", tying,
+                                                 "--output-layer", rule))
+    log = proc.stdout + proc.stderr
+    assert last_updates(log) == 4 and "wnorm_mean" in log
+    assert re.search(r"train \| epoch 001 \| loss (\d+\.\d+)", log)
+    ckpt = tmp_path / "checkpoint_last.pt"
+    state = torch.load(ckpt, weights_only=True)  # the plugin's allowlist is active here
+    assert state["cfg"]["model"].output_layer == rule and state["cfg"]["model"].tying == tying
+    if tying != "three_way" or family == "dynamicconv" and rule not in ("dot", "l2norm"):
+        return  # generation from every checkpoint would triple the run time; one per rule suffices
+    gen = run_cli("fairseq-generate", str(joined_bin), "--user-dir", "fairseq_tying",
+                  "--path", str(ckpt), "--beam", "4", "--batch-size", "8", "--cpu")
+    assert len(re.findall(r"^H-\d+\t", gen.stdout, re.M)) == 20
+
+
+def test_resume_from_checkpoint_last_continues_the_update_count(joined_bin, tmp_path):
+    args = train_args(joined_bin, tmp_path, "transformer_twwt", "--output-layer", "distance",
+                      "--tied-projection")
+    run_cli("fairseq-train", *args)
+    resumed = run_cli("fairseq-train", *args, "--max-update", "9")
+    log = resumed.stdout + resumed.stderr
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 4 updates\)", log)
+    assert last_updates(log) == 9
+
+
+def test_validate_and_interactive_load_plugin_checkpoints(joined_bin, tmp_path):
+    run_cli("fairseq-train", *train_args(joined_bin, tmp_path, "dynamicconv_twwt",
+                                         "--output-layer", "cosine"))
+    ckpt = str(tmp_path / "checkpoint_last.pt")
+    val = run_cli("fairseq-validate", str(joined_bin), "--task", "translation",
+                  "--user-dir", "fairseq_tying",
+                  "--path", ckpt, "--cpu", "--max-tokens", "600")
+    assert re.search(r"valid on 'valid' subset \| loss \d", val.stdout + val.stderr)
+    inter = subprocess_input("fairseq-interactive", "w1 w2 w3\n", str(joined_bin),
+                             "--user-dir", "fairseq_tying", "--path", ckpt, "--cpu",
+                             "--source-lang", "src", "--target-lang", "tgt", "--beam", "2")
+    assert re.search(r"^H-0\t", inter, re.M)
+
+
+def subprocess_input(tool: str, text: str, *args: str) -> str:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, cli_env
+
+    exe = str(Path(sys.executable).parent / tool)
+    proc = subprocess.run([exe, *args], input=text, capture_output=True, text=True,
+                          env=cli_env(), cwd=REPO, check=True)
+    return proc.stdout
+
+
+@pytest.mark.parametrize("rule", scoring.RULES)
+def test_half_precision_training_through_the_cli(joined_bin, tmp_path, rule):
+    """--memory-efficient-fp16 on CPU keeps parameters and activations in real fp16."""
+    proc = run_cli("fairseq-train", *train_args(joined_bin, tmp_path, "transformer_twwt",
+                                                 "--output-layer", rule,
+                                                 "--memory-efficient-fp16"))
+    log = proc.stdout + proc.stderr
+    assert "loss_scale" in log and last_updates(log) == 4
+    losses = [float(x) for x in re.findall(r"\| loss (\S+) \|", log)]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def _train_error(data: Path, tmp_path: Path, arch: str, *flags: str) -> str:
+    proc = run_cli("fairseq-train", *train_args(data, tmp_path, arch, *flags), check=False)
+    assert proc.returncode != 0
+    return proc.stderr
+
+
+def test_three_way_tying_needs_a_joined_dictionary(separate_bin, tmp_path):
+    err = _train_error(separate_bin, tmp_path, "transformer_twwt")
+    assert "--joined-dictionary" in err and "three_way" in err
+    _train_error(separate_bin, tmp_path, "dynamicconv_twwt")
+    assert not (tmp_path / "checkpoint_last.pt").exists()
+
+
+def test_hidden_size_differs_without_projection(joined_bin, tmp_path):
+    err = _train_error(joined_bin, tmp_path, "transformer_dwt", "--tied-embed-dim", "8")
+    assert "--tied-projection" in err and "H=16" in err and "D=8" in err
+
+
+def test_unknown_output_layer_lists_the_choices(joined_bin, tmp_path):
+    err = _train_error(joined_bin, tmp_path, "transformer_twwt", "--output-layer", "softmax")
+    assert "--output-layer" in err and "invalid choice: 'softmax'" in err
+    for rule in scoring.RULES:
+        assert rule in err
+
+
+def test_checkpoint_without_user_dir_fails_loudly(joined_bin, tmp_path):
+    """Without --user-dir fairseq never imports the plugin, so it cannot phrase this error: torch
+    refuses the checkpoint's argparse.Namespace (the README shows the fix, --user-dir)."""
+    run_cli("fairseq-train", *train_args(joined_bin, tmp_path, "transformer_twwt"))
+    proc = run_cli("fairseq-generate", str(joined_bin), "--path",
+                   str(tmp_path / "checkpoint_last.pt"), "--cpu", check=False)
+    assert proc.returncode != 0 and "argparse.Namespace" in proc.stderr
