@@ -61,7 +61,7 @@ def test_collect_table_json_and_plot(runs, capsys):
     printed = capsys.readouterr().out
     md = (out / "results.md").read_text()
     assert md in printed  # the same table goes to the terminal
-    for method, values in bleus.items():
+    for values in bleus.values():
         assert format_ci(*mean_ci(values)) in md  # mean ± t-CI over the three seeds
     assert "| l2norm " in md and "3/3" in md  # all three seeds significantly better
     results = json.loads((out / "results.json").read_text())

@@ -68,7 +68,8 @@ def test_tokenized_bleu_matches_cli_on_moses_tokenized_text(files, tmp_path):
     tok_ref.write_text("\n".join(scoring.tokenize_for_bleu(REFS, "en", False)) + "\n")
     tok_hyp.write_text("\n".join(scoring.tokenize_for_bleu(HYPS, "en", False)) + "\n")
     # Moses tokenization as multi-bleu.perl expects it: punctuation split, nothing escaped.
-    assert tok_ref.read_text().splitlines()[2] == '" Hello , " she said , ( quietly ) and left at 10 : 30 .'
+    expected = '" Hello , " she said , ( quietly ) and left at 10 : 30 .'
+    assert tok_ref.read_text().splitlines()[2] == expected
     [cli] = _cli(tok_ref, tok_hyp, "-m", "bleu", "--tokenize", "none")
     s = scoring.score(HYPS, REFS, "es", "en")
     assert s.tok_bleu == pytest.approx(cli["score"], abs=1e-5)
@@ -79,7 +80,8 @@ def test_tokenized_bleu_matches_cli_on_moses_tokenized_text(files, tmp_path):
 def test_compound_splitting_equals_fairseq_perl_one_liner():
     lines = ["state-of-the-art e-mail x - y", "Hof-Test a-b-c"]
     ours = [scoring.split_compounds(x) for x in lines]
-    assert ours[0] == "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art e ##AT##-##AT## mail x - y"
+    assert ours[0] == ("state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art "
+                       "e ##AT##-##AT## mail x - y")
     assert ours[1] == "Hof ##AT##-##AT## Test a ##AT##-##AT## b-c"
     if shutil.which("perl"):
         perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"],
