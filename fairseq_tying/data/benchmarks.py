@@ -87,7 +87,7 @@ def extract_tgz(archive: Path, dest: Path) -> None:
 
 # ---- parsing -------------------------------------------------------------------------------
 
-_DROP_TAG_LINE = ("<url>", "<talkid>", "<keywords>")
+_DROP_TAG_LINE = ("<url>", "<talkid>", "<keywords>", "<speaker>", "<reviewer", "<translator")
 _STRIP_TAGS = re.compile(r"</?(?:title|description)>")
 _SEG = re.compile(r"<seg id=\"?\d+\"?>\s*(.*?)\s*</seg>")
 
@@ -96,7 +96,9 @@ def iwslt_train_lines(text: str) -> list[str]:
     """Sentences of an IWSLT ``train.tags`` file, as fairseq's recipe takes them.
 
     Lines containing ``<url>``, ``<talkid>`` or ``<keywords>`` are dropped; the ``<title>`` and
-    ``<description>`` tags are removed and their text is kept as a sentence.
+    ``<description>`` tags are removed and their text is kept as a sentence. Lines of the
+    metadata tags of later IWSLT releases (``<speaker>``, ``<reviewer>``, ``<translator>``) are
+    dropped too.
     """
     lines = []
     for line in text.splitlines():
