@@ -50,7 +50,7 @@ def test_clean_pairs_is_clean_corpus_n():
     tgt = ["a b", "a b c d", "a", "b", "x y z", "w"]
     s, t = benchmarks.clean_pairs(src, tgt)
     # 3:2 = ratio 1.5 kept; 2:4 dropped; empty dropped; spaces normalised; 176 tokens dropped
-    assert list(zip(s, t)) == [("a b c", "a b"), ("a", "b"), ("x y", "x y z")]
+    assert list(zip(s, t, strict=True)) == [("a b c", "a b"), ("a", "b"), ("x y", "x y z")]
     with pytest.raises(ValueError, match="differ in length"):
         benchmarks.clean_pairs(["a"], [])
 
@@ -67,7 +67,10 @@ def test_iwslt14_de_en_split():
     # 28 sentence lines; the 1:25-token pair and the empty pair fail cleaning; the 23rd of
     # the remaining 26 is held out for validation
     assert (len(train_s), len(pairs["valid"][0]), len(pairs["test"][0])) == (25, 1, 7)
-    assert pairs["valid"] == (["wir haben sie mit kameras gefilmt."], ["we filmed them with cameras."])
+    assert pairs["valid"] == (
+        ["wir haben sie mit kameras gefilmt."],
+        ["we filmed them with cameras."],
+    )
     assert "ja." not in train_s and "" not in train_s
     # test = dev2010 + dev2012 + tst2010 + tst2011 + tst2012, in that order, lower-cased
     assert pairs["test"][1] == [
