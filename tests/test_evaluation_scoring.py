@@ -98,6 +98,12 @@ def test_compound_splitting_only_for_english_german():
     assert "compound" in de.tok_bleu_signature
 
 
+def test_moses_detokenizer_for_moses_tokenized_data():
+    tok = ["Hello , world ! It 's a \" test \" ( really ) .", "Das ist 3,5 % mehr ."]
+    assert scoring.moses_detokenize(tok[:1], "en") == ["Hello, world! It's a \"test\" (really)."]
+    assert scoring.moses_detokenize(tok[1:], "de") == ["Das ist 3,5% mehr."]
+
+
 def test_identical_output_scores_100():
     s = scoring.score(REFS, REFS, "es", "en")
     assert s.bleu == pytest.approx(100) and s.tok_bleu == pytest.approx(100)

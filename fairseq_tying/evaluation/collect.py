@@ -169,8 +169,12 @@ def collect(root: str | os.PathLike, out: str | os.PathLike, baseline: str | Non
     for e in entries:
         r = e.result
         groups[(r.get("corpus"), r["src"], r["tgt"], r["subset"], r["references_sha256"])].append(e)
-    summaries = [summarize_group(g, baseline, n_samples) for _, g in sorted(
-        groups.items(), key=lambda kv: tuple(str(x) for x in kv[0]))]
+    keys = sorted(groups, key=lambda k: tuple(str(x) for x in k))
+    summaries = [summarize_group(groups[k], baseline, n_samples) for k in keys]
+    titles = [g["title"] for g in summaries]
+    for g, key in zip(summaries, keys, strict=True):
+        if titles.count(g["title"]) > 1:  # same corpus name, different references
+            g["title"] += f" [refs {key[-1][:8]}]"
     out = Path(out)
     markdown = "# Results\n\n" + "\n".join(group_markdown(g) for g in summaries)
     results = {"root": str(Path(root).resolve()), "groups": summaries}
