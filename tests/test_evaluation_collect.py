@@ -98,3 +98,12 @@ def test_default_baseline_is_dot_and_unknown_baseline_is_an_error(runs, capsys):
 def test_collect_without_runs_is_an_error(tmp_path, capsys):
     assert main(["collect", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no eval.json" in capsys.readouterr().err
+
+
+def test_foreign_eval_json_is_an_error(tmp_path, capsys):
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    (run / "eval.json").write_text(json.dumps({"run": "x", "bleu": 1.0}))
+    assert main(["collect", str(tmp_path / "runs"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert str(run / "eval.json") in err and "evaluate" in err

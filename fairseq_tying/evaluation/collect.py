@@ -20,6 +20,8 @@ from fairseq_tying.evaluation.stats import format_ci, mean_ci
 from fairseq_tying.evaluation.tables import markdown_table
 
 METRICS = ("bleu", "tok_bleu", "chrf")
+REQUIRED = ("run", *METRICS, "src", "tgt", "subset", "hypotheses", "references",
+            "references_sha256")
 
 
 @dataclass
@@ -47,6 +49,10 @@ def load_entries(root: str | os.PathLike) -> list[Entry]:
     for path in tqdm(paths, desc="reading eval.json", unit="run"):
         with open(path, encoding="utf-8") as f:
             result = json.load(f)
+        missing = [k for k in REQUIRED if k not in result]
+        if missing or not isinstance(result.get("run"), dict):
+            raise ValueError(f"{path} lacks {missing or ['run']}: it was not written by "
+                             "`evaluate`; run `python -m fairseq_tying.evaluation evaluate` again")
         data = dict(result.get("run", {}))
         data.update({k: v for k, v in read_run_json(path.parent).items() if k in data})
         entries.append(Entry(RunRecord.from_dict(data), result, path.parent))
