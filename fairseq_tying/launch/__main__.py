@@ -1,0 +1,48 @@
+"""``python -m fairseq_tying.launch slurm/SWEEP.yaml [--dry-run | --local] [--only PATTERN]``."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import sys
+from pathlib import Path
+
+from fairseq_tying.launch.config import SweepError, load_sweep
+from fairseq_tying.launch.submit import dry_run, record, run_local, submit_slurm
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fairseq_tying.launch",
+                                     description="Launch a sweep of fairseq runs with submitit.")
+    parser.add_argument("sweep", type=Path,
+                        help="sweep file (YAML), e.g. slurm/iwslt_transformer.yaml")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true",
+                      help="print the sbatch parameters and commands, submit nothing")
+    mode.add_argument("--local", action="store_true",
+                      help="run the jobs on this machine without SLURM")
+    parser.add_argument("--only", metavar="PATTERN", action="append",
+                        help="only runs whose name matches this glob (repeatable)")
+    parser.add_argument("--output-dir", type=Path, help="override the sweep's output_dir")
+    args = parser.parse_args(argv)
+    try:
+        sweep = load_sweep(args.sweep, args.output_dir, check_data=not args.dry_run)
+        runs = sweep.runs
+        if args.only:
+            runs = [r for r in runs if any(fnmatch.fnmatch(r.name, p) for p in args.only)]
+            if not runs:
+                raise SweepError(f"--only {args.only}: no run matches; runs are: "
+                                 + ", ".join(r.name for r in sweep.runs))
+        if args.dry_run:
+            dry_run(sweep, runs)
+            return 0
+        sub = run_local(sweep, runs) if args.local else submit_slurm(sweep, runs)
+        record(sweep, sub)
+    except SweepError as err:
+        print(f"error: {args.sweep}: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

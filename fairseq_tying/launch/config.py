@@ -1,0 +1,343 @@
+"""Sweep files: loading (yaml.safe_load), schema validation and expansion into runs.
+
+Every error is a :class:`SweepError` naming the key at fault; validation happens before anything
+is submitted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TOP_KEYS = {"name", "output_dir", "datasets", "grid", "fairseq", "batch", "resources",
+            "evaluation"}
+GRID_KEYS = {"dataset", "arch", "tying", "output_layer", "seed"}
+BATCH_KEYS = {"max_tokens", "target_gpus", "update_freq", "fp16"}
+RESOURCE_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb",
+                 "partition", "time", "constraint", "account", "qos", "max_num_timeout",
+                 "array_parallelism", "signal_delay_s"}
+EVAL_KEYS = {"enabled", "args", "time", "cpus_per_task", "mem_gb"}
+# fairseq flags the launcher owns: setting them in `fairseq:` would contradict the grid/resources
+OWNED_FLAGS = {"arch", "tying", "output_layer", "seed", "save_dir", "update_freq", "max_tokens",
+               "fp16", "cpu", "user_dir", "log_file", "distributed_world_size",
+               "distributed_rank", "distributed_init_method", "distributed_backend",
+               "distributed_no_spawn", "distributed_port", "device_id"}
+TYING = {"none", "decoder", "three_way"}
+OUTPUT_LAYERS = {"dot", "l2norm", "sqnorm", "distance", "cosine"}
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class SweepError(ValueError):
+    """A sweep file is invalid; the message names the key."""
+
+
+def expand_vars(value: str, key: str) -> str:
+    """``${VAR}`` and ``${VAR:-default}`` from the environment."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(1) in os.environ:
+            return os.environ[m.group(1)]
+        if m.group(2) is not None:
+            return m.group(2)
+        raise SweepError(f"{key}: environment variable {m.group(1)} is not set")
+
+    return _VAR.sub(sub, value)
+
+
+def parse_time(value: Any, key: str) -> int:
+    """SLURM time (``MM``, ``HH:MM:SS``, ``D-HH:MM[:SS]``) or minutes -> minutes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        minutes = value
+    elif isinstance(value, str) and re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", value):
+        days, _, rest = value.rpartition("-")
+        parts = [int(p) for p in rest.split(":")]
+        if len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif days:
+            h, m, s = (parts + [0, 0])[:3]
+        else:
+            h, m, s = ([0] * (3 - len(parts)) + parts)
+        minutes = int(days or 0) * 1440 + h * 60 + m + math.ceil(s / 60)
+    else:
+        raise SweepError(f"{key}: {value!r} is not a SLURM time (minutes, HH:MM:SS, D-HH:MM)")
+    if minutes <= 0:
+        raise SweepError(f"{key}: time must be positive, got {value!r}")
+    return minutes
+
+
+@dataclass
+class Resources:
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int = 1
+    cpus_per_task: int = 1
+    mem_gb: float = 4
+    partition: str | None = None
+    time_min: int = 60
+    constraint: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    max_num_timeout: int = 3
+    array_parallelism: int = 64
+    signal_delay_s: int = 120
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def gpu(self) -> bool:
+        return self.gpus_per_node > 0
+
+
+@dataclass
+class Run:
+    """One point of the grid: a training job, then its evaluation."""
+
+    name: str
+    run_dir: Path
+    data_dir: Path
+    dataset: str
+    arch: str
+    tying: str | None
+    output_layer: str | None
+    seed: int
+    train_args: list[str]
+    resources: Resources
+
+    def describe(self) -> dict:
+        return {"name": self.name, "run_dir": str(self.run_dir), "data_dir": str(self.data_dir),
+                "data_bin": str(data_bin(self.data_dir)), "dataset": self.dataset,
+                "arch": self.arch, "tying": self.tying, "output_layer": self.output_layer,
+                "seed": self.seed, "world_size": self.resources.world_size,
+                "gpu": self.resources.gpu, "train_args": self.train_args}
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path
+    output_dir: Path
+    resources: Resources
+    runs: list[Run] = field(default_factory=list)
+    eval_enabled: bool = True
+    eval_args: list[str] = field(default_factory=list)
+    eval_time_min: int = 60
+    eval_cpus: int = 1
+    eval_mem_gb: float = 4
+    update_freq: int = 1
+
+
+def data_bin(data_dir: Path) -> Path:
+    """The binarized data of a prepared data dir (``D/bin``), or D itself if it is a data-bin."""
+    return data_dir / "bin" if (data_dir / "bin").is_dir() else data_dir
+
+
+def _check_keys(section: Any, allowed: set[str], where: str) -> dict:
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise SweepError(f"{where}: expected a mapping, got {type(section).__name__}")
+    for key in section:
+        if key not in allowed:
+            raise SweepError(f"{where}.{key}: unknown key (allowed: {', '.join(sorted(allowed))})"
+                             if where else
+                             f"{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+    return section
+
+
+def _int(section: dict, key: str, where: str, default: int, minimum: int) -> int:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SweepError(f"{where}.{key}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise SweepError(f"{where}.{key}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _opt_str(section: dict, key: str, where: str) -> str | None:
+    value = section.get(key)
+    if value is not None and not isinstance(value, str):
+        raise SweepError(f"{where}.{key}: expected a string, got {value!r}")
+    return value
+
+
+def parse_resources(raw: Any) -> Resources:
+    where = "resources"
+    section = _check_keys(raw, RESOURCE_KEYS, where)
+    gpus = _int(section, "gpus_per_node", where, 0, 0)
+    res = Resources(
+        nodes=_int(section, "nodes", where, 1, 1),
+        gpus_per_node=gpus,
+        tasks_per_node=_int(section, "tasks_per_node", where, max(gpus, 1), 1),
+        cpus_per_task=_int(section, "cpus_per_task", where, 1, 1),
+        partition=_opt_str(section, "partition", where),
+        time_min=parse_time(section.get("time", 60), f"{where}.time"),
+        constraint=_opt_str(section, "constraint", where),
+        account=_opt_str(section, "account", where),
+        qos=_opt_str(section, "qos", where),
+        max_num_timeout=_int(section, "max_num_timeout", where, 3, 0),
+        array_parallelism=_int(section, "array_parallelism", where, 64, 1),
+        signal_delay_s=_int(section, "signal_delay_s", where, 120, 0),
+    )
+    mem = section.get("mem_gb", 4)
+    if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0:
+        raise SweepError(f"{where}.mem_gb: expected a positive number of GB, got {mem!r}")
+    res.mem_gb = mem
+    if gpus and res.tasks_per_node != gpus:
+        raise SweepError(f"{where}.tasks_per_node: GPU jobs run one task per GPU, so it must equal"
+                         f" gpus_per_node ({gpus}), got {res.tasks_per_node}")
+    if res.signal_delay_s >= res.time_min * 60:
+        raise SweepError(f"{where}.signal_delay_s: {res.signal_delay_s}s leaves no time to train "
+                         f"in a {res.time_min} min job")
+    return res
+
+
+def fairseq_flags(raw: Any) -> list[str]:
+    """``{lr: 0.001, share_all_embeddings: true, betas: "(0.9, 0.98)"}`` -> CLI flags."""
+    section = _check_keys(raw, set(raw or {}), "fairseq")
+    args: list[str] = []
+    for key, value in section.items():
+        if not re.fullmatch(r"[a-z][a-z0-9_-]*", str(key)):
+            raise SweepError(f"fairseq.{key}: not a fairseq flag name")
+        if key.replace("-", "_") in OWNED_FLAGS:
+            raise SweepError(f"fairseq.{key}: set by the launcher (use grid/batch/resources)")
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            args += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            raise SweepError(f"fairseq.{key}: expected a scalar or list, got a mapping")
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def _grid_values(grid: dict, key: str, allowed: set[str] | None) -> list:
+    values = grid.get(key)
+    if values is None:
+        raise SweepError(f"grid.{key}: missing (a list of values)")
+    values = values if isinstance(values, list) else [values]
+    if not values:
+        raise SweepError(f"grid.{key}: empty list")
+    for v in values:
+        if allowed is not None and v is not None and v not in allowed:
+            raise SweepError(f"grid.{key}: unknown value {v!r} (allowed: {sorted(allowed)})")
+    return values
+
+
+def known_archs() -> set[str]:
+    """Architectures fairseq knows once the plugin is imported."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_tying  # noqa: F401  (registers the plugin's models)
+
+    return set(ARCH_MODEL_REGISTRY)
+
+
+def load_sweep(path: str | Path, output_dir: str | Path | None = None,
+               check_data: bool = True) -> Sweep:
+    path = Path(path)
+    if not path.exists():
+        raise SweepError(f"sweep file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SweepError(f"{path}: not valid YAML: {err}") from err
+    raw = _check_keys(raw, TOP_KEYS, "")
+    for key in ("datasets", "grid"):
+        if key not in raw:
+            raise SweepError(f"{key}: missing required section")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[\w.-]+", name):
+        raise SweepError(f"name: {name!r} must be a simple name (letters, digits, _ . -)")
+
+    datasets = _check_keys(raw["datasets"], set(raw["datasets"] or {}), "datasets")
+    data_dirs: dict[str, Path] = {}
+    for dname, dpath in datasets.items():
+        if not isinstance(dpath, str):
+            raise SweepError(f"datasets.{dname}: expected a directory path")
+        d = Path(expand_vars(dpath, f"datasets.{dname}")).expanduser().resolve()
+        if check_data and not any(data_bin(d).glob("dict.*.txt")):
+            raise SweepError(f"datasets.{dname}: data dir {d} does not exist or holds no "
+                             "binarized data (expected D/bin/dict.*.txt from fairseq-preprocess)")
+        data_dirs[dname] = d
+
+    grid = _check_keys(raw["grid"], GRID_KEYS, "grid")
+    ds = _grid_values(grid, "dataset", set(data_dirs))
+    archs = _grid_values(grid, "arch", None)
+    known = known_archs()
+    for arch in archs:
+        if arch not in known:
+            close = sorted(a for a in known if a.split("_")[0] == str(arch).split("_")[0])[:8]
+            raise SweepError(f"grid.arch: unknown architecture {arch!r} (not in fairseq's "
+                             f"ARCH_MODEL_REGISTRY; similar: {close})")
+    tyings = _grid_values(grid, "tying", TYING) if "tying" in grid else [None]
+    layers = _grid_values(grid, "output_layer", OUTPUT_LAYERS) if "output_layer" in grid \
+        else [None]
+    seeds = _grid_values(grid, "seed", None)
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise SweepError(f"grid.seed: expected integers, got {s!r}")
+
+    res = parse_resources(raw.get("resources"))
+    batch = _check_keys(raw.get("batch"), BATCH_KEYS, "batch")
+    update_freq = _update_freq(batch, res)
+    fp16 = batch.get("fp16", res.gpu)
+    if fp16 and not res.gpu:
+        raise SweepError("batch.fp16: fp16 needs GPUs (resources.gpus_per_node is 0)")
+    common = fairseq_flags(raw.get("fairseq"))
+    if "max_tokens" in batch:
+        common += ["--max-tokens", str(_int(batch, "max_tokens", "batch", 0, 1))]
+    common += ["--update-freq", str(update_freq)]
+    common += ["--fp16"] if fp16 else []
+    common += [] if res.gpu else ["--cpu"]
+
+    ev = _check_keys(raw.get("evaluation"), EVAL_KEYS, "evaluation")
+    eval_args = ev.get("args", [])
+    if not isinstance(eval_args, list):
+        raise SweepError("evaluation.args: expected a list of command-line arguments")
+    out = output_dir or raw.get("output_dir") or f"runs/{name}"
+    out = Path(expand_vars(str(out), "output_dir")).expanduser().resolve()
+    sweep = Sweep(name=name, path=path.resolve(), output_dir=out, resources=res,
+                  eval_enabled=bool(ev.get("enabled", True)),
+                  eval_args=[str(a) for a in eval_args],
+                  eval_time_min=parse_time(ev.get("time", 60), "evaluation.time"),
+                  eval_cpus=_int(ev, "cpus_per_task", "evaluation", res.cpus_per_task, 1),
+                  eval_mem_gb=ev.get("mem_gb", res.mem_gb), update_freq=update_freq)
+    for d, arch, tying, layer, seed in itertools.product(ds, archs, tyings, layers, seeds):
+        parts = [d, arch, tying, layer, f"s{seed}"]
+        rname = ".".join(str(p) for p in parts if p is not None)
+        args = ["--arch", arch, "--seed", str(seed)]
+        args += ["--tying", tying] if tying is not None else []
+        args += ["--output-layer", layer] if layer is not None else []
+        sweep.runs.append(Run(name=rname, run_dir=out / rname, data_dir=data_dirs[d], dataset=d,
+                              arch=arch, tying=tying, output_layer=layer, seed=seed,
+                              train_args=args + common, resources=res))
+    return sweep
+
+
+def _update_freq(batch: dict, res: Resources) -> int:
+    """Gradient accumulation so that ``world_size`` workers simulate ``target_gpus`` of them."""
+    if "update_freq" in batch and "target_gpus" in batch:
+        raise SweepError("batch.update_freq: give either update_freq or target_gpus, not both")
+    if "update_freq" in batch:
+        return _int(batch, "update_freq", "batch", 1, 1)
+    if "target_gpus" not in batch:
+        return 1
+    target = _int(batch, "target_gpus", "batch", 1, 1)
+    world = res.world_size
+    if target % world:
+        raise SweepError(f"batch.target_gpus: {target} is not a multiple of the job's world size "
+                         f"{world} (resources.nodes x tasks per node)")
+    return target // world

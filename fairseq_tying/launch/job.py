@@ -1,0 +1,214 @@
+"""What runs inside a job: fairseq training of one run, its evaluation, the sweep's collect step.
+
+``TrainJob`` is called once per task (one task per GPU, or per CPU worker) by submitit. It takes
+rank, world size and the master address from submitit's ``JobEnvironment`` and calls fairseq's
+training entry point in this process. On SIGUSR2 (SLURM's timeout/preemption signal, sent
+``signal_delay_s`` before the time limit) all ranks agree to stop after the current update, save
+``checkpoint_last.pt`` and submitit requeues the job, which resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from fairseq_tying.launch import evaluate as eval_adapter
+
+logger = logging.getLogger("fairseq_tying.launch")
+DONE = "train.done"  # marker of a finished training run
+
+
+class Preempted(Exception):
+    """Raised in fairseq's loop once all ranks saw the stop request and the checkpoint is saved."""
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def resolve_master(host: str) -> str:
+    """An address for ``host``: DNS/hosts if it resolves, else SLURM's NodeAddr for the node."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        pass
+    out = subprocess.run(["scontrol", "-o", "show", "node", host], capture_output=True,
+                         text=True, check=True).stdout
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1]
+    raise RuntimeError(f"cannot resolve the master node {host!r} (no DNS entry, no NodeAddr)")
+
+
+def master_port(job_id: str) -> int:
+    digest = hashlib.sha1(job_id.encode()).digest()
+    return 20000 + int.from_bytes(digest[:4], "big") % 20000
+
+
+def distributed_args(env: submitit.JobEnvironment, gpu: bool, ddp_backend_set: bool) -> list[str]:
+    """fairseq flags for this task's rank, from the SLURM/submitit environment."""
+    world = env.num_tasks
+    if world == 1:
+        return []
+    host = env.hostnames[0] if env.hostnames else "127.0.0.1"
+    addr = "127.0.0.1" if host in ("localhost", socket.gethostname()) else resolve_master(host)
+    args = ["--distributed-world-size", str(world), "--distributed-rank", str(env.global_rank),
+            "--distributed-init-method", f"tcp://{addr}:{master_port(str(env.job_id))}",
+            "--distributed-no-spawn", "--device-id", str(env.local_rank if gpu else 0),
+            "--distributed-backend", "nccl" if gpu else "gloo"]
+    if not gpu and not ddp_backend_set:
+        args += ["--ddp-backend", "legacy_ddp"]  # c10d passes device_ids=[0] and fails on CPU
+    return args
+
+
+class _StopFlag:
+    requested = False
+
+    @classmethod
+    def handler(cls, signum: int, frame: Any) -> None:
+        logger.warning("caught %s: stopping after this update", signal.Signals(signum).name)
+        cls.requested = True
+
+
+def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
+    """Wrap fairseq's validate_and_save: record progress, stop and save on a stop request."""
+    import fairseq_cli.train as fairseq_train
+    import torch
+    from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as dist_utils
+
+    original = getattr(fairseq_train.validate_and_save, "__wrapped__",
+                       fairseq_train.validate_and_save)
+
+    def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
+        valid_losses, should_stop = original(cfg, trainer, task, epoch_itr, valid_subsets,
+                                             end_of_epoch)
+        updates = trainer.get_num_updates()
+        stop = torch.tensor([1.0 if _StopFlag.requested else 0.0])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            stop = dist_utils.all_reduce(stop, group=dist_utils.get_data_parallel_group())
+        if rank == 0:
+            write_json(run_dir / "progress.json", {"num_updates": updates})
+        if should_stop or end_of_epoch or stop.item() > 0:
+            params = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
+            write_json(run_dir / "ranks" / f"rank{rank}.json",
+                       {"rank": rank, "num_updates": updates, "param_sum": params,
+                        "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+                        "pid": os.getpid()})
+        if stop.item() > 0 and not should_stop:
+            checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, valid_losses[0])
+            logger.warning("stop requested: saved checkpoint_last.pt at update %d", updates)
+            raise Preempted(updates)
+        return valid_losses, should_stop
+
+    validate_and_save.__wrapped__ = original
+    fairseq_train.validate_and_save = validate_and_save
+
+
+def _log_to(path: Path) -> logging.Handler:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
+class TrainJob(submitit.helpers.Checkpointable):
+    """Train one run (called in every task of its job)."""
+
+    def __init__(self, run: dict, user_dir: str) -> None:
+        self.run = run
+        self.user_dir = user_dir
+
+    def command(self, env: submitit.JobEnvironment | None = None) -> list[str]:
+        run_dir = Path(self.run["run_dir"])
+        args = [self.run["data_bin"], "--user-dir", self.user_dir,
+                "--save-dir", str(run_dir / "checkpoints"), *self.run["train_args"]]
+        if env is not None:
+            args += distributed_args(env, self.run["gpu"], "--ddp-backend" in args)
+        return ["fairseq-train", *args]
+
+    def __call__(self) -> dict:
+        run_dir = Path(self.run["run_dir"])
+        done = run_dir / DONE
+        if done.exists():  # finished before (e.g. requeued after the end): never retrain
+            return json.loads(done.read_text())
+        env = submitit.JobEnvironment()
+        rank = env.global_rank
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "ranks").mkdir(exist_ok=True)
+        handler = _log_to(run_dir / "logs" / f"train.rank{rank}.log")
+        argv = self.command(env)
+        if rank == 0:
+            write_json(run_dir / "command.json", {"argv": argv, "job_id": env.job_id,
+                                                  "hostnames": list(env.hostnames)})
+        logger.info("job %s rank %d/%d on %s: %s", env.job_id, rank, env.num_tasks,
+                    socket.gethostname(), " ".join(argv))
+        submitit_handler = signal.getsignal(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, _StopFlag.handler)
+        _install_fairseq_hook(run_dir, rank)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        from fairseq_cli.train import cli_main
+
+        saved_argv, sys.argv = sys.argv, argv
+        try:
+            cli_main()
+        except Preempted:
+            self._requeue(submitit_handler, rank)
+        finally:
+            sys.argv = saved_argv
+            logging.getLogger().removeHandler(handler)
+        result = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())
+        if rank == 0:
+            write_json(done, {**result, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        return result
+
+    @staticmethod
+    def _requeue(submitit_handler: Any, rank: int) -> None:
+        if callable(submitit_handler) and "SLURM_JOB_ID" in os.environ:
+            # rank 0 checkpoints this submission, runs `scontrol requeue` and exits
+            submitit_handler(signal.SIGUSR2, None)
+        if rank != 0:
+            time.sleep(120)  # the requeue ends this task
+        sys.exit(-1)
+
+    def __submitit_checkpoint__(self) -> submitit.helpers.DelayedSubmission:
+        # fairseq finds checkpoint_last.pt in the run's save dir: the same call resumes it
+        return submitit.helpers.DelayedSubmission(self)
+
+    checkpoint = __submitit_checkpoint__
+
+
+class EvalJob:
+    """Evaluate one run (BLEU record ``RUN/eval.json``)."""
+
+    def __init__(self, run: dict, extra_args: list[str]) -> None:
+        self.run = run
+        self.extra_args = extra_args
+
+    def __call__(self) -> str:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        return str(eval_adapter.evaluate_run(Path(self.run["run_dir"]), self.extra_args,
+                                             cpu=not self.run["gpu"]))
+
+
+class CollectJob:
+    """Cross-run table and plots of a sweep."""
+
+    def __init__(self, runs_root: str, out_dir: str) -> None:
+        self.runs_root, self.out_dir = runs_root, out_dir
+
+    def __call__(self) -> str:
+        return str(eval_adapter.collect(Path(self.runs_root), Path(self.out_dir)))

@@ -1,0 +1,185 @@
+"""Turning a validated sweep into submitit jobs: SLURM arrays, a local run, or a dry run."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import submitit
+from submitit.slurm.slurm import _make_sbatch_string
+
+from fairseq_tying.launch import evaluate as eval_adapter
+from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
+from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
+
+
+@dataclass
+class Submitted:
+    train: dict[str, Any] = field(default_factory=dict)  # run name -> job
+    evaluate: list[Any] = field(default_factory=list)
+    collect: Any = None
+    skipped: list[str] = field(default_factory=list)
+
+
+def train_params(sweep: Sweep, name: str) -> dict[str, Any]:
+    res = sweep.resources
+    params: dict[str, Any] = {
+        "job_name": name, "nodes": res.nodes, "ntasks_per_node": res.tasks_per_node,
+        "cpus_per_task": res.cpus_per_task, "mem": f"{res.mem_gb}GB", "time": res.time_min,
+        "signal_delay_s": res.signal_delay_s, "array_parallelism": res.array_parallelism,
+        "stderr_to_stdout": True,
+    }
+    if res.gpu:
+        params["gpus_per_node"] = res.gpus_per_node
+    for key in ("partition", "constraint", "account", "qos"):
+        if getattr(res, key):
+            params[key] = getattr(res, key)
+    return params
+
+
+def eval_params(sweep: Sweep, name: str) -> dict[str, Any]:
+    params = train_params(sweep, name)
+    params.update(nodes=1, ntasks_per_node=1, cpus_per_task=sweep.eval_cpus,
+                  mem=f"{sweep.eval_mem_gb}GB", time=sweep.eval_time_min)
+    if sweep.resources.gpu:
+        params["gpus_per_node"] = 1
+    return params
+
+
+def check_cluster(res: Resources) -> None:
+    """Refuse resources the cluster's partition cannot ever satisfy (read with ``sinfo``)."""
+    fmt = ["sinfo", "-h", "-o", "%P %D %c %m %G"]
+    try:
+        out = subprocess.run(fmt + (["-p", res.partition] if res.partition else []),
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        raise SweepError(f"resources: cannot query the cluster with sinfo ({err})") from err
+    lines = [line.split() for line in out.splitlines() if line.strip()]
+    if not res.partition:
+        lines = [f for f in lines if f[0].endswith("*")] or lines
+    if not lines:
+        raise SweepError(f"resources.partition: no partition {res.partition!r} on this cluster")
+    part, nodes, cpus, mem = lines[0][0].rstrip("*"), int(lines[0][1]), lines[0][2], lines[0][3]
+    cpus_n = int(cpus.rstrip("+"))
+    mem_mb = int(mem.rstrip("+"))
+    if res.nodes > nodes:
+        raise SweepError(f"resources.nodes: {res.nodes} requested, partition {part} has {nodes}")
+    if res.tasks_per_node * res.cpus_per_task > cpus_n:
+        raise SweepError(f"resources.cpus_per_task: {res.tasks_per_node} task(s) x "
+                         f"{res.cpus_per_task} CPUs per node, nodes of {part} have {cpus_n}")
+    if res.mem_gb * 1024 > mem_mb:
+        raise SweepError(f"resources.mem_gb: {res.mem_gb} GB requested, nodes of {part} have "
+                         f"{mem_mb} MB")
+
+
+def prepare_run_dir(sweep: Sweep, run: Run) -> None:
+    """The run's own directory with its resolved config and the exact training command."""
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    config = {**run.describe(), "sweep": sweep.name, "sweep_file": str(sweep.path),
+              "resources": vars(run.resources), "update_freq": sweep.update_freq}
+    write_json(run.run_dir / "run.json", config)
+    cmd = TrainJob(run.describe(), eval_adapter.USER_DIR).command()
+    (run.run_dir / ".command.sh.tmp").write_text(
+        "# per-rank distributed flags are added in the job (see command.json)\n"
+        + shlex.join(cmd) + "\n")
+    (run.run_dir / ".command.sh.tmp").replace(run.run_dir / "command.sh")
+
+
+def dry_run(sweep: Sweep, runs: list[Run]) -> None:
+    folder = sweep.output_dir / ".submitit" / "%j"
+    params = train_params(sweep, f"{sweep.name}-train")
+    array = f" (a job array of {len(runs)})" if len(runs) > 1 else ""
+    print(f"# sweep {sweep.name}: {len(runs)} training job(s){array} -> {sweep.output_dir}")
+    if len(runs) > 1:
+        params["map_count"] = len(runs)
+    print(_make_sbatch_string(command="<python -m submitit.core._submit FOLDER>",
+                              folder=folder, **params))
+    for run in runs:
+        cmd = TrainJob(run.describe(), eval_adapter.USER_DIR).command()
+        print(f"# {run.name}\n{shlex.join(cmd)}")
+    if sweep.eval_enabled:
+        params = eval_params(sweep, f"{sweep.name}-eval")
+        params["dependency"] = "aftercorr:<TRAIN_ARRAY_ID>"
+        if len(runs) > 1:
+            params["map_count"] = len(runs)
+        print("# evaluation array, each task after its training task (aftercorr):")
+        print(_make_sbatch_string(command="<python -m fairseq_tying.evaluation RUN_DIR>",
+                                  folder=folder, **params))
+        print(f"# then: python -m fairseq_tying.evaluation collect {sweep.output_dir} "
+              f"--out {sweep.output_dir}")
+
+
+def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
+    check_cluster(sweep.resources)
+    out = Submitted()
+    to_train = [r for r in runs if not (r.run_dir / DONE).exists()]
+    out.skipped = [r.name for r in runs if r not in to_train]
+    for run in to_train:
+        prepare_run_dir(sweep, run)
+    folder = sweep.output_dir / ".submitit" / "%j"
+    ex = submitit.SlurmExecutor(folder, max_num_timeout=sweep.resources.max_num_timeout)
+    if to_train:
+        ex.update_parameters(**train_params(sweep, f"{sweep.name}-train"))
+        with ex.batch():
+            for run in to_train:
+                out.train[run.name] = ex.submit(TrainJob(run.describe(), eval_adapter.USER_DIR))
+    if not sweep.eval_enabled:
+        return out
+    to_eval = [r for r in runs if not (r.run_dir / "eval.json").exists()]
+    if to_eval:
+        params = eval_params(sweep, f"{sweep.name}-eval")
+        params["additional_parameters"] = {"kill_on_invalid_dep": "yes"}
+        if out.train:
+            array_id = next(iter(out.train.values())).job_id.split("_")[0]
+            corr = len(out.train) > 1 and to_eval == to_train
+            params["dependency"] = f"{'aftercorr' if corr else 'afterok'}:{array_id}"
+        ex.update_parameters(**params)
+        with ex.batch():
+            for run in to_eval:
+                out.evaluate.append(ex.submit(EvalJob(run.describe(), sweep.eval_args)))
+    params = eval_params(sweep, f"{sweep.name}-collect")
+    params.update(cpus_per_task=1, additional_parameters={})
+    params.pop("gpus_per_node", None)
+    if out.evaluate:
+        params["dependency"] = f"afterany:{out.evaluate[0].job_id.split('_')[0]}"
+    ex.update_parameters(**params)
+    out.collect = ex.submit(CollectJob(str(sweep.output_dir), str(sweep.output_dir)))
+    return out
+
+
+def run_local(sweep: Sweep, runs: list[Run]) -> Submitted:
+    """The same jobs on this machine, one after the other (all ranks of a run on this host)."""
+    out = Submitted()
+    ex = submitit.LocalExecutor(sweep.output_dir / ".submitit" / "%j")
+    res = sweep.resources
+    ex.update_parameters(timeout_min=res.time_min, tasks_per_node=res.world_size, nodes=1,
+                         gpus_per_node=res.gpus_per_node * res.nodes)
+    for run in runs:
+        if (run.run_dir / DONE).exists():
+            out.skipped.append(run.name)
+        else:
+            prepare_run_dir(sweep, run)
+            job = ex.submit(TrainJob(run.describe(), eval_adapter.USER_DIR))
+            print(f"training {run.name} (local job {job.job_id})", file=sys.stderr)
+            job.results()
+            out.train[run.name] = job
+        if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
+            EvalJob(run.describe(), sweep.eval_args)()
+    if sweep.eval_enabled:
+        CollectJob(str(sweep.output_dir), str(sweep.output_dir))()
+    return out
+
+
+def record(sweep: Sweep, sub: Submitted) -> None:
+    """``OUTPUT/jobs.json``: which job trained/evaluated which run."""
+    sweep.output_dir.mkdir(parents=True, exist_ok=True)
+    jobs = {"train": {name: j.job_id for name, j in sub.train.items()},
+            "evaluate": [j.job_id for j in sub.evaluate],
+            "collect": sub.collect.job_id if sub.collect is not None else None,
+            "skipped": sub.skipped}
+    write_json(sweep.output_dir / "jobs.json", jobs)
+    print(json.dumps(jobs, indent=1))
