@@ -74,7 +74,7 @@ def _write(path: Path, lines: list[str]) -> None:
 def _sentencepiece(work: Path, data: dict, langs: tuple[str, str], args) -> dict:
     import sentencepiece as spm
 
-    train = work / "raw" / "train.joint"
+    train = work / "spm.train.txt"
     _write(train, data[("train", langs[0])] + data[("train", langs[1])])
     spm.SentencePieceTrainer.train(
         input=str(train),

@@ -1,0 +1,206 @@
+"""Subwords and binarization of the embedded corpus with both subword tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairseq_tying.data import bible, prepare
+
+LIMIT = 200
+CONTRACT = {"corpus", "src", "tgt", "subword", "post_process", "detokenizer", "vocab_size"}
+
+
+def _args(out: Path, subword: str, vocab: int, **kw) -> list[str]:
+    args = [
+        "--corpus",
+        "bible",
+        "--src",
+        "es",
+        "--tgt",
+        "en",
+        "--subword",
+        subword,
+        "--vocab-size",
+        str(vocab),
+        "--train-limit",
+        str(LIMIT),
+        "--out",
+        str(out),
+    ]
+    for k, v in kw.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    return args
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("prep")
+    out = {"sentencepiece": root / "spm", "subword_nmt": root / "bpe"}
+    assert prepare.main(_args(out["sentencepiece"], "sentencepiece", 600)) == 0
+    assert prepare.main(_args(out["subword_nmt"], "subword_nmt", 400)) == 0
+    return out
+
+
+def _dataset_sizes(bin_dir: Path, split: str, lang: str) -> int:
+    from fairseq.data import data_utils
+
+    ds = data_utils.load_indexed_dataset(str(bin_dir / f"{split}.es-en.{lang}"), None)
+    return len(ds)
+
+
+@pytest.mark.parametrize("subword", ["sentencepiece", "subword_nmt"])
+def test_data_dir_contract(prepared, subword):
+    d = prepared[subword]
+    prep = json.loads((d / "prep.json").read_text())
+    assert CONTRACT <= prep.keys()
+    assert (prep["corpus"], prep["src"], prep["tgt"], prep["subword"]) == (
+        "bible",
+        "es",
+        "en",
+        subword,
+    )
+    assert prep["post_process"] == subword
+    assert prep["detokenizer"] == (None if subword == "sentencepiece" else "moses")
+    assert prep["pairs"] == {"train": LIMIT, "valid": 808, "test": 1434}
+    # raw text is the committed corpus itself (the BLEU references)
+    for split in bible.SPLITS:
+        for lang in bible.LANGS:
+            raw = (d / "raw" / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+            expected = bible.read_split(split, lang)
+            assert raw == (expected[:LIMIT] if split == "train" else expected)
+    # one joined dictionary, and every line binarized
+    dict_es = (d / "bin" / "dict.es.txt").read_text()
+    assert dict_es == (d / "bin" / "dict.en.txt").read_text()
+    assert len(dict_es.splitlines()) == prep["dict_size"] > 100
+    for split, n in prep["pairs"].items():
+        assert _dataset_sizes(d / "bin", split, "es") == n
+        assert _dataset_sizes(d / "bin", split, "en") == n
+
+
+def test_sentencepiece_round_trip(prepared):
+    import sentencepiece as spm
+
+    d = prepared["sentencepiece"]
+    sp = spm.SentencePieceProcessor(model_file=str(d / "spm.model"))
+    pieces = (d / "subword" / "valid.en").read_text(encoding="utf-8").splitlines()
+    raw = (d / "raw" / "valid.en").read_text(encoding="utf-8").splitlines()
+    assert [sp.decode(p.split()) for p in pieces] == raw
+    # the dictionary is made of the model's pieces
+    vocab = {line.split("\t")[0] for line in (d / "spm.vocab").read_text().splitlines()}
+    words = [line.split()[0] for line in (d / "bin" / "dict.en.txt").read_text().splitlines()]
+    assert {w for w in words if not w.startswith("madeupword")} <= vocab  # fairseq's padding
+
+
+def test_subword_nmt_round_trip(prepared):
+    d = prepared["subword_nmt"]
+    bpe = (d / "subword" / "test.es").read_text(encoding="utf-8").splitlines()
+    raw = (d / "raw" / "test.es").read_text(encoding="utf-8").splitlines()
+    assert "@@ " in bpe[0]
+    merged = [line.replace("@@ ", "") for line in bpe]
+    assert merged == prepare.moses_tokenize(raw, "es")
+    # detokenizing the merged text gives the references back for nearly every line
+    detok = prepare.moses_detokenize(merged, "es")
+    assert sum(a == b for a, b in zip(detok, raw, strict=True)) >= 0.95 * len(raw)
+    merges = (d / "bpe.codes").read_text().splitlines()
+    assert len([m for m in merges if not m.startswith("#")]) == 400
+
+
+def test_rerun_is_skipped(prepared, capsys):
+    d = prepared["sentencepiece"]
+    before = (d / "prep.json").stat().st_mtime_ns
+    assert prepare.main(_args(d, "sentencepiece", 600)) == 0
+    assert "already prepared, skipped" in capsys.readouterr().out
+    assert (d / "prep.json").stat().st_mtime_ns == before
+
+
+def test_other_settings_need_force(prepared, capsys):
+    d = prepared["sentencepiece"]
+    assert prepare.main(_args(d, "sentencepiece", 700)) == 2
+    err = capsys.readouterr().err
+    assert f"--out {d} exists" in err and "--force" in err
+
+
+def test_spm_model_types(tmp_path):
+    import sentencepiece as spm
+
+    data = {("train", "es"): ["hola mundo"] * 50, ("train", "en"): ["hello world"] * 50}
+    scores = {}
+    for kind in ("bpe", "unigram"):
+        work = tmp_path / kind
+        work.mkdir()
+        args = prepare.parser().parse_args(_args(work, "sentencepiece", 30, spm_type=kind))
+        out = prepare._sentencepiece(work, data, ("es", "en"), args)
+        sp = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
+        assert sp.decode(out[("train", "en")][0].split()) == "hello world"
+        vocab = (work / "spm.vocab").read_text(encoding="utf-8").splitlines()
+        scores[kind] = [float(line.split("\t")[1]) for line in vocab]
+    # BPE scores pieces by merge rank (whole numbers), unigram by log probability
+    assert all(s == int(s) for s in scores["bpe"])
+    assert not all(s == int(s) for s in scores["unigram"])
+
+
+def test_corpus_dir_errors_name_the_file(tmp_path, capsys):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.de").write_text("a\nb\n")
+        (corpus / f"{split}.en").write_text("a\n")
+    args = [
+        "--corpus",
+        str(corpus),
+        "--src",
+        "de",
+        "--tgt",
+        "en",
+        "--vocab-size",
+        "50",
+        "--out",
+        str(tmp_path / "d"),
+    ]
+    assert prepare.main(args) == 2
+    assert "train.de has 2 lines, train.en 1" in capsys.readouterr().err
+    (corpus / "valid.en").unlink()
+    assert prepare.main(args) == 2
+    assert f"{corpus / 'valid.en'} is missing" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_failed_preparation_leaves_nothing(tmp_path, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("fairseq-preprocess failed")
+
+    monkeypatch.setattr(prepare, "binarize", broken)
+    with pytest.raises(RuntimeError):
+        prepare.main(_args(tmp_path / "d", "sentencepiece", 300))
+    assert list(tmp_path.iterdir()) == []  # neither the data dir nor its build dir
+
+
+def test_cli_module(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairseq_tying.data.prepare",
+            "--corpus",
+            "bible",
+            "--src",
+            "es",
+            "--tgt",
+            "de",
+            "--vocab-size",
+            "100",
+            "--out",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 2
+    assert "--corpus bible has languages es and en" in proc.stderr
