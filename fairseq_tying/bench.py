@@ -1,0 +1,480 @@
+"""Cost of the output layers against fairseq's own tied Transformer.
+
+``python -m fairseq_tying.bench`` builds, in one process, fairseq's ``transformer`` with
+``--share-all-embeddings`` and the plugin's ``transformer_twwt`` with every output layer, all
+with the same dimensions and the same initial parameters, and measures for each vocabulary size:
+
+- the training step (forward, backward, Adam step) on a fixed batch of random tokens;
+- beam-5 generation with fairseq's ``SequenceGenerator`` (incremental decoding) on fixed source
+  sentences, forced to a fixed output length so that every model does the same number of steps;
+- the peak memory of training and of generation over the memory before the model was built, each
+  model in a fresh subprocess (CPU: resident set size sampled every 0.5 ms; CUDA: peak allocated).
+
+Repetitions interleave the models (rotating order) after a warm-up; each model's time is divided
+by the built-in model's time in the same repetition and the ratios are summarized by their median
+and quartiles. Results go to a table (stdout), a JSON file and a PNG plot of ratio against V.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from fairseq_tying import scoring
+
+PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
+BUILTIN = "builtin"
+MODELS = (BUILTIN, *scoring.RULES)
+TARGETS = {"train": {"dot": 1.01, "*": 1.02}, "generate": {"*": 1.005}}
+
+
+@dataclass(frozen=True)
+class Preset:
+    layers: int
+    dim: int
+    ffn: int
+    heads: int
+    batch_tokens: int  # target tokens per training batch
+    sent_len: int  # source and target length of the training sentences
+    gen_sents: int  # source sentences decoded with beam 5
+    gen_len: int  # forced output length
+
+
+PRESETS = {
+    "tiny": Preset(1, 32, 64, 2, 256, 16, 4, 6),
+    "small": Preset(2, 256, 1024, 4, 1024, 32, 16, 20),
+    "iwslt": Preset(6, 512, 1024, 4, 4096, 32, 32, 30),
+    "wmt_big": Preset(6, 1024, 4096, 16, 8192, 32, 64, 30),
+}
+
+
+def model_flags(name: str, p: Preset) -> list[str]:
+    dims = ["--encoder-layers", str(p.layers), "--decoder-layers", str(p.layers),
+            "--encoder-embed-dim", str(p.dim), "--decoder-embed-dim", str(p.dim),
+            "--encoder-ffn-embed-dim", str(p.ffn), "--decoder-ffn-embed-dim", str(p.ffn),
+            "--encoder-attention-heads", str(p.heads), "--decoder-attention-heads", str(p.heads),
+            "--dropout", "0.1", "--max-source-positions", "256", "--max-target-positions", "256"]
+    if name == BUILTIN:
+        return ["--arch", "transformer", "--share-all-embeddings", *dims]
+    return ["--arch", "transformer_twwt", "--output-layer", name, *dims]
+
+
+class Bench:
+    """The task, models and fixed inputs for one vocabulary size."""
+
+    def __init__(self, vocab: int, preset: Preset, device: str, fp16: bool, seed: int = 1):
+        from fairseq.data import Dictionary
+        from fairseq.tasks.translation import TranslationTask
+
+        self.preset, self.device, self.fp16, self.seed = preset, torch.device(device), fp16, seed
+        d = Dictionary()
+        for i in range(vocab - len(d)):
+            d.add_symbol(f"t{i}")
+        self.dict = d
+        self.args = self._args(BUILTIN)
+        self.task = TranslationTask(self.args, d, d)
+        g = torch.Generator().manual_seed(seed)
+        n_sents = max(1, preset.batch_tokens // preset.sent_len)
+        self.sample = self._batch(g, n_sents, preset.sent_len, with_target=True)
+        self.gen_sample = self._batch(g, preset.gen_sents, preset.sent_len, with_target=False)
+
+    def _args(self, name: str) -> argparse.Namespace:
+        from fairseq import options
+
+        parser = options.get_training_parser()
+        return options.parse_args_and_arch(parser, ["unused", "--user-dir", PLUGIN_DIR,
+                                                    *model_flags(name, self.preset)])
+
+    def _batch(self, g: torch.Generator, n: int, length: int, with_target: bool) -> dict:
+        d = self.dict
+
+        def tokens() -> torch.Tensor:
+            t = torch.randint(d.nspecial, len(d), (n, length), generator=g)
+            t[:, -1] = d.eos()
+            return t
+
+        src = tokens()
+        net_input = {"src_tokens": src, "src_lengths": torch.full((n,), length)}
+        sample = {"id": torch.arange(n), "nsentences": n, "ntokens": n * length,
+                  "net_input": net_input}
+        if with_target:
+            target = tokens()
+            net_input["prev_output_tokens"] = torch.cat(
+                [torch.full((n, 1), d.eos()), target[:, :-1]], dim=1)
+            sample["target"] = target
+        return _to(sample, self.device)
+
+    def build(self, name: str, reference: torch.nn.Module | None = None) -> torch.nn.Module:
+        """The model ``name``; its parameters copied from ``reference`` (the built-in model)."""
+        torch.manual_seed(self.seed)
+        model = self.task.build_model(self._args(name))
+        if reference is not None:
+            state = dict(reference.state_dict())
+            state["decoder.scorer.weight"] = state.pop("decoder.output_projection.weight")
+            model.load_state_dict(state, strict=True)
+        return model.to(self.device)
+
+    def trainer(self, model: torch.nn.Module) -> Callable[[], None]:
+        """One training step: label-smoothed cross-entropy, backward, Adam (AMP under --fp16)."""
+        from fairseq.criterions.label_smoothed_cross_entropy import (
+            LabelSmoothedCrossEntropyCriterion,
+        )
+
+        criterion = LabelSmoothedCrossEntropyCriterion(self.task, False, 0.1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
+        scaler = torch.amp.GradScaler(self.device.type, enabled=self.fp16)
+
+        def step() -> None:
+            model.train()
+            with torch.autocast(self.device.type, torch.float16, enabled=self.fp16):
+                loss, _, _ = criterion(model, self.sample)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+    def generator(self, model: torch.nn.Module) -> Callable[[], list]:
+        """Beam-5 decoding of the fixed sources, exactly ``gen_len`` steps for every model."""
+        from fairseq.sequence_generator import SequenceGenerator
+
+        length = self.preset.gen_len
+        gen = SequenceGenerator([model], self.dict, beam_size=5, max_len_a=0, max_len_b=length,
+                                min_len=length)
+
+        def decode() -> list:
+            model.eval()
+            return self.task.inference_step(gen, [model], self.gen_sample)
+
+        return decode
+
+
+def _to(obj, device: torch.device):
+    if torch.is_tensor(obj):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable, device: torch.device, calls: int) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / calls
+
+
+def interleaved(fns: dict[str, Callable], device: torch.device, reps: int, calls: int,
+                warmup: int, progress) -> dict[str, list[float]]:
+    """Seconds per call of each function, ``reps`` times, the order rotating every repetition."""
+    names = list(fns)
+    for name in names:
+        timed(fns[name], device, warmup)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            times[name].append(timed(fns[name], device, calls))
+            progress()
+    return times
+
+
+def summarize(ratios: list[float]) -> dict:
+    q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return {"median": statistics.median(ratios), "q1": q1, "q3": q3, "min": min(ratios),
+            "max": max(ratios), "n": len(ratios)}
+
+
+def ratios(times: dict[str, list[float]]) -> dict[str, dict]:
+    base = times[BUILTIN]
+    out = {}
+    for name, ts in times.items():
+        r = [t / b for t, b in zip(ts, base, strict=True)]
+        out[name] = {"ratio": summarize(r), "seconds_median": statistics.median(ts)}
+    return out
+
+
+# ----------------------------------------------------------------------------------- memory
+
+
+class PeakRSS:
+    """Highest resident set size while the block runs, sampled every 0.5 ms by a thread."""
+
+    def __init__(self):
+        self.peak = current_rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, current_rss())
+            time.sleep(0.0005)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss())
+
+
+def current_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_worker(spec: dict) -> dict:
+    """Peak memory (bytes over the memory before the model was built) of generation, then
+    training, for one model; run in a fresh process."""
+    bench = Bench(spec["vocab"], Preset(**spec["preset"]), spec["device"], spec["fp16"])
+    cuda = bench.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = current_rss()
+    model = bench.build(spec["model"])
+    result = {}
+    for phase in ("generate", "train"):
+        if phase == "generate":
+            gen_model = model.half() if bench.fp16 else model
+            fn = bench.generator(gen_model)
+        else:
+            model = model.float()
+            fn = bench.trainer(model)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            for _ in range(2):
+                fn()
+            torch.cuda.synchronize()
+            result[phase] = torch.cuda.max_memory_allocated() - base
+        else:
+            with PeakRSS() as peak:
+                for _ in range(2):
+                    fn()
+            result[phase] = peak.peak - base
+    return result
+
+
+def measure_memory(vocab: int, preset: Preset, device: str, fp16: bool, progress) -> dict:
+    out = {}
+    for name in MODELS:
+        spec = {"vocab": vocab, "preset": asdict(preset), "device": device, "fp16": fp16,
+                "model": name}
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        proc = subprocess.run([sys.executable, "-m", "fairseq_tying.bench", "--memory-worker",
+                               json.dumps(spec)], capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory measurement of {name} (V={vocab}) failed:\n"
+                               f"{proc.stderr[-3000:]}")
+        out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        progress()
+    elem = 2 if fp16 else 4
+    unit = vocab * preset.dim * elem  # bytes of one V x D buffer
+    result = {}
+    for name, peaks in out.items():
+        result[name] = {phase: {"bytes": b, "extra_over_builtin": b - out[BUILTIN][phase],
+                                "extra_VxD_buffers": (b - out[BUILTIN][phase]) / unit}
+                        for phase, b in peaks.items()}
+    return result
+
+
+# ----------------------------------------------------------------------------------- driver
+
+
+def run_vocab(vocab: int, preset: Preset, opts, progress) -> dict:
+    bench = Bench(vocab, preset, opts.device, opts.fp16)
+    builtin = bench.build(BUILTIN)
+    models = {BUILTIN: builtin}
+    for name in scoring.RULES:
+        models[name] = bench.build(name, reference=builtin)
+    train = interleaved({n: bench.trainer(m) for n, m in models.items()}, bench.device,
+                        opts.reps, opts.train_steps, opts.warmup, progress)
+    # Generation starts from identical parameters again: training moved them apart.
+    for name in scoring.RULES:
+        state = dict(builtin.state_dict())
+        state["decoder.scorer.weight"] = state.pop("decoder.output_projection.weight")
+        models[name].load_state_dict(state)
+    if opts.fp16:
+        models = {n: m.half() for n, m in models.items()}
+    decoders = {n: bench.generator(m) for n, m in models.items()}
+    same = _hypotheses(decoders[BUILTIN]()) == _hypotheses(decoders["dot"]())
+    generate = interleaved(decoders, bench.device, opts.reps, 1, opts.warmup, progress)
+    result = {"train": ratios(train), "generate": ratios(generate),
+              "dot_hypotheses_identical_to_builtin": same}
+    del models, decoders, builtin
+    if not opts.no_memory:
+        result["memory"] = measure_memory(vocab, preset, opts.device, opts.fp16, progress)
+    return result
+
+
+def _hypotheses(hypos: list) -> list[list[int]]:
+    return [h[0]["tokens"].tolist() for h in hypos]
+
+
+def table(results: dict) -> str:
+    head = (f"{'V':>6} {'output layer':<12} {'train ratio [q1-q3]':>24} "
+            f"{'generate ratio [q1-q3]':>24} {'train mem +VxD':>15} {'gen mem +VxD':>13}")
+    lines = [head, "-" * len(head)]
+    for vocab, res in results.items():
+        for name in MODELS:
+            cells = []
+            for kind in ("train", "generate"):
+                r = res[kind][name]["ratio"]
+                cells.append(f"{r['median']:.3f} [{r['q1']:.3f}-{r['q3']:.3f}]")
+            mem = res.get("memory", {}).get(name)
+            mems = [f"{mem[p]['extra_VxD_buffers']:+.2f}" if mem else "-"
+                    for p in ("train", "generate")]
+            lines.append(f"{vocab:>6} {name:<12} {cells[0]:>24} {cells[1]:>24} "
+                         f"{mems[0]:>15} {mems[1]:>13}")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import logging
+
+    import matplotlib.pyplot as plt
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+    kinds = ["train", "generate"] + (["memory"] if all("memory" in r for r in results.values())
+                                     else [])
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
+    vocabs = sorted(int(v) for v in results)
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        for name in scoring.RULES:
+            if kind == "memory":
+                ys = [results[str(v)]["memory"][name]["train"]["extra_VxD_buffers"]
+                      for v in vocabs]
+                ax.plot(vocabs, ys, marker="o", label=name)
+                continue
+            rs = [results[str(v)][kind][name]["ratio"] for v in vocabs]
+            med = [r["median"] for r in rs]
+            err = [[m - r["q1"] for m, r in zip(med, rs, strict=True)],
+                   [r["q3"] - m for m, r in zip(med, rs, strict=True)]]
+            ax.errorbar(vocabs, med, yerr=err, marker="o", capsize=3, label=name)
+        if kind == "memory":
+            ax.axhline(1.0, color="k", ls="--", lw=0.8, label="target: 1 extra V×D")
+            ax.set_ylabel("extra V×D buffers over built-in (training peak)")
+        else:
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.axhline(TARGETS[kind]["*"], color="r", ls="--", lw=0.8, label="target")
+            ax.set_ylabel(f"{kind} time / built-in (median, IQR)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(vocabs, [f"{v // 1000}k" for v in vocabs])
+        ax.set_xlabel("vocabulary size V")
+        ax.set_title(kind)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_json(obj: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def machine(device: str) -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "load_avg_start": os.getloadavg()}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m fairseq_tying.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=PRESETS, default=None,
+                   help="model and batch size (default: small on CPU, iwslt on CUDA)")
+    p.add_argument("--vocab", type=int, nargs="+", default=[8000, 32000, 64000],
+                   help="vocabulary sizes V (default: 8000 32000 64000)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--fp16", action="store_true",
+                   help="CUDA only: train with fp16 autocast, generate with a half model")
+    p.add_argument("--reps", type=int, default=7, help="interleaved repetitions (default: 7)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up calls per model (default: 2)")
+    p.add_argument("--train-steps", type=int, default=1,
+                   help="training steps per repetition (default: 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    p.add_argument("--out", type=Path, default=Path("bench_results"),
+                   help="folder for bench.json and bench.png (default: bench_results)")
+    p.add_argument("--memory-worker", metavar="JSON", help=argparse.SUPPRESS)
+    opts = p.parse_args(argv)
+    if opts.fp16 and opts.device != "cuda":
+        p.error("--fp16 needs --device cuda (fp16 matrix products on CPU are not representative)")
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible to torch")
+    if min(opts.vocab) < 16:
+        p.error("--vocab: sizes must be at least 16")
+    if opts.reps < 2:
+        p.error("--reps: at least 2 repetitions are needed for a spread")
+    opts.preset = opts.preset or ("iwslt" if opts.device == "cuda" else "small")
+    return opts
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    opts = parse_args(argv)
+    import fairseq_tying  # noqa: F401  (registers the models)
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    if opts.memory_worker:
+        print(json.dumps(memory_worker(json.loads(opts.memory_worker))))
+        return None
+    from tqdm import tqdm
+
+    preset = PRESETS[opts.preset]
+    n_models = len(MODELS)
+    total = len(opts.vocab) * n_models * (2 * opts.reps + (0 if opts.no_memory else 1))
+    report = {"config": {**{k: (str(v) if isinstance(v, Path) else v)
+                            for k, v in vars(opts).items() if k != "memory_worker"},
+                         "preset_dims": asdict(preset)},
+              "machine": machine(opts.device), "results": {}}
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr) as bar:
+        for vocab in opts.vocab:
+            report["results"][str(vocab)] = run_vocab(vocab, preset, opts, lambda: bar.update())
+    report["machine"]["load_avg_end"] = os.getloadavg()
+    opts.out.mkdir(parents=True, exist_ok=True)
+    write_json(report, opts.out / "bench.json")
+    title = (f"fairseq_tying output layers vs fairseq transformer ({opts.preset}, {opts.device}"
+             f"{', fp16' if opts.fp16 else ''})")
+    plot(report["results"], opts.out / "bench.png", title)
+    print(table(report["results"]))
+    print(f"wrote {opts.out / 'bench.json'} and {opts.out / 'bench.png'}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
