@@ -156,3 +156,42 @@ def test_iwslt_script_end_to_end_from_archive(tmp_path):
     assert (out / "raw" / "test.en").read_text().splitlines()[0] == "that's bill's idea."
     assert (out / "bin" / "dict.de.txt").read_text() == (out / "bin" / "dict.en.txt").read_text()
     assert (out / "bin" / "test.de-en.de.bin").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_wmt_script_end_to_end_from_downloaded_archives(tmp_path):
+    work = tmp_path / "w"
+    layout = {  # each archive with the paths it holds, as on statmt.org
+        "training-parallel-europarl-v7.tgz": [
+            "training/europarl-v7.de-en.en",
+            "training/europarl-v7.de-en.de",
+        ],
+        "training-parallel-commoncrawl.tgz": ["commoncrawl.de-en.en", "commoncrawl.de-en.de"],
+        "training-parallel-nc-v11.tgz": ["training-parallel-nc-v11"],
+        "dev.tgz": ["dev"],
+        "test-full.tgz": ["test-full"],
+    }
+    assert set(layout) == set(benchmarks.WMT16_URLS)
+    for name, members in layout.items():
+        _tgz(work / name, WMT, members)
+    out = tmp_path / "wmt16"
+    args = [
+        "--out",
+        str(out),
+        "--work",
+        str(work),
+        "--subword",
+        "subword_nmt",
+        "--vocab-size",
+        "20",
+    ]
+    assert _script("prepare_wmt16_en_de").main(args) == 0
+    prep = json.loads((out / "prep.json").read_text())
+    assert (prep["src"], prep["tgt"], prep["pairs"]) == (
+        "en",
+        "de",
+        {"train": 3, "valid": 2, "test": 3},
+    )
+    assert (out / "raw" / "valid.de").read_text().splitlines()[
+        1
+    ] == "Der Rat tagte am Montag & Dienstag."
