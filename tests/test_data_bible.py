@@ -233,6 +233,14 @@ def test_extract_cli(tmp_path):
     )
 
 
+def test_regenerate_without_packages_says_what_to_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bible, "package_version", lambda package: None)
+    assert bible.main(["regenerate", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "sword-text-sparv is not installed" in err and "apt-get install" in err
+    assert not (tmp_path / "out").exists()
+
+
 # ---- regeneration from the Debian packages -------------------------------------------------
 
 
