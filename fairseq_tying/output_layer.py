@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,11 +22,74 @@ def _count_step(*_args, **_kwargs) -> None:
 
 register_optimizer_step_post_hook(_count_step)
 
+# The rule's (W_out, b) per (weight, rule), shared by every module holding the weight: an
+# ``l2norm`` decoder looks its input rows up in the very matrix it scores with, so inference
+# keeps one extra V×D buffer. An entry pins its weight's storage (``src``), so the storage's
+# address cannot be reused by another tensor while the entry compares that address.
+_Entry = tuple[Tensor, tuple, scoring.Affine]  # (src, key, (W_out, b))
+_entries: dict[tuple[int, str], _Entry] = {}
+_watched: set[int] = set()
 
-class TiedEmbedding(nn.Embedding):
+
+def _key(weight: Tensor) -> tuple:
+    return (weight.data_ptr(), weight._version, weight.dtype, weight.device, _optimizer_steps[0])
+
+
+def cached_output_matrix_and_bias(rule: str, weight: Tensor) -> scoring.Affine:
+    """``scoring.output_matrix_and_bias(rule, weight)``, computed once until the weight changes
+    (storage, in-place version, dtype, device, or any optimizer step). Inference only."""
+    entry = _entries.get((id(weight), rule))
+    key = _key(weight)
+    if entry is None or entry[1] != key or entry[0].data_ptr() != key[0]:
+        w_out, bias = scoring.output_matrix_and_bias(rule, weight)
+        # detached: a value that is the weight itself (distance) must not keep it alive
+        value = (w_out.detach(), None if bias is None else bias.detach())
+        entry = (weight.detach(), key, value)
+        _entries[(id(weight), rule)] = entry
+        if id(weight) not in _watched:
+            _watched.add(id(weight))
+            weakref.finalize(weight, evict, id(weight))
+    return entry[2]
+
+
+def evict(weight_id: int) -> None:
+    """Drop the cached matrices of the weight with this ``id``."""
+    for rule in scoring.RULES:
+        _entries.pop((weight_id, rule), None)
+    _watched.discard(weight_id)
+
+
+class _Evicting(nn.Module):
+    """Drops its weight's cached matrices when the weights may change: ``train()``,
+    ``load_state_dict`` and ``_apply`` (``.to()``, ``.half()``, ``.cuda()``...)."""
+
+    weight: nn.Parameter
+
+    def _evict(self) -> None:
+        evict(id(self.weight))
+
+    def train(self, mode: bool = True):
+        self._evict()
+        return super().train(mode)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self._evict()
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def _apply(self, fn, *args, **kwargs):
+        self._evict()
+        return super()._apply(fn, *args, **kwargs)
+
+
+def _inference() -> bool:
+    return not torch.is_grad_enabled()
+
+
+class TiedEmbedding(_Evicting, nn.Embedding):
     """fairseq's token embedding (N(0, d^-1/2) init, zero padding row) whose lookups can use
     the row-normalized matrix w_i/‖w_i‖ (the ``l2norm`` rule). fairseq's √d scaling stays
-    in the encoder/decoder, applied after the lookup."""
+    in the encoder/decoder, applied after the lookup. In eval mode without autograd the
+    normalized matrix is cached (shared with an ``l2norm`` scorer over the same weight)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int):
         super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)
@@ -33,17 +98,22 @@ class TiedEmbedding(nn.Embedding):
         self.normalize_rows = False
 
     def forward(self, tokens: Tensor) -> Tensor:
-        vectors = super().forward(tokens)
-        return scoring.unit_rows(vectors) if self.normalize_rows else vectors
+        if not self.normalize_rows:
+            return super().forward(tokens)
+        if self.training or not _inference():
+            return scoring.unit_rows(super().forward(tokens))
+        unit, _ = cached_output_matrix_and_bias("l2norm", self.weight)
+        return F.embedding(tokens, unit, self.padding_idx)
 
 
-class OutputScorer(nn.Module):
+class OutputScorer(_Evicting):
     """Scores h ↦ rule(L·h, W) over the (possibly shared) matrix ``weight``.
 
     ``projection`` is the optional learned map L from the decoder output (size H) to the
     embedding size D. In eval mode without autograd the rule's (W_out, b) is cached and reused
-    across decoding steps; it is dropped on ``train()``, ``load_state_dict`` and whenever the
-    weight's version, storage, dtype or the optimizer step count changes.
+    across decoding steps (``cached_output_matrix_and_bias``); it is dropped on ``train()``,
+    ``load_state_dict``, ``.to()``/``.half()``, and whenever the weight's storage, version,
+    dtype, device or the optimizer step count changes.
     """
 
     def __init__(self, weight: nn.Parameter, rule: str, projection: nn.Linear | None = None):
@@ -53,7 +123,7 @@ class OutputScorer(nn.Module):
         self.weight = weight
         self.rule = rule
         self.projection = projection
-        self._cache: tuple[tuple, scoring.Affine] | None = None
+        self._cache: scoring.Affine | None = None  # the last (W_out, b) used in inference
 
     def forward(self, features: Tensor) -> Tensor:
         if self.projection is not None:
@@ -64,22 +134,15 @@ class OutputScorer(nn.Module):
     def output_matrix_and_bias(self) -> scoring.Affine:
         if self.rule == "dot":
             return self.weight, None
-        if self.training or torch.is_grad_enabled():
+        if self.training or not _inference():
             self._cache = None  # gradients must flow through the normalization
             return scoring.output_matrix_and_bias(self.rule, self.weight)
-        w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype, w.device, _optimizer_steps[0])
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, scoring.output_matrix_and_bias(self.rule, w))
-        return self._cache[1]
+        self._cache = cached_output_matrix_and_bias(self.rule, self.weight)
+        return self._cache
 
-    def train(self, mode: bool = True) -> OutputScorer:
+    def _evict(self) -> None:
         self._cache = None
-        return super().train(mode)
-
-    def _load_from_state_dict(self, *args, **kwargs) -> None:
-        self._cache = None
-        super()._load_from_state_dict(*args, **kwargs)
+        super()._evict()
 
     def extra_repr(self) -> str:
         return f"rule={self.rule}, vocab={self.weight.shape[0]}, dim={self.weight.shape[1]}"

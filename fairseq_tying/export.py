@@ -1,0 +1,189 @@
+"""Bake a plugin Transformer checkpoint into a plain fairseq ``transformer`` checkpoint.
+
+``python -m fairseq_tying.export CKPT OUT`` writes the output layer into the matrices of
+fairseq's stock model, so that ``fairseq-generate`` loads OUT without ``--user-dir`` and
+produces the same hypotheses:
+
+- every rule is the affine map ``s = h·W_outᵀ + b`` (``scoring.output_matrix_and_bias``);
+  ``W_out`` (times the ``--tied-projection`` matrix L, giving a V×H matrix) becomes
+  ``decoder.output_projection.weight``. A rule with a bias (``distance``: −½‖w_i‖²) has no
+  stock equivalent: the export stops with an error and writes nothing;
+- ``l2norm`` input lookups use w_i/‖w_i‖: the normalized rows are written into the embeddings;
+- where the decoder's input and output rows now differ (cosine, sqnorm, any projection) the
+  output matrix is untied (``share_decoder_input_output_embed=False``, and
+  ``share_all_embeddings=False`` with the encoder keeping its own copy of the input rows).
+
+The checkpoint holds only plain Python values besides tensors (the model config as a dict, no
+``argparse.Namespace``, no numpy, no optimizer state), so torch >= 2.6 loads it with
+``weights_only=True`` and no allowlist. It is an inference checkpoint: to train from it, pass
+``--reset-optimizer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from fairseq_tying import scoring
+
+PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim")
+PLUGIN_CRITERIA = {"label_smoothed_cross_entropy_pr": "label_smoothed_cross_entropy"}
+PLUGIN_CRITERION_KEYS = ("projection_reg",)
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be expressed as a stock fairseq transformer."""
+
+
+def _model_args(state: dict) -> Namespace:
+    cfg = state.get("cfg") or {}
+    args = cfg.get("model") if isinstance(cfg, dict) else None
+    args = args if args is not None else state.get("args")
+    if not isinstance(args, Namespace):
+        raise ExportError("the checkpoint has no model configuration (cfg['model']); is it a "
+                          "fairseq checkpoint written by fairseq-train?")
+    return args
+
+
+def _check(args: Namespace) -> None:
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from fairseq_tying.models.transformer_tying import TiedTransformerModel
+
+    arch = getattr(args, "arch", None)
+    if ARCH_MODEL_REGISTRY.get(arch) is not TiedTransformerModel:
+        raise ExportError(f"--arch {arch} is not one of the plugin's transformer_{{dwt,twwt}} "
+                          "architectures: only those are exported to fairseq's transformer")
+    rule = args.output_layer
+    if rule == "distance":
+        raise ExportError("--output-layer distance adds a per-token bias −½‖w_i‖² to the "
+                          "scores, which fairseq's transformer (a bias-free output projection) "
+                          "cannot express; keep using this checkpoint with --user-dir "
+                          "fairseq_tying")
+    tied_dim = getattr(args, "tied_embed_dim", None)
+    if tied_dim and tied_dim != args.decoder_embed_dim:
+        raise ExportError(f"--tied-embed-dim {tied_dim} differs from --decoder-embed-dim "
+                          f"{args.decoder_embed_dim}: fairseq's transformer has no decoder "
+                          "input projection for a narrower embedding")
+
+
+def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], dict]:
+    """The stock state dict and the sharing flags for a plugin transformer's state dict."""
+    rule, tying = args.output_layer, args.tying
+    weight = model["decoder.scorer.weight"]
+    projection = model.get("decoder.scorer.projection.weight")
+    w_out, bias = scoring.output_matrix_and_bias(rule, weight)
+    assert bias is None, rule  # rules with a bias were refused by _check
+    if projection is not None:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ
+        w_out = (w_out.float() @ projection.float()).to(weight.dtype)
+    normalize_inputs = tying != "none" and rule in scoring.NORMALIZED_INPUT_RULES
+    decoder_in = model["decoder.embed_tokens.weight"]
+    if normalize_inputs:
+        decoder_in = scoring.unit_rows(decoder_in)
+    encoder_in = decoder_in if tying == "three_way" else model["encoder.embed_tokens.weight"]
+    tied_output = tying != "none" and projection is None and rule in ("dot", "l2norm")
+    new = {k: v for k, v in model.items() if not k.startswith("decoder.scorer.")}
+    new["encoder.embed_tokens.weight"] = encoder_in.clone()
+    new["decoder.embed_tokens.weight"] = decoder_in.clone()
+    new["decoder.output_projection.weight"] = (decoder_in if tied_output else w_out).clone()
+    flags = {"share_all_embeddings": tying == "three_way" and tied_output,
+             "share_decoder_input_output_embed": tied_output}
+    return new, flags
+
+
+def _plain(value, where: str):
+    """``value`` as plain Python (dict, list, str, numbers, None) for weights_only loading."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy / torch scalars
+        return value.item()
+    raise ExportError(f"cannot store {where} ({type(value).__name__}) in a plain checkpoint")
+
+
+def stock_cfg(cfg: dict, args: Namespace, flags: dict) -> dict:
+    model = {k: v for k, v in vars(args).items() if k not in PLUGIN_MODEL_KEYS}
+    model.update(flags, arch="transformer", _name="transformer", user_dir=None)
+    model["criterion"] = PLUGIN_CRITERIA.get(model.get("criterion"), model.get("criterion"))
+    new = {k: v for k, v in cfg.items() if k != "model"}
+    new["model"] = model
+    if isinstance(new.get("common"), dict):
+        new["common"] = {**new["common"], "user_dir": None}
+    criterion = new.get("criterion")
+    if isinstance(criterion, dict) and criterion.get("_name") in PLUGIN_CRITERIA:
+        new["criterion"] = {k: v for k, v in criterion.items() if k not in PLUGIN_CRITERION_KEYS}
+        new["criterion"]["_name"] = PLUGIN_CRITERIA[criterion["_name"]]
+    return _plain(new, "cfg")
+
+
+def export(ckpt: Path, out: Path) -> dict:
+    """Write the stock checkpoint for ``ckpt`` to ``out`` (atomically); returns its flags."""
+    import fairseq_tying  # noqa: F401  (registers the archs; allowlists fairseq checkpoints)
+
+    if not ckpt.is_file():
+        raise ExportError(f"checkpoint {ckpt} does not exist")
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    args = _model_args(state)
+    _check(args)
+    model, flags = bake(state["model"], args)
+    history = (state.get("optimizer_history") or [{}])[-1]
+    plain = {
+        "args": None,
+        "cfg": stock_cfg(state["cfg"] if isinstance(state.get("cfg"), dict) else {}, args, flags),
+        "model": model,
+        "criterion": None,
+        "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                               "optimizer_name": _plain(history.get("optimizer_name"), "opt"),
+                               "lr_scheduler_state": {},
+                               "num_updates": int(history.get("num_updates", 0))}],
+        "task_state": {},
+        "extra_state": {"train_iterator": {"epoch": _epoch(state)}},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        torch.save(plain, tmp)
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(tmp)
+        if unsafe:
+            raise ExportError(f"internal error: the exported checkpoint still needs {unsafe}")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"output_layer": args.output_layer, "tying": args.tying,
+            "tied_projection": bool(args.tied_projection), **flags}
+
+
+def _epoch(state: dict) -> int:
+    iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
+    return int(iterator.get("epoch", 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fairseq_tying.export",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("ckpt", type=Path, help="checkpoint of a transformer_{dwt,twwt}* model")
+    p.add_argument("out", type=Path, help="where to write the stock fairseq checkpoint")
+    opts = p.parse_args(argv)
+    try:
+        info = export(opts.ckpt, opts.out)
+    except ExportError as e:
+        print(f"error: cannot export {opts.ckpt}: {e}", file=sys.stderr)
+        return 2
+    flags = ", ".join(f"{k}={v}" for k, v in info.items())
+    print(f"wrote {opts.out} (arch transformer; {flags}); load it without --user-dir")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Inference caches of the normalized matrices: never stale, shared, released; and the
+benchmark end to end at the tiny preset (not a timing test)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import weakref
+
+import pytest
+import torch
+
+from fairseq_tying import output_layer, scoring
+from tests.conftest import REPO, build_model, cli_env
+
+
+def _model(data, rule: str):
+    model, task = build_model(data, "transformer_twwt", "--output-layer", rule)
+    return model.eval(), task
+
+
+def _fresh(scorer, h):
+    return scoring.scores(scorer.rule, h, scorer.weight)
+
+
+@pytest.mark.parametrize("rule", ["sqnorm", "distance"])
+def test_a_reused_storage_address_is_not_taken_for_the_cached_weight(joined_bin, rule):
+    """``param.data = ...`` keeps the version counter; the new storage may land at the freed
+    address of the old one. The cache pins the old storage, so the address cannot repeat."""
+    model, _ = _model(joined_bin, rule)
+    scorer, h = model.decoder.scorer, torch.randn(2, 16)
+    with torch.no_grad():
+        scorer(h)
+        weight = scorer.weight
+        weight.data = weight.data.clone()
+        weight.data = torch.full_like(weight.data, 0.5)
+        torch.testing.assert_close(scorer(h), _fresh(scorer, h), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rule", ["l2norm", "cosine", "sqnorm", "distance"])
+def test_dtype_round_trips_never_reuse_the_cache(joined_bin, rule):
+    model, _ = _model(joined_bin, rule)
+    scorer, h = model.decoder.scorer, torch.randn(2, 16)
+    with torch.no_grad():
+        scorer(h)
+        model.half()
+        w_out, _ = scorer.output_matrix_and_bias()
+        assert w_out.dtype == torch.float16
+        model.to(torch.float64)
+        torch.testing.assert_close(scorer(h.double()), _fresh(scorer, h.double()), rtol=0, atol=0)
+        model.float()  # fp32 again, possibly at the first fp32 address, same version counter
+        torch.testing.assert_close(scorer(h), _fresh(scorer, h), rtol=0, atol=0)
+
+
+def test_l2norm_lookups_share_the_scorers_cached_matrix(joined_bin):
+    model, task = _model(joined_bin, "l2norm")
+    embed, scorer = model.decoder.embed_tokens, model.decoder.scorer
+    tokens = torch.tensor([[5, 6, task.target_dictionary.pad(), 7]])
+    with torch.no_grad():
+        looked_up = embed(tokens)
+        w_out, _ = scorer.output_matrix_and_bias()
+        unit, _ = output_layer.cached_output_matrix_and_bias("l2norm", embed.weight)
+        torch.testing.assert_close(looked_up, scoring.unit_rows(embed.weight[tokens]))
+        assert unit is w_out  # one extra V x D buffer, not one per role
+        assert looked_up[0, 2].abs().sum() == 0  # the padding row stays zero
+        embed.weight.add_(1.0)  # in place: version bump
+        torch.testing.assert_close(embed(tokens), scoring.unit_rows(embed.weight[tokens]))
+
+
+def test_train_releases_the_cached_matrices(joined_bin):
+    model, _ = _model(joined_bin, "cosine")
+    weight = model.decoder.scorer.weight
+    with torch.no_grad():
+        model.decoder.scorer(torch.randn(2, 16))
+    assert (id(weight), "cosine") in output_layer._entries
+    model.train()
+    assert (id(weight), "cosine") not in output_layer._entries
+    assert model.decoder.scorer._cache is None
+
+
+@pytest.mark.parametrize("rule", ["l2norm", "distance"])
+def test_a_deleted_model_takes_its_cache_with_it(joined_bin, rule):
+    model, _ = _model(joined_bin, rule)
+    weight_id = id(model.decoder.scorer.weight)
+    with torch.no_grad():
+        model.decoder.scorer(torch.randn(2, 16))
+    alive = weakref.ref(model.decoder.scorer.weight)
+    del model
+    gc.collect()
+    assert alive() is None  # the cache does not keep the weight alive (distance: W_out is W)
+    assert all(key[0] != weight_id for key in output_layer._entries)
+
+
+def test_grad_mode_eval_is_not_cached(joined_bin):
+    """Eval mode with autograd on (e.g. computing gradients of a score) must not use a cache
+    that would cut the gradient through the normalization."""
+    model, _ = _model(joined_bin, "sqnorm")
+    scorer = model.decoder.scorer
+    scorer(torch.randn(2, 16)).sum().backward()
+    assert scorer.weight.grad is not None and scorer.weight.grad.abs().sum() > 0
+    assert scorer._cache is None
+
+
+def test_benchmark_runs_end_to_end_at_the_tiny_preset(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairseq_tying.bench", "--preset", "tiny", "--vocab", "64",
+         "--reps", "2", "--warmup", "1", "--threads", "1", "--out", str(out)],
+        capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    res = report["results"]["64"]
+    assert set(res["train"]) == {"builtin", *scoring.RULES}
+    for kind in ("train", "generate"):
+        assert res[kind]["builtin"]["ratio"]["median"] == 1.0
+        for stats in res[kind].values():
+            r = stats["ratio"]
+            assert r["n"] == 2 and r["min"] <= r["median"] <= r["max"] and r["min"] > 0
+            assert stats["seconds_median"] > 0
+    assert res["dot_hypotheses_identical_to_builtin"] is True  # same parameters, same search
+    memory = res["memory"]
+    assert memory["builtin"]["train"]["extra_over_builtin"] == 0
+    assert all(memory[r]["train"]["bytes"] > 0 for r in scoring.RULES)
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "builtin" in proc.stdout and "l2norm" in proc.stdout
+    assert not list(out.glob("*.tmp*"))
+
+
+def test_benchmark_rejects_fp16_on_cpu():
+    proc = subprocess.run([sys.executable, "-m", "fairseq_tying.bench", "--fp16"],
+                          capture_output=True, text=True, env=cli_env(), cwd=REPO)
+    assert proc.returncode == 2 and "--fp16 needs --device cuda" in proc.stderr
