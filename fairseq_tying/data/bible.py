@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairseq_tying.data.align import Group, align_book, length_stats
+from fairseq_tying.data.align import Group, align_book, length_stats, length_z
 from fairseq_tying.data.fsutil import replace_dir, write_lines
 from fairseq_tying.data.osis import clean_osis, parse_imp
 from fairseq_tying.data.recase import undo_drop_caps, word_case_counts
@@ -41,6 +41,8 @@ HELD_OUT = {
 }
 # Training-only groups (misaligned verse slots realigned by length) must fit this well.
 MAX_GROUP_Z = 2.5
+# Fewer confirmed pairs than this between two renumbered places are not trusted.
+MIN_TRUSTED_RUN = 12
 GZIP_MTIME = 0  # fixed gzip header time: the compressed files are byte-reproducible
 
 Key = tuple[int, int]  # (chapter, verse)
@@ -113,8 +115,15 @@ def build(es_imp: str, en_imp: str) -> Corpus:
     for book in books:
         split = split_of(book)
         es_text = dict(es[book])
-        for g in align_book(es[book], en[book], ratio, var):
-            kind = _group_kind(g, split)
+        groups = align_book(es[book], en[book], ratio, var)
+        lone = _lone_shifts(groups, es[book], en[book])
+        enclosed = _enclosed_runs(groups)
+        for g, alone, inside in zip(groups, lone, enclosed, strict=True):
+            if inside:
+                kind = "dropped_enclosed"
+            else:
+                kept = "dropped_lone_shift" if alone else "group"
+                kind = _group_kind(g, split, es_text, en_text[book], ratio, var, kept)
             corpus.stats[kind] += 1
             if kind in ("confirmed", "group"):
                 src = " ".join(es_text[k] for k in g.src_keys)
@@ -124,7 +133,60 @@ def build(es_imp: str, en_imp: str) -> Corpus:
     return corpus
 
 
-def _group_kind(g: Group, split: str) -> str:
+def _enclosed_runs(groups: list[Group]) -> list[bool]:
+    """Which confirmed pairs sit in a short run between two renumbered places.
+
+    Between two places where the slots disagree (Job 40:3 and 40:14), same-numbered verses of
+    poetry can match in length by chance while holding different verses.
+    """
+    renumbered = [not g.confirmed and g.src_keys != g.tgt_keys for g in groups]
+    flags = [False] * len(groups)
+    i = 0
+    while i < len(groups):
+        j = i
+        while j < len(groups) and groups[j].confirmed:
+            j += 1
+        if j > i and 0 < i and j < len(groups) and j - i < MIN_TRUSTED_RUN:
+            if renumbered[i - 1] and renumbered[j]:
+                flags[i:j] = [True] * (j - i)
+        i = max(j, i + 1)
+    return flags
+
+
+def _lone_shifts(
+    groups: list[Group], es: list[tuple[Key, str]], en: list[tuple[Key, str]]
+) -> list[bool]:
+    """Which groups pair one verse with one other-numbered verse on their own.
+
+    A real renumbering shifts a run of verses; a lone shifted pair sits next to a verse that one
+    text lacks (Acts 8:37) and is the length alignment's guess.
+    """
+    es_pos = {k: i for i, (k, _) in enumerate(es)}
+    en_pos = {k: i for i, (k, _) in enumerate(en)}
+
+    def offset(g: Group) -> int | None:
+        one_one = len(g.src_keys) == len(g.tgt_keys) == 1 and not g.confirmed
+        if not one_one or abs(g.z) > MAX_GROUP_Z:
+            return None
+        return en_pos[g.tgt_keys[0]] - es_pos[g.src_keys[0]]
+
+    offs = [offset(g) for g in groups]
+    lone = []
+    for i, off in enumerate(offs):
+        neighbours = offs[max(i - 1, 0) : i] + offs[i + 1 : i + 2]
+        lone.append(off is not None and off not in neighbours)
+    return lone
+
+
+def _group_kind(
+    g: Group,
+    split: str,
+    es: dict[Key, str],
+    en: dict[Key, str],
+    ratio: float,
+    var: float,
+    kept: str = "group",
+) -> str:
     if g.confirmed:
         return "confirmed"
     if not g.src_keys or not g.tgt_keys:
@@ -133,7 +195,14 @@ def _group_kind(g: Group, split: str) -> str:
         return "dropped_heldout"
     if abs(g.z) > MAX_GROUP_Z:
         return "dropped_length"
-    return "group"
+    if g.src_keys != g.tgt_keys and all(k in en for k in g.src_keys):
+        # Lengths must rule out the plain same-slot reading of these Spanish verses, or the
+        # shift is a guess (verses of even length, as in poetry, fit either way).
+        ls = sum(len(es[k]) for k in g.src_keys)
+        lt = sum(len(en[k]) for k in g.src_keys)
+        if abs(length_z(ls, lt, ratio, var)) <= MAX_GROUP_Z:
+            return "dropped_ambiguous"
+    return kept
 
 
 def _gzip_bytes(lines: list[str]) -> bytes:
@@ -195,6 +264,9 @@ def provenance(corpus: Corpus, sums: dict[str, str], versions: dict[str, str | N
         f"{st['group']:,} realigned groups (training only), dropped: "
         f"{st['dropped_heldout']:,} unconfirmed in held-out books, "
         f"{st['dropped_length']:,} with mismatched lengths, "
+        f"{st['dropped_ambiguous']:,} whose same-slot reading fits as well, "
+        f"{st['dropped_lone_shift']:,} lone shifted pairs, "
+        f"{st['dropped_enclosed']:,} same-slot pairs enclosed by renumbered places, "
         f"{st['dropped_unmatched']:,} verse slots with no counterpart.",
         "",
         "`{split}.ids.gz` names each line's verses: `Book C:V=C:V` "
