@@ -1,0 +1,43 @@
+"""The demo pipeline end to end on a slice of the embedded corpus with a tiny budget."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from fairseq_tying.data import bible
+from tests.conftest import cli_env
+
+
+def _slice(src: Path, dst: Path, sizes: dict[str, int]) -> None:
+    dst.mkdir()
+    for split, n in sizes.items():
+        for lang in ("es", "en"):
+            lines = (src / f"{split}.{lang}").read_text().splitlines(keepends=True)[:n]
+            (dst / f"{split}.{lang}").write_text("".join(lines))
+
+
+def test_demo_pipeline_with_a_tiny_budget(tmp_path):
+    bible.extract(tmp_path / "full")
+    _slice(tmp_path / "full", tmp_path / "corpus", {"train": 400, "valid": 20, "test": 12})
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairseq_tying.demo", "--out", str(out), "--corpus",
+         str(tmp_path / "corpus"), "--vocab-size", "300", "--max-update", "6"],
+        capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert "num_updates 6" in log  # fairseq's own training log is shown
+    results = out / "results"
+    table = (results / "results.md").read_text()
+    assert "transformer_twwt:dot" in table and "transformer_twwt:l2norm" in table
+    for png in ("bleu.png", "norms.png"):
+        assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for rule in ("dot", "l2norm"):
+        record = json.loads((out / "runs" / f"transformer_twwt-{rule}-seed1" / "eval.json")
+                            .read_text())
+        assert record["run"]["output_layer"] == rule and record["subset"] == "test"
+        hyps = (out / "runs" / f"transformer_twwt-{rule}-seed1" / record["hypotheses"])
+        assert len(hyps.read_text().splitlines()) == 12
