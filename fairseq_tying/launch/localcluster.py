@@ -190,6 +190,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 SlurmUser=root
 SlurmdUser=root
 MailProg=/bin/true

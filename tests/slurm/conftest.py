@@ -94,8 +94,8 @@ def wait_jobs(jobs: list[str], timeout: float = 240) -> None:
                          + subprocess.run(["squeue"], capture_output=True, text=True).stdout)
 
 
-def max_job_id() -> int:
-    """The newest job id the cluster handed out (from ``scontrol show job`` and accounting)."""
-    out = subprocess.run(["sacct", "-n", "-X", "-D", "-o", "JobID"], capture_output=True,
+def raw_job_ids() -> set[int]:
+    """Every job id the cluster handed out (array tasks have their own)."""
+    out = subprocess.run(["sacct", "-n", "-X", "-D", "-o", "JobIDRaw"], capture_output=True,
                          text=True, check=True).stdout
-    return max((int(j.split("_")[0]) for j in out.split()), default=0)
+    return {int(j) for j in out.split()}
