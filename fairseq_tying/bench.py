@@ -54,7 +54,7 @@ class Preset:
 
 PRESETS = {
     "tiny": Preset(1, 32, 64, 2, 256, 16, 4, 6),
-    "small": Preset(2, 256, 1024, 4, 1024, 32, 16, 20),
+    "small": Preset(2, 128, 512, 4, 1024, 32, 8, 16),
     "iwslt": Preset(6, 512, 1024, 4, 4096, 32, 32, 30),
     "wmt_big": Preset(6, 1024, 4096, 16, 8192, 32, 64, 30),
 }
@@ -422,8 +422,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--fp16", action="store_true",
                    help="CUDA only: train with fp16 autocast, generate with a half model")
-    p.add_argument("--reps", type=int, default=7, help="interleaved repetitions (default: 7)")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up calls per model (default: 2)")
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default: 5)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up calls per model (default: 1)")
     p.add_argument("--train-steps", type=int, default=1,
                    help="training steps per repetition (default: 1)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")

@@ -1,0 +1,125 @@
+"""Export to a stock fairseq transformer: stock fairseq-generate (no --user-dir) loads the
+exported checkpoint and finds the same hypotheses as the plugin on the original."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from fairseq_tying import export
+from tests.conftest import REPO, TINY_MODEL, cli_env, run_cli
+
+CASES = [  # (arch, --tying, --output-layer, --tied-projection)
+    *[("transformer_twwt", "three_way", rule, proj)
+      for rule in ("dot", "l2norm", "cosine", "sqnorm") for proj in (False, True)],
+    ("transformer_dwt", "decoder", "l2norm", False),
+    ("transformer_dwt", "none", "sqnorm", False),
+]
+
+
+def _train(data: Path, save_dir: Path, arch: str, tying: str, rule: str, projection: bool,
+           updates: int = 25) -> Path:
+    run_cli("fairseq-train", str(data), "--user-dir", "fairseq_tying", "--arch", arch,
+            *TINY_MODEL, "--tying", tying, "--output-layer", rule,
+            *(["--tied-projection"] if projection else []),
+            "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600",
+            "--max-update", str(updates), "--save-dir", str(save_dir), "--cpu", "--seed", "2",
+            "--no-progress-bar", "--no-epoch-checkpoints", "--no-save-optimizer-state")
+    return save_dir / "checkpoint_last.pt"
+
+
+def _hypotheses(data: Path, ckpt: Path, *extra: str) -> dict[int, tuple[str, float]]:
+    proc = run_cli("fairseq-generate", str(data), "--path", str(ckpt), "--beam", "4",
+                   "--batch-size", "8", "--max-len-b", "12", "--cpu", *extra)
+    found = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
+    assert found, proc.stdout[-2000:]
+    return {int(i): (text, float(score)) for i, score, text in found}
+
+
+def _export(ckpt: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fairseq_tying.export", str(ckpt), str(out)],
+                          capture_output=True, text=True, env=cli_env(), cwd=REPO)
+
+
+@pytest.mark.parametrize(("arch", "tying", "rule", "projection"), CASES)
+def test_stock_fairseq_generate_reproduces_the_plugin(joined_bin, tmp_path, arch, tying, rule,
+                                                      projection):
+    ckpt = _train(joined_bin, tmp_path / "ckpt", arch, tying, rule, projection)
+    out = tmp_path / "stock" / "model.pt"
+    proc = _export(ckpt, out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    state = torch.load(out, weights_only=True)  # plain values only, whatever is allowlisted
+    model_cfg = state["cfg"]["model"]
+    assert isinstance(model_cfg, dict) and model_cfg["arch"] == model_cfg["_name"] == "transformer"
+    assert model_cfg["user_dir"] is None and state["cfg"]["common"]["user_dir"] is None
+    assert "output_layer" not in model_cfg and "last_optimizer_state" not in state
+    assert state["cfg"]["criterion"]["_name"] == "label_smoothed_cross_entropy"
+    tied = not projection and rule in ("dot", "l2norm") and tying != "none"
+    assert model_cfg["share_decoder_input_output_embed"] is tied
+    assert model_cfg["share_all_embeddings"] is (tied and tying == "three_way")
+    assert not any(k.startswith("decoder.scorer") for k in state["model"])
+    if rule == "l2norm":  # normalized rows baked into the input embedding
+        norms = state["model"]["decoder.embed_tokens.weight"][4:].norm(dim=-1)
+        torch.testing.assert_close(norms, torch.ones_like(norms))
+
+    ours = _hypotheses(joined_bin, ckpt, "--user-dir", "fairseq_tying")
+    stock = _hypotheses(joined_bin, out)  # no --user-dir: fairseq never imports the plugin
+    assert {i: h[0] for i, h in stock.items()} == {i: h[0] for i, h in ours.items()}
+    for i, (_, score) in ours.items():
+        assert abs(stock[i][1] - score) < 1e-3
+
+
+def test_distance_is_refused_and_nothing_is_written(joined_bin, tmp_path):
+    ckpt = _train(joined_bin, tmp_path / "ckpt", "transformer_twwt", "three_way", "distance",
+                  False, updates=2)
+    out = tmp_path / "stock" / "model.pt"
+    proc = _export(ckpt, out)
+    assert proc.returncode == 2
+    assert "--output-layer distance" in proc.stderr and "bias" in proc.stderr
+    assert not out.exists() and not (tmp_path / "stock").exists()
+
+
+def test_missing_checkpoint_is_named(tmp_path):
+    proc = _export(tmp_path / "nope.pt", tmp_path / "out.pt")
+    assert proc.returncode == 2 and "nope.pt does not exist" in proc.stderr
+    assert not (tmp_path / "out.pt").exists()
+
+
+def _args(**kw) -> Namespace:
+    base = {"arch": "transformer_twwt", "output_layer": "cosine", "tying": "three_way",
+            "tied_projection": True, "tied_embed_dim": None, "decoder_embed_dim": 16}
+    return Namespace(**{**base, **kw})
+
+
+def test_inexpressible_models_are_refused_with_the_flag_at_fault():
+    import fairseq_tying  # noqa: F401  (registers the archs)
+
+    with pytest.raises(export.ExportError, match="--tied-embed-dim 8"):
+        export._check(_args(tied_embed_dim=8))
+    with pytest.raises(export.ExportError, match="--arch dynamicconv_twwt"):
+        export._check(_args(arch="dynamicconv_twwt"))
+    export._check(_args(tied_embed_dim=16))  # equal to the decoder size: fine
+
+
+def test_projection_is_folded_into_the_output_matrix():
+    import fairseq_tying  # noqa: F401
+
+    g = torch.Generator().manual_seed(0)
+    w, proj = torch.randn(10, 4, generator=g), torch.randn(4, 6, generator=g)
+    state = {"encoder.embed_tokens.weight": w, "decoder.embed_tokens.weight": w,
+             "decoder.scorer.weight": w, "decoder.scorer.projection.weight": proj}
+    new, flags = export.bake(state, _args(output_layer="sqnorm"))
+    h = torch.randn(3, 6, generator=g)
+    want = (h @ proj.T) @ (w / w.norm(dim=-1, keepdim=True).square()).T
+    torch.testing.assert_close(h @ new["decoder.output_projection.weight"].T, want)
+    assert new["decoder.output_projection.weight"].shape == (10, 6)
+    assert flags == {"share_all_embeddings": False, "share_decoder_input_output_embed": False}
+    torch.testing.assert_close(new["encoder.embed_tokens.weight"], w)  # cosine/sqnorm: raw rows
