@@ -60,6 +60,9 @@ def master_port(job_id: str) -> int:
 
 def distributed_args(env: submitit.JobEnvironment, gpu: bool, ddp_backend_set: bool) -> list[str]:
     """fairseq flags for this task's rank, from the SLURM/submitit environment."""
+    import torch
+
+    gpu = gpu and torch.cuda.is_available()  # backend follows the device: CPU torch has no NCCL
     world = env.num_tasks
     if world == 1:
         return []
