@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", default="bible",
                         help="'bible' or a folder with {train,valid,test}.{es,en}")
     parser.add_argument("--vocab-size", type=int, default=4000)
-    parser.add_argument("--max-update", type=int, default=1000)
+    parser.add_argument("--max-update", type=int, default=600)
     parser.add_argument("--rules", nargs="+", default=["dot", "l2norm"])
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
