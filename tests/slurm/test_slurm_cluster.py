@@ -95,11 +95,10 @@ def _updates(log: str) -> list[int]:
 
 
 def test_interrupted_run_resumes_without_lost_updates(cluster, tiny_data, tmp_path):
-    changes = dict(grid={"output_layer": ["dot"], "seed": [1]}, evaluation=NO_EVAL,
-                   fairseq={**__import__("yaml").safe_load(
-                       (Path(__file__).parents[2] / "slurm/tiny_cpu.yaml").read_text()
-                   )["fairseq"], "max_update": 50, "save_interval_updates": 0})
-    sweep = write_sweep(tmp_path / "long.yaml", **changes)
+    # no periodic checkpoints: only the stop request saves mid-run
+    sweep = write_sweep(tmp_path / "long.yaml", grid={"output_layer": ["dot"], "seed": [1]},
+                        evaluation=NO_EVAL,
+                        fairseq={"max_update": 80, "save_interval_updates": 0})
     ref_out, out = tmp_path / "reference", tmp_path / "interrupted"
     launch(str(sweep), "--output-dir", str(ref_out), data=tiny_data)
     launch(str(sweep), "--output-dir", str(out), data=tiny_data)
@@ -119,11 +118,29 @@ def test_interrupted_run_resumes_without_lost_updates(cluster, tiny_data, tmp_pa
     assert states == ["REQUEUED", "COMPLETED"], states
     log = (run / "logs" / "train.rank0.log").read_text()
     saved = int(re.search(r"saved checkpoint_last.pt at update (\d+)", log).group(1))
-    assert 6 <= saved < 50
+    assert 6 <= saved < 80
     assert re.search(rf"Loaded checkpoint \S+checkpoint_last.pt \(epoch \d+ @ {saved} updates\)",
                      log)
-    assert _updates(log) == list(range(1, 51))  # each update exactly once, none lost
+    assert _updates(log) == list(range(1, 81))  # each update exactly once, none lost
     ref = _done(ref_out / name)
-    assert _done(run)["num_updates"] == ref["num_updates"] == 50
+    assert _done(run)["num_updates"] == ref["num_updates"] == 80
     # the resumed run ends with the very same model as the uninterrupted one
     assert _done(run)["param_sum"] == pytest.approx(ref["param_sum"], rel=1e-9)
+
+
+@pytest.mark.parametrize(("resources", "key"), [
+    ({"nodes": 4}, "resources.nodes: 4 requested, partition debug has 2"),
+    ({"cpus_per_task": 4}, "resources.cpus_per_task"),
+    ({"mem_gb": 4096}, "resources.mem_gb"),
+    ({"partition": "gpu"}, "resources.partition"),
+])
+def test_resources_the_cluster_cannot_give_are_refused(cluster, tiny_data, tmp_path, monkeypatch,
+                                                       capsys, resources, key):
+    from fairseq_tying.launch.__main__ import main
+
+    monkeypatch.setenv("FAIRSEQ_TYING_TINY_DATA", str(tiny_data))
+    sweep = write_sweep(tmp_path / "big.yaml", resources=resources, batch={"target_gpus": 4})
+    before = raw_job_ids()
+    assert main([str(sweep), "--output-dir", str(tmp_path / "out")]) == 2
+    assert key in capsys.readouterr().err
+    assert raw_job_ids() == before and not (tmp_path / "out").exists()
