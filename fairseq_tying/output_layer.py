@@ -129,7 +129,11 @@ class OutputScorer(_Evicting):
         if self.projection is not None:
             features = self.projection(features)
         w_out, bias = self.output_matrix_and_bias()
-        return F.linear(features, w_out, bias)
+        # One matrix product over all positions. Given a non-contiguous (B, T, D) input (the
+        # decoder's transposed output) and a weight without grad (the cached W_out), torch's
+        # matmul would take a batched path that reads all of W_out once per sentence.
+        scores = F.linear(features.reshape(-1, features.shape[-1]), w_out, bias)
+        return scores.view(*features.shape[:-1], scores.shape[-1])
 
     def output_matrix_and_bias(self) -> scoring.Affine:
         if self.rule == "dot":

@@ -93,6 +93,19 @@ def test_a_deleted_model_takes_its_cache_with_it(joined_bin, rule):
     assert all(key[0] != weight_id for key in output_layer._entries)
 
 
+def test_cached_scoring_is_one_matrix_product_over_all_positions(joined_bin):
+    """The decoder's output is a transposed, non-contiguous (B, T, D) tensor; with a cached
+    W_out (no grad) torch's matmul would read W_out once per sentence in a batched product."""
+    model, _ = _model(joined_bin, "l2norm")
+    features = torch.randn(3, 5, 16).transpose(0, 1)  # (B=5, T=3, D), non-contiguous
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        scores = model.decoder.scorer(features)
+    weight = model.decoder.scorer.weight
+    assert "aten::bmm" not in {e.key for e in prof.key_averages()}
+    assert scores.shape == (5, 3, weight.shape[0])
+    torch.testing.assert_close(scores, scoring.scores("l2norm", features, weight))
+
+
 def test_grad_mode_eval_is_not_cached(joined_bin):
     """Eval mode with autograd on (e.g. computing gradients of a score) must not use a cache
     that would cut the gradient through the normalization."""
