@@ -100,7 +100,8 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
         valid_losses, should_stop = original(cfg, trainer, task, epoch_itr, valid_subsets,
                                              end_of_epoch)
         updates = trainer.get_num_updates()
-        stop = torch.tensor([1.0 if _StopFlag.requested else 0.0])
+        device = next(trainer.model.parameters()).device  # NCCL reduces CUDA tensors only
+        stop = torch.tensor([1.0 if _StopFlag.requested else 0.0], device=device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             stop = dist_utils.all_reduce(stop, group=dist_utils.get_data_parallel_group())
         if rank == 0:
