@@ -202,7 +202,7 @@ def parse_resources(raw: Any) -> Resources:
 
 def fairseq_flags(raw: Any) -> list[str]:
     """``{lr: 0.001, share_all_embeddings: true, betas: "(0.9, 0.98)"}`` -> CLI flags."""
-    section = _check_keys(raw, set(raw or {}), "fairseq")
+    section = _check_keys(raw, set(raw) if isinstance(raw, dict) else set(), "fairseq")
     args: list[str] = []
     for key, value in section.items():
         if not re.fullmatch(r"[a-z][a-z0-9_-]*", str(key)):
@@ -262,7 +262,9 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
     if not isinstance(name, str) or not re.fullmatch(r"[\w.-]+", name):
         raise SweepError(f"name: {name!r} must be a simple name (letters, digits, _ . -)")
 
-    datasets = _check_keys(raw["datasets"], set(raw["datasets"] or {}), "datasets")
+    datasets = raw["datasets"]
+    datasets = _check_keys(datasets, set(datasets) if isinstance(datasets, dict) else set(),
+                           "datasets")
     data_dirs: dict[str, Path] = {}
     for dname, dpath in datasets.items():
         if not isinstance(dpath, str):
