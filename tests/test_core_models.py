@@ -188,3 +188,29 @@ def _step_through_data(opt: torch.optim.Optimizer, weight: torch.nn.Parameter):
             weight.data.copy_(weight.data * 2 + 1)
 
     return DataWriter([weight], {}).step
+
+
+def test_architecture_presets_are_fairseqs():
+    from argparse import Namespace
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY as presets
+
+    def filled(arch: str) -> Namespace:
+        args = Namespace()
+        presets[arch](args)
+        return args
+
+    iwslt = filled("transformer_twwt_iwslt_de_en")
+    assert (iwslt.encoder_layers, iwslt.decoder_layers, iwslt.encoder_embed_dim,
+            iwslt.encoder_ffn_embed_dim, iwslt.encoder_attention_heads) == (6, 6, 512, 1024, 4)
+    assert iwslt.tying == "three_way" and iwslt.output_layer == "dot"
+    big = filled("transformer_dwt_wmt_en_de_big")
+    assert (big.encoder_embed_dim, big.encoder_attention_heads, big.tying) == (1024, 16, "decoder")
+    conv = filled("dynamicconv_twwt_iwslt_de_en")
+    assert (conv.encoder_layers, conv.decoder_layers) == (7, 6)
+    assert conv.encoder_conv_type == conv.decoder_conv_type == "dynamic"
+    assert len(conv.encoder_kernel_size_list) == 7 and len(conv.decoder_kernel_size_list) == 6
+    short = Namespace(encoder_layers=2, decoder_layers=1)
+    presets["dynamicconv_dwt_wmt_en_de_big"](short)
+    assert short.encoder_kernel_size_list == [3, 7] and short.decoder_kernel_size_list == [3]
+    assert short.encoder_embed_dim == 1024

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.lightconv import (
     LightConvDecoder,
     LightConvEncoder,
@@ -17,7 +17,7 @@ from fairseq_tying.models.tying import (
     add_tying_args,
     attach_scorer,
     prepare_model,
-    tying_defaults,
+    register_archs,
 )
 
 # fairseq's default kernel sizes per block (7 encoder blocks, 6 decoder blocks).
@@ -62,24 +62,20 @@ def _kernel_sizes(layers: int) -> list[int]:
     return (KERNEL_SIZES + [KERNEL_SIZES[-1]] * layers)[:layers]
 
 
-def _register(name: str, preset, tying: str) -> None:
-    def architecture(args):
-        tying_defaults(args, tying)
-        args.encoder_conv_type = getattr(args, "encoder_conv_type", "dynamic")
-        args.decoder_conv_type = getattr(args, "decoder_conv_type", "dynamic")
-        args.encoder_layers = getattr(args, "encoder_layers", 7)
-        args.decoder_layers = getattr(args, "decoder_layers", 6)
-        # Kernel-size lists follow the layer counts unless given explicitly.
-        args.encoder_kernel_size_list = getattr(
-            args, "encoder_kernel_size_list", _kernel_sizes(args.encoder_layers))
-        args.decoder_kernel_size_list = getattr(
-            args, "decoder_kernel_size_list", _kernel_sizes(args.decoder_layers))
-        preset(args)
-
-    register_model_architecture("dynamicconv_tying", name)(architecture)
+def dynamic_defaults(args) -> None:
+    args.encoder_conv_type = getattr(args, "encoder_conv_type", "dynamic")
+    args.decoder_conv_type = getattr(args, "decoder_conv_type", "dynamic")
+    args.encoder_layers = getattr(args, "encoder_layers", 7)
+    args.decoder_layers = getattr(args, "decoder_layers", 6)
+    # Kernel-size lists follow the layer counts unless given explicitly.
+    args.encoder_kernel_size_list = getattr(
+        args, "encoder_kernel_size_list", _kernel_sizes(args.encoder_layers))
+    args.decoder_kernel_size_list = getattr(
+        args, "decoder_kernel_size_list", _kernel_sizes(args.decoder_layers))
 
 
-for _suffix, _preset in (("", lightconv_base), ("_iwslt_de_en", lightconv_iwslt_de_en),
-                         ("_wmt_en_de_big", lightconv_wmt_en_de_big)):
-    _register(f"dynamicconv_dwt{_suffix}", _preset, "decoder")
-    _register(f"dynamicconv_twwt{_suffix}", _preset, "three_way")
+register_archs("dynamicconv_tying", "dynamicconv", {
+    "": lightconv_base,
+    "_iwslt_de_en": lightconv_iwslt_de_en,
+    "_wmt_en_de_big": lightconv_wmt_en_de_big,
+}, setup=dynamic_defaults)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer import TransformerDecoder, TransformerModel
 from fairseq.models.transformer.transformer_config import (
     DEFAULT_MAX_SOURCE_POSITIONS as DEFAULT_MAX_POSITIONS,
@@ -18,7 +18,7 @@ from fairseq_tying.models.tying import (
     add_tying_args,
     attach_scorer,
     prepare_model,
-    tying_defaults,
+    register_archs,
 )
 
 
@@ -43,15 +43,8 @@ class TiedTransformerModel(TransformerModel):
         return cls(args, encoder, decoder)
 
 
-def _register(name: str, preset, tying: str) -> None:
-    def architecture(args):
-        tying_defaults(args, tying)
-        preset(args)
-
-    register_model_architecture("transformer_tying", name)(architecture)
-
-
-for _suffix, _preset in (("", base_architecture), ("_iwslt_de_en", transformer_iwslt_de_en),
-                         ("_wmt_en_de_big", transformer_wmt_en_de_big)):
-    _register(f"transformer_dwt{_suffix}", _preset, "decoder")
-    _register(f"transformer_twwt{_suffix}", _preset, "three_way")
+register_archs("transformer_tying", "transformer", {
+    "": base_architecture,
+    "_iwslt_de_en": transformer_iwslt_de_en,
+    "_wmt_en_de_big": transformer_wmt_en_de_big,
+})

@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 from argparse import ArgumentParser, Namespace
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from fairseq.models import register_model_architecture
 from torch import nn
 
 from fairseq_tying import scoring
@@ -37,6 +39,21 @@ def tying_defaults(args: Namespace, tying: str) -> None:
     args.output_layer = getattr(args, "output_layer", None) or "dot"
     args.tied_projection = getattr(args, "tied_projection", False)
     args.tied_embed_dim = getattr(args, "tied_embed_dim", None)
+
+
+def register_archs(model: str, family: str, presets: dict[str, Callable[[Namespace], None]],
+                   setup: Callable[[Namespace], None] | None = None) -> None:
+    """Register ``{family}_dwt{suffix}`` and ``{family}_twwt{suffix}`` for each fairseq preset:
+    the tying default, then ``setup`` (family-specific defaults), then the preset."""
+    for suffix, preset in presets.items():
+        for short, tying in (("dwt", "decoder"), ("twwt", "three_way")):
+            def architecture(args: Namespace, preset=preset, tying=tying) -> None:
+                tying_defaults(args, tying)
+                if setup is not None:
+                    setup(args)
+                preset(args)
+
+            register_model_architecture(model, f"{family}_{short}{suffix}")(architecture)
 
 
 @dataclass(frozen=True)
