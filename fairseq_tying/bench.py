@@ -8,7 +8,8 @@ with the same dimensions and the same initial parameters, and measures for each 
 - beam-5 generation with fairseq's ``SequenceGenerator`` (incremental decoding) on fixed source
   sentences, forced to a fixed output length so that every model does the same number of steps;
 - the peak memory of training and of generation over the memory before the model was built, each
-  model in a fresh subprocess (CPU: resident set size sampled every 0.5 ms; CUDA: peak allocated).
+  model in a fresh subprocess (CPU: bytes allocated by the C allocator, glibc's ``mallinfo2``,
+  sampled every 0.2 ms, or the resident set size without glibc; CUDA: peak allocated).
 
 Repetitions interleave the models (rotating order) after a warm-up; each model's time is divided
 by the built-in model's time in the same repetition and the ratios are summarized by their median
@@ -18,6 +19,8 @@ and quartiles. Results go to a table (stdout), a JSON file and a PNG plot of rat
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
 import platform
@@ -221,32 +224,52 @@ def ratios(times: dict[str, list[float]]) -> dict[str, dict]:
 # ----------------------------------------------------------------------------------- memory
 
 
-class PeakRSS:
-    """Highest resident set size while the block runs, sampled every 0.5 ms by a thread."""
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _mallinfo2() -> Callable[[], int] | None:
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return None
+    fn.restype = _MallInfo2
+    return lambda: (lambda m: m.uordblks + m.hblkhd)(fn())
+
+
+def current_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# Bytes the C allocator has handed out and not taken back (glibc), else the resident set size:
+# unlike RSS, it does not count memory the allocator keeps after a free.
+heap_in_use: Callable[[], int] = _mallinfo2() or current_rss
+
+
+class PeakMemory:
+    """Highest ``heap_in_use()`` while the block runs, sampled every 0.2 ms by a thread."""
 
     def __init__(self):
-        self.peak = current_rss()
+        self.peak = heap_in_use()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, current_rss())
-            time.sleep(0.0005)
+            self.peak = max(self.peak, heap_in_use())
+            time.sleep(0.0002)
 
-    def __enter__(self) -> PeakRSS:
+    def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, current_rss())
-
-
-def current_rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        self.peak = max(self.peak, heap_in_use())
 
 
 def memory_worker(spec: dict) -> dict:
@@ -258,7 +281,8 @@ def memory_worker(spec: dict) -> dict:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
     else:
-        base = current_rss()
+        gc.collect()
+        base = heap_in_use()
     model = bench.build(spec["model"])
     result = {}
     for phase in ("generate", "train"):
@@ -275,7 +299,7 @@ def memory_worker(spec: dict) -> dict:
             torch.cuda.synchronize()
             result[phase] = torch.cuda.max_memory_allocated() - base
         else:
-            with PeakRSS() as peak:
+            with PeakMemory() as peak:
                 for _ in range(2):
                     fn()
             result[phase] = peak.peak - base
@@ -325,7 +349,8 @@ def run_vocab(vocab: int, preset: Preset, opts, progress) -> dict:
         models = {n: m.half() for n, m in models.items()}
     decoders = {n: bench.generator(m) for n, m in models.items()}
     same = _hypotheses(decoders[BUILTIN]()) == _hypotheses(decoders["dot"]())
-    generate = interleaved(decoders, bench.device, opts.reps, 1, opts.warmup, progress)
+    generate = interleaved(decoders, bench.device, opts.reps, opts.gen_calls, opts.warmup,
+                           progress)
     result = {"train": ratios(train), "generate": ratios(generate),
               "dot_hypotheses_identical_to_builtin": same}
     del models, decoders, builtin
@@ -411,7 +436,8 @@ def write_json(obj: dict, path: Path) -> None:
 def machine(device: str) -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "load_avg_start": os.getloadavg()}
+            "torch_threads": torch.get_num_threads(), "load_avg_start": os.getloadavg(),
+            "cpu_memory": "glibc mallinfo2" if heap_in_use is not current_rss else "rss"}
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info
@@ -431,6 +457,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="warm-up calls per model (default: 1)")
     p.add_argument("--train-steps", type=int, default=1,
                    help="training steps per repetition (default: 1)")
+    p.add_argument("--gen-calls", type=int, default=2,
+                   help="generation calls per repetition (default: 2)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--clock", choices=CLOCKS, default="wall",
                    help="wall time, or the process's CPU time (steadier on a shared machine with "
