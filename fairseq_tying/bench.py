@@ -340,6 +340,8 @@ def run_vocab(vocab: int, preset: Preset, opts, progress) -> dict:
         models[name] = bench.build(name, reference=builtin)
     train = interleaved({n: bench.trainer(m) for n, m in models.items()}, bench.device,
                         opts.reps, opts.train_steps, opts.warmup, progress)
+    isolated = {name: 1 + extra_work(models[name], name, bench.device, opts.reps)
+                / min(train[BUILTIN]) for name in scoring.RULES}
     # Generation starts from identical parameters again: training moved them apart.
     for name in scoring.RULES:
         state = dict(builtin.state_dict())
@@ -352,11 +354,31 @@ def run_vocab(vocab: int, preset: Preset, opts, progress) -> dict:
     generate = interleaved(decoders, bench.device, opts.reps, opts.gen_calls, opts.warmup,
                            progress)
     result = {"train": ratios(train), "generate": ratios(generate),
+              "train_isolated_estimate": isolated,
               "dot_hypotheses_identical_to_builtin": same}
     del models, decoders, builtin
     if not opts.no_memory:
         result["memory"] = measure_memory(vocab, preset, opts.device, opts.fp16, progress)
     return result
+
+
+def extra_work(model: torch.nn.Module, rule: str, device: torch.device, reps: int) -> float:
+    """Seconds (fastest of ``reps``) of what ``rule`` adds to a training step: computing
+    (W_out, b) from W and back-propagating through it. The fastest run is little disturbed by
+    other processes, so 1 + this / (fastest built-in step) estimates the ratio steadily."""
+    if rule == "dot":
+        return 0.0
+    weight = model.decoder.scorer.weight.detach().clone().requires_grad_()
+    w_out, bias = scoring.output_matrix_and_bias(rule, weight)
+    grads = [torch.randn_like(w_out), None if bias is None else torch.randn_like(bias)]
+
+    def step() -> None:
+        outs = scoring.output_matrix_and_bias(rule, weight)
+        pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if o is not None]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+    step()
+    return min(timed(step, device, 1) for _ in range(reps))
 
 
 def _hypotheses(hypos: list) -> list[list[int]]:
@@ -368,6 +390,8 @@ def table(results: dict) -> str:
             f"{'generate ratio [q1-q3]':>24} {'train mem +VxD':>15} {'gen mem +VxD':>13}")
     lines = [head, "-" * len(head)]
     for vocab, res in results.items():
+        estimate = ", ".join(f"{n} {r:.3f}" for n, r in res["train_isolated_estimate"].items())
+        lines.append(f"{vocab:>6} isolated extra training work, estimated ratio: {estimate}")
         for name in MODELS:
             cells = []
             for kind in ("train", "generate"):

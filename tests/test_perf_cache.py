@@ -133,6 +133,8 @@ def test_benchmark_runs_end_to_end_at_the_tiny_preset(tmp_path):
             assert r["n"] == 2 and r["min"] <= r["median"] <= r["max"] and r["min"] > 0
             assert stats["seconds_median"] > 0
     assert res["dot_hypotheses_identical_to_builtin"] is True  # same parameters, same search
+    estimate = res["train_isolated_estimate"]
+    assert estimate["dot"] == 1.0 and all(estimate[r] > 1.0 for r in ("l2norm", "distance"))
     memory = res["memory"]
     assert memory["builtin"]["train"]["extra_over_builtin"] == 0
     assert all(memory[r]["train"]["bytes"] > 0 for r in scoring.RULES)
