@@ -1,5 +1,6 @@
-"""The closed-form gradient of the row scaling (a speed-up) equals autograd's through the
-plain formula w_i / ‖w_i‖^p, including the all-zero padding row and leading dimensions."""
+"""The closed-form gradients of the row scaling and the squared norms (speed-ups) equal
+autograd's through the plain formulas, including the all-zero padding row and leading
+dimensions."""
 
 from __future__ import annotations
 
@@ -32,6 +33,20 @@ def test_value_and_gradient_match_autograd_through_the_formula(power, shape):
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-5, atol=1e-6)
     assert grads[0][1][..., :2, :].abs().sum() == 0  # rows scaled by 0 get no gradient
+
+
+def test_squared_norms_gradient_matches_autograd():
+    base = torch.randn(30, 8) * 2
+    base[0] = 0
+    upstream = torch.randn(30)
+    grads = []
+    for fn in (scoring.squared_norms, lambda w: w.pow(2).sum(-1)):
+        w = base.clone().requires_grad_()
+        out = fn(w)
+        (out * upstream).sum().backward()
+        grads.append((out.detach(), w.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
 
 
 def test_half_precision_weight_keeps_its_dtype_and_finite_gradient():
