@@ -420,25 +420,30 @@ def plot(results: dict, path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
     vocabs = sorted(int(v) for v in results)
     for ax, kind in zip(axes[0], kinds, strict=True):
-        for name in scoring.RULES:
+        for i, name in enumerate(scoring.RULES):
+            color = f"C{i}"
             if kind == "memory":
                 for phase, style in (("train", "-"), ("generate", ":")):
                     ys = [results[str(v)]["memory"][name][phase]["extra_VxD_buffers"]
                           for v in vocabs]
-                    ax.plot(vocabs, ys, style, marker="o", label=f"{name} ({phase})")
+                    ax.plot(vocabs, ys, style, color=color, marker="o", label=f"{name} ({phase})")
                 continue
+            if kind == "train":
+                est = [results[str(v)]["train_isolated_estimate"][name] for v in vocabs]
+                ax.plot(vocabs, est, "x--", color=color, lw=0.8)
             rs = [results[str(v)][kind][name]["ratio"] for v in vocabs]
             med = [r["median"] for r in rs]
             err = [[m - r["q1"] for m, r in zip(med, rs, strict=True)],
                    [r["q3"] - m for m, r in zip(med, rs, strict=True)]]
-            ax.errorbar(vocabs, med, yerr=err, marker="o", capsize=3, label=name)
+            ax.errorbar(vocabs, med, yerr=err, marker="o", capsize=3, color=color, label=name)
         if kind == "memory":
             ax.axhline(1.0, color="k", ls="--", lw=0.8, label="target: 1 extra V×D")
             ax.set_ylabel("extra V×D buffers over built-in (peak)")
         else:
             ax.axhline(1.0, color="k", lw=0.8)
             ax.axhline(TARGETS[kind]["*"], color="r", ls="--", lw=0.8, label="target")
-            ax.set_ylabel(f"{kind} time / built-in (median, IQR)")
+            ax.set_ylabel(f"{kind} time / built-in (median, IQR)"
+                          + ("; x: isolated estimate" if kind == "train" else ""))
         ax.set_xscale("log", base=2)
         ax.set_xticks(vocabs, [f"{v // 1000}k" for v in vocabs])
         ax.set_xlabel("vocabulary size V")
