@@ -4,20 +4,23 @@ sacrebleu, print the table and write the plots.
 
     python -m fairseq_tying.demo [--out work/demo] [--max-update N] [--rules dot l2norm]
 
-Finished steps are skipped on a rerun (fairseq resumes from ``checkpoint_last.pt``).
+The models train side by side, one process per core share, their fairseq logs prefixed with
+the output layer. Finished steps are skipped on a rerun (fairseq resumes from
+``checkpoint_last.pt``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from fairseq_tying.evaluation import cli as evaluation
+from fairseq_tying.evaluation._io import write_json
 
 PLUGIN_DIR = str(Path(__file__).resolve().parent)
 ARCH = "transformer_twwt"
@@ -52,16 +55,37 @@ def prepare(out: Path, corpus: str, vocab: int) -> Path:
     return data
 
 
-def train(data: Path, run: Path, rule: str, max_update: int, seed: int) -> None:
+def train_command(data: Path, run: Path, rule: str, max_update: int, seed: int) -> list[str]:
     run.mkdir(parents=True, exist_ok=True)
     record = {"name": run.name, "method": f"{ARCH}:{rule}", "arch": ARCH,
               "tying": "three_way", "output_layer": rule, "seed": seed, "data_dir": str(data)}
-    (run / "run.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\n== training {ARCH} --output-layer {rule} ({max_update} updates) ==", flush=True)
-    _run([_tool("fairseq-train"), str(data / "bin"), "--user-dir", PLUGIN_DIR, "--arch", ARCH,
-          "--output-layer", rule, *MODEL, *OPTIMIZATION, "--max-update", str(max_update),
-          "--seed", str(seed), "--cpu", "--save-dir", str(run / "checkpoints"),
-          "--no-epoch-checkpoints", "--log-interval", "25", "--log-format", "simple"])
+    write_json(run / "run.json", record)
+    return [_tool("fairseq-train"), str(data / "bin"), "--user-dir", PLUGIN_DIR, "--arch", ARCH,
+            "--output-layer", rule, *MODEL, *OPTIMIZATION, "--max-update", str(max_update),
+            "--seed", str(seed), "--cpu", "--save-dir", str(run / "checkpoints"),
+            "--no-epoch-checkpoints", "--log-interval", "25", "--log-format", "simple"]
+
+
+def train_in_parallel(commands: dict[str, list[str]]) -> None:
+    """One fairseq-train per core share, their logs interleaved line by line with a prefix."""
+    threads = str(max(1, (os.cpu_count() or 1) // len(commands)))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": threads}
+    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+             for name, cmd in commands.items()}
+
+    def relay(name: str, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            print(f"[{name}] {line}", end="", flush=True)
+
+    relays = [threading.Thread(target=relay, args=item) for item in procs.items()]
+    for t in relays:
+        t.start()
+    for t in relays:
+        t.join()
+    failed = [name for name, proc in procs.items() if proc.wait() != 0]
+    if failed:
+        raise SystemExit(f"training failed for {failed}: see the [{failed[0]}] lines above")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,16 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     data = prepare(args.out, args.corpus, args.vocab_size)
     runs = args.out / "runs"
-    for rule in args.rules:
-        run = runs / f"{ARCH}-{rule}-seed{args.seed}"
-        train(data, run, rule, args.max_update, args.seed)
+    run_dirs = {rule: runs / f"{ARCH}-{rule}-seed{args.seed}" for rule in args.rules}
+    print(f"\n== training {ARCH} with --output-layer {' and '.join(args.rules)} "
+          f"({args.max_update} updates each, side by side) ==", flush=True)
+    train_in_parallel({rule: train_command(data, run, rule, args.max_update, args.seed)
+                       for rule, run in run_dirs.items()})
+    for run in run_dirs.values():
         print(f"\n== evaluating {run.name} ==", flush=True)
         if evaluation.main(["evaluate", str(run), "--data", str(data), "--cpu"]) != 0:
             return 1
     results = args.out / "results"
     evaluation.main(["collect", str(runs), "--out", str(results)])
-    checkpoints = [str(runs / f"{ARCH}-{r}-seed{args.seed}" / "checkpoints" /
-                       "checkpoint_best.pt") for r in args.rules]
+    checkpoints = [str(run / "checkpoints" / "checkpoint_best.pt") for run in run_dirs.values()]
     evaluation.main(["norms", *checkpoints, "--labels", *args.rules,
                      "--out", str(results / "norms.png")])
     print(f"\ndemo finished in {(time.time() - start) / 60:.1f} min; table, JSON and plots "
