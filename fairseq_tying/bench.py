@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from fairseq_tying import scoring
+from fairseq_tying import atomic, scoring
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 BUILTIN = "builtin"
@@ -451,16 +451,8 @@ def plot(results: dict, path: Path, title: str) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    atomic.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)
-
-
-def write_json(obj: dict, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
 
 
 def machine(device: str) -> dict:
@@ -536,7 +528,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             report["results"][str(vocab)] = run_vocab(vocab, preset, opts, lambda: bar.update())
     report["machine"]["load_avg_end"] = os.getloadavg()
     opts.out.mkdir(parents=True, exist_ok=True)
-    write_json(report, opts.out / "bench.json")
+    atomic.write_json(opts.out / "bench.json", report, indent=1, ensure_ascii=True)
     title = (f"fairseq_tying output layers vs fairseq transformer ({opts.preset}, {opts.device}"
              f"{', fp16' if opts.fp16 else ''})")
     plot(report["results"], opts.out / "bench.png", title)

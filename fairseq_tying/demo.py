@@ -19,8 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from fairseq_tying.atomic import write_json
 from fairseq_tying.evaluation import cli as evaluation
-from fairseq_tying.evaluation._io import write_json
 
 PLUGIN_DIR = str(Path(__file__).resolve().parent)
 ARCH = "transformer_twwt"

@@ -22,7 +22,6 @@ The checkpoint holds only plain Python values besides tensors (the model config 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 from torch import Tensor
 
 from fairseq_tying import scoring
+from fairseq_tying.atomic import atomic_write
 
 PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim")
 PLUGIN_CRITERIA = {"label_smoothed_cross_entropy_pr": "label_smoothed_cross_entropy"}
@@ -150,16 +150,13 @@ def export(ckpt: Path, out: Path) -> dict:
         "task_state": {},
         "extra_state": {"train_iterator": {"epoch": _epoch(state)}},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:
+    def write(tmp: str) -> None:
         torch.save(plain, tmp)
         unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(tmp)
         if unsafe:
             raise ExportError(f"internal error: the exported checkpoint still needs {unsafe}")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    atomic_write(out, write)
     return {"output_layer": args.output_layer, "tying": args.tying,
             "tied_projection": bool(args.tied_projection), **flags}
 

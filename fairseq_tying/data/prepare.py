@@ -22,8 +22,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from fairseq_tying.atomic import replace_dir
 from fairseq_tying.data import bible
-from fairseq_tying.data.fsutil import replace_dir
 
 SPLITS = ("train", "valid", "test")
 SUBWORDS = ("sentencepiece", "subword_nmt")

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from fairseq_tying.atomic import atomic_write
 from fairseq_tying.evaluation import checkpoints
-from fairseq_tying.evaluation._io import atomic_write
 
 
 def average_states(paths: Sequence[str | os.PathLike]) -> dict:

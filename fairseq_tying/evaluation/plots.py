@@ -14,7 +14,7 @@ logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font-search noise o
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fairseq_tying.evaluation._io import atomic_write  # noqa: E402
+from fairseq_tying.atomic import atomic_write  # noqa: E402
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Any
 
 import submitit
 
+from fairseq_tying import atomic
 from fairseq_tying.launch import evaluate as eval_adapter
 
 logger = logging.getLogger("fairseq_tying.launch")
@@ -34,9 +35,8 @@ class Preempted(Exception):
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """The launcher's run files: sorted keys, compact indent, written atomically."""
+    atomic.write_json(path, data, indent=1, sort_keys=True, ensure_ascii=True)
 
 
 def resolve_master(host: str) -> str:

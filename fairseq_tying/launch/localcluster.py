@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fairseq_tying import atomic
+
 DEFAULT_ROOT = Path(os.environ.get("FAIRSEQ_TYING_CLUSTER_DIR", "/tmp/fairseq_tying_slurm"))
 NODES = ("n1", "n2")
 CLUSTER = "fstying"
@@ -110,9 +112,7 @@ class LocalCluster:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def _save_state(self, state: dict) -> None:
-        tmp = self.root / "cluster.json.tmp"
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, self.root / "cluster.json")
+        atomic.write_json(self.root / "cluster.json", state, indent=1, ensure_ascii=True)
 
     def _record(self, key: str, pid: int) -> None:
         state = self._state()

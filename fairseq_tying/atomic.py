@@ -1,9 +1,13 @@
-"""Atomic file writes: write a temp file in the target's folder, then ``os.replace`` it."""
+"""Atomic file writes: outputs appear complete or not at all.
+
+Each writes a temp file (or folder) beside the target, then ``os.replace``s it into place.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -44,8 +48,20 @@ def write_lines(path: str | os.PathLike, lines: list[str]) -> Path:
     return write_text(path, "".join(line + "\n" for line in lines))
 
 
-def write_json(path: str | os.PathLike, data: Any) -> Path:
-    return write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+def write_json(path: str | os.PathLike, data: Any, **dump_options: Any) -> Path:
+    options = {"indent": 2, "ensure_ascii": False, **dump_options}
+    return write_text(path, json.dumps(data, **options) + "\n")
+
+
+def replace_dir(new: Path, dest: Path) -> None:
+    """Move the finished directory ``new`` to ``dest``, replacing what was there."""
+    old = None
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
+        os.replace(dest, old / dest.name)
+    os.replace(new, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
