@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from sacrebleu.metrics import BLEU
 
 from fairseq_tying.evaluation import scoring
 from fairseq_tying.evaluation.generate import parse_hypotheses
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
-from fairseq_tying.evaluation.significance import paired_bootstrap
+from fairseq_tying.evaluation.significance import paired_bootstrap, seed_paired_bootstrap
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
@@ -174,3 +175,31 @@ def test_parse_hypotheses_restores_corpus_order_and_detects_gaps():
     assert parse_hypotheses(text, 3) == ["A a", "", "C c"]
     with pytest.raises(RuntimeError, match="translated 3 of 4"):
         parse_hypotheses(text, 4)
+
+
+def test_seed_paired_bootstrap_is_sacrebleus_test_for_one_seed():
+    refs, good, bad = _corpus(2)
+    mine = seed_paired_bootstrap([(bad, good)], refs, n_samples=300)
+    theirs = paired_bootstrap(("base", good), [("bad", bad)], refs, n_samples=300)["bad"]
+    assert mine["p"] == pytest.approx(theirs["bleu_p"])
+    assert mine["delta_bleu"] == pytest.approx(theirs["bleu"] - BLEU().corpus_score(
+        good, [refs]).score)
+
+
+def test_seed_paired_bootstrap_pools_seeds():
+    refs, good, bad = _corpus(3)
+    rng = random.Random(4)
+    words = [w for r in refs for w in r.split()]
+    good2, bad2 = ([" ".join(w if rng.random() > p else rng.choice(words) for w in r.split())
+                    for r in refs] for p in (0.1, 0.4))
+    near = [list(good), list(good2)]
+    near[0][0], near[1][1] = bad[0], bad2[1]
+    pooled = seed_paired_bootstrap([(bad, good), (bad2, good2)], refs, n_samples=300)
+    singles = [seed_paired_bootstrap([pair], refs, n_samples=300)["delta_bleu"]
+               for pair in ((bad, good), (bad2, good2))]
+    assert pooled["delta_bleu"] == pytest.approx(sum(singles) / 2)
+    assert pooled["p"] < 0.01 and pooled["n_seeds"] == 2
+    same = seed_paired_bootstrap([(good, good), (good2, good2)], refs, n_samples=300)
+    assert same["p"] == 1.0 and same["delta_bleu"] == 0
+    close = seed_paired_bootstrap([(near[0], good), (near[1], good2)], refs, n_samples=300)
+    assert close["p"] > 0.05

@@ -1,10 +1,11 @@
-"""``python -m fairseq_tying.evaluation {evaluate,collect,norms,average}``."""
+"""``python -m fairseq_tying.evaluation {evaluate,collect,norms,study,average}``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from fairseq_tying.evaluation.presets import PRESET_CHOICES
 
@@ -50,13 +51,30 @@ def build_parser() -> argparse.ArgumentParser:
                     help="include the rows of <s>, <pad>, </s>, <unk>")
     no.add_argument("--bins", type=int, default=50)
 
+    st = sub.add_parser("study", help="the reproduction study: records, tables, plots")
+    st.add_argument("--runs", help="export records of newly evaluated runs under RUNS first")
+    st.add_argument("--records", required=True, help="folder of the study's JSON records")
+    st.add_argument("--report", required=True, help="Markdown report; the tables replace its "
+                    "<!-- study:begin --> ... <!-- study:end --> block")
+    st.add_argument("--plots", required=True, help="folder for the PNGs and summary.json")
+    st.add_argument("--references", help="reference file (default: the embedded Bible test.en)")
+    st.add_argument("--bootstrap-samples", type=int, default=1000)
+
     av = sub.add_parser("average", help="average checkpoints' parameters into one file")
     av.add_argument("checkpoints", nargs="+", metavar="CKPT")
     av.add_argument("--out", required=True)
     return parser
 
 
-COMMANDS = ("evaluate", "collect", "norms", "average")
+COMMANDS = ("evaluate", "collect", "norms", "study", "average")
+
+
+def _references(path: str | None) -> list[str]:
+    if path is None:
+        from fairseq_tying.data.bible import read_split
+
+        return read_split("test", "en")
+    return Path(path).read_text(encoding="utf-8").splitlines()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,6 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(norms_report(args.checkpoints, args.out, args.labels, args.key,
                                args.keep_special, args.bins))
             print(f"wrote {args.out}")
+        elif args.command == "study":
+            from fairseq_tying.evaluation.study import build
+
+            refs = _references(args.references)
+            done = build(args.records, args.report, args.plots, refs, args.runs,
+                         args.bootstrap_samples)
+            print(done["markdown"])
+            print(f"{len(done['exported'])} new record(s), {done['records']} in all; wrote "
+                  + ", ".join(done["written"]))
         elif args.command == "average":
             from fairseq_tying.evaluation.average import average_checkpoints
 

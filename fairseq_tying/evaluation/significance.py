@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
@@ -43,3 +44,44 @@ def paired_bootstrap(
     for res in out.values():
         res["signatures"] = sigs
     return out
+
+
+def seed_paired_bootstrap(
+    pairs: Sequence[tuple[Sequence[str], Sequence[str]]],
+    refs: Sequence[str],
+    n_samples: int = 1000,
+    seed: int = 12345,
+) -> dict[str, float]:
+    """Paired bootstrap of BLEU over several seeds at once: ``pairs`` holds one
+    ``(system, baseline)`` hypothesis pair per seed, all translating ``refs``.
+
+    Every resample draws one set of sentence indices and applies it to all pairs, so the test
+    statistic is the mean (over seeds) of the corpus-BLEU difference. The p-value follows
+    sacrebleu's ``PairedTest`` (centred absolute differences, +1 smoothing); with one pair and
+    the same seed it is sacrebleu's own p-value.
+    """
+    metric = BLEU()
+    refs_ = [list(refs)]
+
+    def stats(hyps: Sequence[str]) -> np.ndarray:
+        if len(hyps) != len(refs):
+            raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
+        return np.array(metric._extract_corpus_statistics(list(hyps), refs_), dtype="float32")
+
+    def score(s: np.ndarray) -> float:
+        return metric._compute_score_from_stats(s).score
+
+    idxs = np.random.default_rng(seed).choice(len(refs), size=(n_samples, len(refs)))
+    observed = np.zeros(len(pairs))
+    sampled = np.zeros((len(pairs), n_samples))
+    for k, (system, baseline) in enumerate(pairs):
+        sys_s, base_s = stats(system), stats(baseline)
+        observed[k] = score(sys_s.sum(0)) - score(base_s.sum(0))
+        sampled[k] = [score(a.sum(0)) - score(b.sum(0))
+                      for a, b in zip(sys_s[idxs], base_s[idxs], strict=True)]
+    diff = float(observed.mean())
+    sample_diffs = np.abs(sampled.mean(0))
+    centred = sample_diffs - sample_diffs.mean()
+    p = (int(np.sum(centred > abs(diff))) + 1) / (n_samples + 1)
+    return {"delta_bleu": diff, "p": 1.0 if not sample_diffs.any() else p,
+            "n_seeds": len(pairs), "n_samples": n_samples}

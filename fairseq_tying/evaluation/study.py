@@ -1,0 +1,214 @@
+"""The reproduction study's report: committed records → tables (in docs/results.md) and plots.
+
+    python -m fairseq_tying.evaluation study --runs work/study/runs \\
+        --records docs/study/records --report docs/results.md --plots docs/study
+
+``--runs`` first exports the records of newly evaluated runs; without it the report is rebuilt
+from the committed records alone. The tables replace the text between the report's
+``<!-- study:begin -->`` and ``<!-- study:end -->`` markers; the rest is left as written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fairseq_tying.atomic import write_json, write_text
+from fairseq_tying.evaluation import study_records
+from fairseq_tying.evaluation.plots import MethodPoints, plot_bleu, plot_norm_histograms
+from fairseq_tying.evaluation.significance import seed_paired_bootstrap
+from fairseq_tying.evaluation.stats import format_ci, mean_ci
+from fairseq_tying.evaluation.tables import markdown_table
+
+TYINGS = ("none", "decoder", "three_way")
+LAYERS = ("dot", "l2norm", "sqnorm", "distance", "cosine")
+BEGIN, END = "<!-- study:begin -->", "<!-- study:end -->"
+# Liu et al. (2020), Transformer on IWSLT'14 Es→En, shared input–output embeddings.
+PAPER_IWSLT14_ES_EN = {"dot": 34.24, "l2norm": 34.65, "sqnorm": 34.97, "distance": 34.54,
+                       "cosine": 34.81}
+
+Cells = dict[tuple[str, str], dict[int, dict[str, Any]]]  # (tying, layer) -> seed -> record
+
+
+def group(records: Sequence[dict[str, Any]]) -> Cells:
+    cells: Cells = defaultdict(dict)
+    for r in records:
+        key = (r["tying"], r["output_layer"])
+        if r["seed"] in cells[key]:
+            raise ValueError(f"two records for {key} seed {r['seed']} ({r['name']})")
+        cells[key][r["seed"]] = r
+    return cells
+
+
+def check_references(records: Sequence[dict[str, Any]], refs: Sequence[str]) -> None:
+    digest = hashlib.sha256(("\n".join(refs) + "\n").encode("utf-8")).hexdigest()
+    for r in records:
+        if r["eval"]["references_sha256"] != digest:
+            raise ValueError(f"{r['name']} was scored against other references than --references"
+                             f" (sha256 {r['eval']['references_sha256'][:12]}…, "
+                             f"given {digest[:12]}…)")
+        if len(r["hypotheses"]) != len(refs):
+            raise ValueError(f"{r['name']}: {len(r['hypotheses'])} hypotheses for "
+                             f"{len(refs)} references")
+
+
+def summarize(cells: Cells, refs: Sequence[str], n_samples: int) -> dict[str, Any]:
+    """Per cell: BLEU/chrF/valid NLL mean ± 95% CI, and the paired bootstrap against ``dot``
+    of the same tying, pooled over the seeds both have and for each seed alone."""
+    out: dict[str, Any] = {}
+    for (tying, layer), runs in sorted(cells.items()):
+        seeds = sorted(runs)
+        cell: dict[str, Any] = {"tying": tying, "output_layer": layer, "seeds": seeds}
+        for name, get in (("bleu", lambda r: r["eval"]["bleu"]),
+                          ("chrf", lambda r: r["eval"]["chrf"]),
+                          ("valid_nll", lambda r: r["train"]["valid"]["nll_loss"])):
+            values = [get(runs[s]) for s in seeds]
+            mean, half = mean_ci(values)
+            cell[name] = {"values": values, "mean": mean, "ci95": None if np.isnan(half) else half}
+        cell["params"] = sorted({runs[s]["train"]["params"] for s in seeds})
+        base = cells.get((tying, "dot"), {})
+        shared = [s for s in seeds if s in base]
+        if layer != "dot" and shared:
+            pairs = [(runs[s]["hypotheses"], base[s]["hypotheses"]) for s in shared]
+            cell["vs_dot"] = seed_paired_bootstrap(pairs, refs, n_samples)
+            cell["vs_dot"]["per_seed_p"] = {
+                s: seed_paired_bootstrap([p], refs, n_samples)["p"]
+                for s, p in zip(shared, pairs, strict=True)}
+        out[f"{tying}/{layer}"] = cell
+    return out
+
+
+def _cell(summary: dict[str, Any], tying: str, layer: str) -> dict[str, Any] | None:
+    return summary.get(f"{tying}/{layer}")
+
+
+def _ci(stat: dict[str, Any], digits: int = 2) -> str:
+    return format_ci(stat["mean"], np.nan if stat["ci95"] is None else stat["ci95"], digits)
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def tables(summary: dict[str, Any]) -> str:
+    tyings = [t for t in TYINGS if any(_cell(summary, t, la) for la in LAYERS)]
+    seeds = sorted({s for c in summary.values() for s in c["seeds"]})
+
+    def grid(fmt) -> str:
+        rows = [[la] + [fmt(c) if (c := _cell(summary, t, la)) else "–" for t in tyings]
+                for la in LAYERS]
+        return markdown_table(["output layer", *tyings], rows)
+
+    parts = [f"Seeds: {', '.join(map(str, seeds))}. Mean ± 95 % CI (Student t over seeds).\n",
+             "**BLEU** (sacrebleu, detokenized, test set)\n",
+             grid(lambda c: f"{_ci(c['bleu'])} (n={len(c['seeds'])})"),
+             "\n**Δ BLEU against `dot` with the same tying**, pooled paired-bootstrap p over the "
+             "seeds (per-seed p in brackets)\n"]
+
+    def delta(c: dict[str, Any]) -> str:
+        if c["output_layer"] == "dot":
+            return "baseline"
+        if "vs_dot" not in c:
+            return "no dot run"
+        v = c["vs_dot"]
+        per = ", ".join(_p(p) for p in v["per_seed_p"].values())
+        return f"{v['delta_bleu']:+.2f} (p={_p(v['p'])}; [{per}])"
+
+    parts += [grid(delta), "\n**chrF**\n", grid(lambda c: _ci(c["chrf"])),
+              "\n**Validation NLL** (base 2, per token, last validation)\n",
+              grid(lambda c: _ci(c["valid_nll"], 3))]
+    parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
+    parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: three-way "
+              "tying on the Bible, mean over seeds)\n", paper_table(summary)]
+    return "\n".join(parts)
+
+
+def params_table(summary: dict[str, Any]) -> str:
+    rows, untied = [], None
+    for t in TYINGS:
+        counts = sorted({n for la in LAYERS if (c := _cell(summary, t, la)) for n in c["params"]})
+        if not counts:
+            continue
+        if len(counts) > 1:
+            raise ValueError(f"tying {t}: output layers disagree on the parameter count {counts}")
+        untied = counts[0] if t == "none" else untied
+        rel = f"{counts[0] / untied:.1%}" if untied else "–"
+        rows.append([t, f"{counts[0]:,}", rel])
+    return markdown_table(["tying", "parameters", "of untied"], rows)
+
+
+def paper_table(summary: dict[str, Any]) -> str:
+    rows = []
+    base = PAPER_IWSLT14_ES_EN["dot"]
+    for la in LAYERS:
+        c = _cell(summary, "three_way", la)
+        paper = PAPER_IWSLT14_ES_EN[la]
+        ours = _ci(c["bleu"]) if c else "–"
+        if la == "dot":
+            ours_delta = "baseline"
+        elif c and "vs_dot" in c:
+            ours_delta = f"{c['vs_dot']['delta_bleu']:+.2f} (p={_p(c['vs_dot']['p'])})"
+        else:
+            ours_delta = "–"
+        rows.append([la, f"{paper:.2f}", "baseline" if la == "dot" else f"{paper - base:+.2f}",
+                     ours, ours_delta])
+    return markdown_table(["output layer", "paper BLEU", "paper Δ", "our BLEU", "our Δ"], rows)
+
+
+def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
+    groups = {}
+    for t in TYINGS:
+        points = [MethodPoints(la, c["bleu"]["values"], c["bleu"]["mean"],
+                               np.nan if c["bleu"]["ci95"] is None else c["bleu"]["ci95"],
+                               baseline=la == "dot")
+                  for la in LAYERS if (c := _cell(summary, t, la))]
+        if points:
+            groups[f"tying: {t}"] = points
+    written = [out / "bleu.png"]
+    plot_bleu(groups, written[0])
+    for t in TYINGS:
+        runs = [(la, cells[(t, la)]) for la in LAYERS if (t, la) in cells]
+        if runs:
+            seed = min(min(r) for _, r in runs)
+            chosen = [(la, r[seed]) for la, r in runs if seed in r]
+            path = out / f"norms_{t}.png"
+            plot_norm_histograms([np.asarray(r["output_row_norms"]) for _, r in chosen],
+                                 [f"{la} (seed {seed})" for la, _ in chosen], path)
+            written.append(path)
+    return written
+
+
+def insert_tables(report: Path, text: str) -> None:
+    """Replace the marked block of ``report`` (appended when the markers are missing)."""
+    block = f"{BEGIN}\n{text.rstrip()}\n{END}"
+    old = report.read_text(encoding="utf-8") if report.exists() else "# Results\n"
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        new = head + block + rest.split(END, 1)[1]
+    else:
+        new = old.rstrip() + "\n\n" + block + "\n"
+    write_text(report, new)
+
+
+def build(records_dir: str | os.PathLike, report: str | os.PathLike, plots_dir: str | os.PathLike,
+          references: Sequence[str], runs: str | os.PathLike | None = None,
+          n_samples: int = 1000) -> dict[str, Any]:
+    exported = study_records.export(runs, records_dir) if runs else []
+    records = study_records.load(records_dir)
+    check_references(records, references)
+    cells = group(records)
+    summary = summarize(cells, references, n_samples)
+    plots_dir = Path(plots_dir)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    pngs = plots(cells, summary, plots_dir)
+    write_json(plots_dir / "summary.json", summary, indent=1)
+    text = tables(summary)
+    insert_tables(Path(report), text)
+    return {"exported": exported, "records": len(records), "markdown": text,
+            "written": [str(report), str(plots_dir / "summary.json"), *map(str, pngs)]}

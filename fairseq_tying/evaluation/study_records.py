@@ -1,0 +1,99 @@
+"""One JSON record per finished run of a study, small enough to commit, complete enough to
+recompute every table and plot: the run's settings, fairseq's parameter count and last
+validation, the BLEU/chrF scores with signatures, the tied matrix's row norms, and the
+hypotheses (``NAME.hyp.gz`` beside ``NAME.json``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from fairseq_tying.atomic import atomic_write, write_json
+from fairseq_tying.evaluation import norms
+from fairseq_tying.evaluation.records import read_run_json
+
+EVAL_KEYS = ("bleu", "bleu_signature", "bleu_verbose", "chrf", "chrf_signature", "tok_bleu",
+             "tok_bleu_signature", "preset", "beam", "lenpen", "subset", "n_sentences",
+             "references_sha256")
+RUN_KEYS = ("name", "dataset", "arch", "tying", "output_layer", "seed", "train_args")
+PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+) \(num\. trained: ([\d,]+)\)")
+VALID = re.compile(r"\| valid \| (\{.*\})\s*$")
+DONE = re.compile(r"done training in ([\d.]+) seconds")
+
+
+def training_summary(log: Path) -> dict[str, Any]:
+    """Parameter count, last validation and training time from fairseq's log (json format)."""
+    out: dict[str, Any] = {}
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if m := PARAMS.search(line):
+            out["params"] = int(m.group(1).replace(",", ""))
+            out["params_trained"] = int(m.group(2).replace(",", ""))
+        elif m := VALID.search(line):
+            stats = json.loads(m.group(1))
+            out["valid"] = {k.removeprefix("valid_"): float(v) for k, v in stats.items()
+                            if k.startswith("valid_") and k not in ("valid_wps", "valid_wpb",
+                                                                    "valid_bsz")}
+        elif m := DONE.search(line):
+            out["train_seconds"] = float(m.group(1))
+    if "params" not in out or "valid" not in out:
+        raise ValueError(f"{log}: no parameter count or validation line; is the run finished "
+                         "and logged with --log-format json?")
+    return out
+
+
+def build_record(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """The record of one evaluated run and its hypotheses."""
+    meta = read_run_json(run_dir)
+    with open(run_dir / "eval.json", encoding="utf-8") as f:
+        result = json.load(f)
+    logs = sorted((run_dir / "logs").glob("train.rank0*.log"))
+    if not logs:
+        raise FileNotFoundError(f"{run_dir}/logs/train.rank0.log: missing")
+    ckpt = Path(result["checkpoint"])
+    _, row_norms = norms.row_norms(ckpt)
+    record = {k: meta.get(k) for k in RUN_KEYS}
+    record["checkpoint"] = ckpt.name
+    record["train"] = training_summary(logs[-1])
+    record["eval"] = {k: result.get(k) for k in EVAL_KEYS}
+    record["output_row_norms"] = [round(float(x), 4) for x in row_norms]
+    hyps = (run_dir / result["hypotheses"]).read_text(encoding="utf-8").splitlines()
+    return record, hyps
+
+
+def export(runs_root: str | os.PathLike, records_dir: str | os.PathLike) -> list[str]:
+    """Write a record for every evaluated run under ``runs_root`` not yet in ``records_dir``
+    (written atomically, hypotheses first); return the names written."""
+    records = Path(records_dir)
+    records.mkdir(parents=True, exist_ok=True)
+    written = []
+    for ev in sorted(Path(runs_root).glob("*/eval.json")):
+        run_dir = ev.parent
+        if (records / f"{run_dir.name}.json").exists():
+            continue
+        record, hyps = build_record(run_dir)
+        data = ("\n".join(hyps) + "\n").encode("utf-8")
+        atomic_write(records / f"{run_dir.name}.hyp.gz",
+                     lambda tmp, data=data: Path(tmp).write_bytes(gzip.compress(data, mtime=0)))
+        write_json(records / f"{run_dir.name}.json", record, indent=1)
+        written.append(run_dir.name)
+    return written
+
+
+def load(records_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every record with its hypotheses (``record["hypotheses"]``)."""
+    out = []
+    for path in sorted(Path(records_dir).glob("*.json")):
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        hyp = path.with_suffix(".hyp.gz")
+        if not hyp.is_file():
+            raise FileNotFoundError(f"{hyp}: missing (each record has its hypotheses beside it)")
+        record["hypotheses"] = gzip.decompress(hyp.read_bytes()).decode("utf-8").splitlines()
+        out.append(record)
+    if not out:
+        raise FileNotFoundError(f"{records_dir}: no study records (*.json)")
+    return out

@@ -1,0 +1,109 @@
+"""The study pipeline end to end: a real ``--local`` sweep → records → tables, plots, p-values."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, write_sweep
+
+from fairseq_tying.evaluation.cli import main
+from fairseq_tying.evaluation.significance import seed_paired_bootstrap
+from fairseq_tying.evaluation.study import BEGIN, END
+
+GRID = {"tying": ["none", "three_way"], "output_layer": ["dot", "l2norm"], "seed": [1, 2]}
+
+
+@pytest.fixture(scope="module")
+def study(tiny_data, tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("study")
+    sweep = write_sweep(tmp / "study.yaml", grid=GRID, fairseq={"log_format": "json"})
+    runs = tmp / "runs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIRSEQ_TYING_TINY_DATA": str(tiny_data)}
+    proc = subprocess.run([sys.executable, "-m", "fairseq_tying.launch", str(sweep), "--local",
+                           "--output-dir", str(runs)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = tmp / "results.md"
+    report.write_text(f"# Study\n\nWritten by hand.\n\n{BEGIN}\nold tables\n{END}\n\n"
+                      "Conclusions.\n")
+    paths = {"runs": runs, "records": tmp / "records", "report": report, "plots": tmp / "plots",
+             "refs": tiny_data / "raw" / "test.en"}
+    assert _study(paths, "--runs", str(runs)) == 0
+    return paths
+
+
+def _study(p: dict[str, Path], *extra: str) -> int:
+    return main(["study", "--records", str(p["records"]), "--report", str(p["report"]),
+                 "--plots", str(p["plots"]), "--references", str(p["refs"]),
+                 "--bootstrap-samples", "200", *extra])
+
+
+def _records(p: dict[str, Path]) -> dict[str, dict]:
+    return {f.stem: json.loads(f.read_text()) for f in sorted(p["records"].glob("*.json"))}
+
+
+def test_records_hold_what_the_runs_produced(study):
+    records = _records(study)
+    assert len(records) == 8
+    for name, rec in records.items():
+        run = study["runs"] / name
+        assert rec["tying"] in ("none", "three_way") and rec["seed"] in (1, 2)
+        hyps = gzip.decompress((study["records"] / f"{name}.hyp.gz").read_bytes()).decode()
+        assert hyps == (run / "test.hyp.en").read_text()
+        assert rec["eval"]["bleu"] == json.loads((run / "eval.json").read_text())["bleu"]
+        assert rec["train"]["valid"]["num_updates"] == 12
+        assert len(rec["output_row_norms"]) > 0
+
+
+def test_three_way_tying_saves_exactly_two_embedding_matrices(study):
+    records = _records(study)
+    params = {r["tying"]: r["train"]["params"] for r in records.values()}
+    norms = next(iter(records.values()))["output_row_norms"]
+    vocab, dim = len(norms) + 4, 16  # the 4 special rows are left out of the norms
+    assert params["none"] - params["three_way"] == 2 * vocab * dim
+    table = study["report"].read_text()
+    assert f"{params['none']:,}" in table and f"{params['three_way']:,}" in table
+
+
+def test_report_keeps_hand_written_text_and_p_values_are_recomputable(study):
+    text = study["report"].read_text()
+    assert text.startswith("# Study\n\nWritten by hand.") and text.endswith("Conclusions.\n")
+    assert "old tables" not in text and text.count(BEGIN) == 1
+    summary = json.loads((study["plots"] / "summary.json").read_text())
+    cell = summary["three_way/l2norm"]
+    refs = study["refs"].read_text().splitlines()
+
+    def hyps(layer: str, seed: int) -> list[str]:
+        name = f"tiny.transformer_twwt.three_way.{layer}.s{seed}"
+        return (study["runs"] / name / "test.hyp.en").read_text().splitlines()
+
+    again = seed_paired_bootstrap([(hyps("l2norm", s), hyps("dot", s)) for s in (1, 2)], refs,
+                                  n_samples=200)
+    assert cell["vs_dot"]["p"] == again["p"]
+    assert cell["vs_dot"]["delta_bleu"] == pytest.approx(again["delta_bleu"])
+    assert "dot" not in summary["three_way/dot"].get("vs_dot", {})
+    for png in ("bleu.png", "norms_none.png", "norms_three_way.png"):
+        assert (study["plots"] / png).read_bytes().startswith(b"\x89PNG")
+
+
+def test_rebuild_from_committed_records_alone_gives_the_same_numbers(study, tmp_path):
+    before = (study["plots"] / "summary.json").read_text()
+    copy = {**study, "plots": tmp_path / "plots", "report": tmp_path / "results.md"}
+    assert _study(copy) == 0
+    assert (copy["plots"] / "summary.json").read_text() == before
+    assert BEGIN in copy["report"].read_text()  # a report without markers gets the block
+
+
+def test_records_scored_on_other_references_are_refused(study, tmp_path, capsys):
+    other = tmp_path / "other.en"
+    other.write_text("word1 word2\n" * len(study["refs"].read_text().splitlines()))
+    bad = {**study, "refs": other, "plots": tmp_path / "p", "report": tmp_path / "r.md"}
+    assert _study(bad) == 2
+    assert "other references than --references" in capsys.readouterr().err
+    assert not (tmp_path / "r.md").exists()
