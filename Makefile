@@ -11,7 +11,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/fairseq_tying/wheels
 PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 WHEEL_DIR := $(WHEEL_CACHE)/$(PY_TAG)-torch$(TORCH_VERSION)-numpy1-fairseq$(FAIRSEQ_VERSION)
 
-.PHONY: setup test lint demo clean
+.PHONY: setup test lint demo study clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -33,6 +33,13 @@ test: setup
 # Trains and evaluates two small models on the embedded Bible corpus (about 20 min on 2 cores).
 demo: setup
 	$(PY) -m fairseq_tying.demo --out work/demo
+
+# The reproduction study of docs/results.md: 45 runs (about 2 h on 2 cores; resumable), then
+# the records, tables and plots.
+study: setup
+	PYTHON=$(PY) scripts/run_bible_study.sh
+	$(PY) -m fairseq_tying.evaluation study --runs work/study/runs \
+	  --records docs/study/records --report docs/results.md --plots docs/study
 
 lint: setup
 	$(VENV)/bin/ruff check fairseq_tying scripts tests

@@ -46,6 +46,13 @@ def paired_bootstrap(
     return out
 
 
+def bleu_stats(hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
+    """sacrebleu's per-sentence BLEU sufficient statistics (matches, totals, lengths)."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
+    return np.array(BLEU()._extract_corpus_statistics(list(hyps), [list(refs)]), dtype="float32")
+
+
 def seed_paired_bootstrap(
     pairs: Sequence[tuple[Sequence[str], Sequence[str]]],
     refs: Sequence[str],
@@ -60,22 +67,24 @@ def seed_paired_bootstrap(
     sacrebleu's ``PairedTest`` (centred absolute differences, +1 smoothing); with one pair and
     the same seed it is sacrebleu's own p-value.
     """
-    metric = BLEU()
-    refs_ = [list(refs)]
+    return stats_paired_bootstrap([(bleu_stats(a, refs), bleu_stats(b, refs)) for a, b in pairs],
+                                  n_samples, seed)
 
-    def stats(hyps: Sequence[str]) -> np.ndarray:
-        if len(hyps) != len(refs):
-            raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
-        return np.array(metric._extract_corpus_statistics(list(hyps), refs_), dtype="float32")
+
+def stats_paired_bootstrap(
+    pairs: Sequence[tuple[np.ndarray, np.ndarray]], n_samples: int = 1000, seed: int = 12345
+) -> dict[str, float]:
+    """``seed_paired_bootstrap`` on precomputed ``bleu_stats``."""
+    metric = BLEU()
 
     def score(s: np.ndarray) -> float:
         return metric._compute_score_from_stats(s).score
 
-    idxs = np.random.default_rng(seed).choice(len(refs), size=(n_samples, len(refs)))
+    n = len(pairs[0][0])
+    idxs = np.random.default_rng(seed).choice(n, size=(n_samples, n))
     observed = np.zeros(len(pairs))
     sampled = np.zeros((len(pairs), n_samples))
-    for k, (system, baseline) in enumerate(pairs):
-        sys_s, base_s = stats(system), stats(baseline)
+    for k, (sys_s, base_s) in enumerate(pairs):
         observed[k] = score(sys_s.sum(0)) - score(base_s.sum(0))
         sampled[k] = [score(a.sum(0)) - score(b.sum(0))
                       for a, b in zip(sys_s[idxs], base_s[idxs], strict=True)]

@@ -22,7 +22,7 @@ import numpy as np
 from fairseq_tying.atomic import write_json, write_text
 from fairseq_tying.evaluation import study_records
 from fairseq_tying.evaluation.plots import MethodPoints, plot_bleu, plot_norm_histograms
-from fairseq_tying.evaluation.significance import seed_paired_bootstrap
+from fairseq_tying.evaluation.significance import bleu_stats, stats_paired_bootstrap
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
 from fairseq_tying.evaluation.tables import markdown_table
 
@@ -72,16 +72,34 @@ def summarize(cells: Cells, refs: Sequence[str], n_samples: int) -> dict[str, An
             mean, half = mean_ci(values)
             cell[name] = {"values": values, "mean": mean, "ci95": None if np.isnan(half) else half}
         cell["params"] = sorted({runs[s]["train"]["params"] for s in seeds})
-        base = cells.get((tying, "dot"), {})
-        shared = [s for s in seeds if s in base]
-        if layer != "dot" and shared:
-            pairs = [(runs[s]["hypotheses"], base[s]["hypotheses"]) for s in shared]
-            cell["vs_dot"] = seed_paired_bootstrap(pairs, refs, n_samples)
-            cell["vs_dot"]["per_seed_p"] = {
-                s: seed_paired_bootstrap([p], refs, n_samples)["p"]
-                for s, p in zip(shared, pairs, strict=True)}
+        if layer != "dot" and (test := compare(runs, cells.get((tying, "dot")), refs, n_samples)):
+            cell["vs_dot"] = test
+        if tying != "none" and (test := compare(runs, cells.get(("none", layer)), refs,
+                                                n_samples)):
+            cell["vs_untied"] = test
         out[f"{tying}/{layer}"] = cell
     return out
+
+
+def compare(runs: dict[int, dict], base: dict[int, dict] | None, refs: Sequence[str],
+            n_samples: int) -> dict[str, Any] | None:
+    """Paired bootstrap of ``runs`` against ``base`` over their common seeds, pooled and
+    per seed; None when they share no seed."""
+    shared = sorted(set(runs) & set(base or {}))
+    if not shared:
+        return None
+    pairs = [(_stats(runs[s], refs), _stats(base[s], refs)) for s in shared]
+    test = stats_paired_bootstrap(pairs, n_samples)
+    test["per_seed_p"] = {s: stats_paired_bootstrap([p], n_samples)["p"]
+                          for s, p in zip(shared, pairs, strict=True)}
+    return test
+
+
+def _stats(record: dict[str, Any], refs: Sequence[str]) -> np.ndarray:
+    """BLEU statistics of a record's hypotheses, computed once per record."""
+    if "_bleu_stats" not in record:
+        record["_bleu_stats"] = bleu_stats(record["hypotheses"], refs)
+    return record["_bleu_stats"]
 
 
 def _cell(summary: dict[str, Any], tying: str, layer: str) -> dict[str, Any] | None:
@@ -94,6 +112,16 @@ def _ci(stat: dict[str, Any], digits: int = 2) -> str:
 
 def _p(p: float) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _delta(cell: dict[str, Any], key: str, is_baseline: bool) -> str:
+    if is_baseline:
+        return "baseline"
+    if key not in cell:
+        return "no baseline run"
+    v = cell[key]
+    per = ", ".join(_p(p) for p in v["per_seed_p"].values())
+    return f"{v['delta_bleu']:+.2f} (p={_p(v['p'])}; [{per}])"
 
 
 def tables(summary: dict[str, Any]) -> str:
@@ -111,16 +139,11 @@ def tables(summary: dict[str, Any]) -> str:
              "\n**Δ BLEU against `dot` with the same tying**, pooled paired-bootstrap p over the "
              "seeds (per-seed p in brackets)\n"]
 
-    def delta(c: dict[str, Any]) -> str:
-        if c["output_layer"] == "dot":
-            return "baseline"
-        if "vs_dot" not in c:
-            return "no dot run"
-        v = c["vs_dot"]
-        per = ", ".join(_p(p) for p in v["per_seed_p"].values())
-        return f"{v['delta_bleu']:+.2f} (p={_p(v['p'])}; [{per}])"
-
-    parts += [grid(delta), "\n**chrF**\n", grid(lambda c: _ci(c["chrf"])),
+    parts += [grid(lambda c: _delta(c, "vs_dot", c["output_layer"] == "dot")),
+              "\n**Δ BLEU of tying against the untied model with the same output layer** "
+              "(p as above)\n",
+              grid(lambda c: _delta(c, "vs_untied", c["tying"] == "none")),
+              "\n**chrF**\n", grid(lambda c: _ci(c["chrf"])),
               "\n**Validation NLL** (base 2, per token, last validation)\n",
               grid(lambda c: _ci(c["valid_nll"], 3))]
     parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]

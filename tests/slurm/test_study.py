@@ -87,7 +87,11 @@ def test_report_keeps_hand_written_text_and_p_values_are_recomputable(study):
                                   n_samples=200)
     assert cell["vs_dot"]["p"] == again["p"]
     assert cell["vs_dot"]["delta_bleu"] == pytest.approx(again["delta_bleu"])
-    assert "dot" not in summary["three_way/dot"].get("vs_dot", {})
+    assert "vs_dot" not in summary["three_way/dot"] and "vs_untied" not in summary["none/dot"]
+    untied = seed_paired_bootstrap([(hyps("dot", s), (study["runs"] / f"tiny.transformer_twwt."
+                                                      f"none.dot.s{s}" / "test.hyp.en")
+                                     .read_text().splitlines()) for s in (1, 2)], refs, 200)
+    assert summary["three_way/dot"]["vs_untied"]["p"] == untied["p"]
     for png in ("bleu.png", "norms_none.png", "norms_three_way.png"):
         assert (study["plots"] / png).read_bytes().startswith(b"\x89PNG")
 
