@@ -73,3 +73,20 @@ def plot_norm_histograms(
     ax.set_title("Row norms of the tied embedding matrix")
     ax.legend()
     _save(fig, out)
+
+
+def plot_curves(panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+                out: str | os.PathLike, xlabel: str, ylabel: str, title: str) -> None:
+    """One panel per key, one line per label: ``panels[panel][label] = (x, y)``."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False,
+                             sharey=True)
+    for ax, (name, lines) in zip(axes[0], panels.items(), strict=True):
+        for label, (x, y) in lines.items():
+            ax.plot(x, y, marker="o", markersize=3, label=label)
+        ax.set_title(name)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend()
+    fig.suptitle(title)
+    _save(fig, out)

@@ -21,7 +21,12 @@ import numpy as np
 
 from fairseq_tying.atomic import write_json, write_text
 from fairseq_tying.evaluation import study_records
-from fairseq_tying.evaluation.plots import MethodPoints, plot_bleu, plot_norm_histograms
+from fairseq_tying.evaluation.plots import (
+    MethodPoints,
+    plot_bleu,
+    plot_curves,
+    plot_norm_histograms,
+)
 from fairseq_tying.evaluation.significance import bleu_stats, stats_paired_bootstrap
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
 from fairseq_tying.evaluation.tables import markdown_table
@@ -195,6 +200,12 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
             groups[f"tying: {t}"] = points
     written = [out / "bleu.png"]
     plot_bleu(groups, written[0])
+    written.append(out / "valid_nll.png")
+    plot_curves({f"tying: {t}": {la: _mean_curve(cells[(t, la)].values())
+                                 for la in LAYERS if (t, la) in cells}
+                 for t in TYINGS if any((t, la) in cells for la in LAYERS)},
+                written[-1], "updates", "validation NLL (base 2)",
+                "Validation NLL during training, mean over seeds")
     for t in TYINGS:
         runs = [(la, cells[(t, la)]) for la in LAYERS if (t, la) in cells]
         if runs:
@@ -205,6 +216,16 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
                                  [f"{la} (seed {seed})" for la, _ in chosen], path)
             written.append(path)
     return written
+
+
+def _mean_curve(records) -> tuple[list[float], list[float]]:
+    """The validation NLL at each update count, averaged over the runs that have it."""
+    points: dict[int, list[float]] = defaultdict(list)
+    for r in records:
+        for updates, nll in r["train"]["valid_history"]:
+            points[updates].append(nll)
+    xs = sorted(points)
+    return xs, [sum(points[x]) / len(points[x]) for x in xs]
 
 
 def insert_tables(report: Path, text: str) -> None:

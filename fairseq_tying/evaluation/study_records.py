@@ -26,7 +26,8 @@ DONE = re.compile(r"done training in ([\d.]+) seconds")
 
 
 def training_summary(log: Path) -> dict[str, Any]:
-    """Parameter count, last validation and training time from fairseq's log (json format)."""
+    """Parameter count, validations ([updates, NLL] pairs, the last in full) and training time
+    from fairseq's log (json format)."""
     out: dict[str, Any] = {}
     for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
         if m := PARAMS.search(line):
@@ -37,6 +38,8 @@ def training_summary(log: Path) -> dict[str, Any]:
             out["valid"] = {k.removeprefix("valid_"): float(v) for k, v in stats.items()
                             if k.startswith("valid_") and k not in ("valid_wps", "valid_wpb",
                                                                     "valid_bsz")}
+            out.setdefault("valid_history", []).append(
+                [int(out["valid"]["num_updates"]), out["valid"]["nll_loss"]])
         elif m := DONE.search(line):
             out["train_seconds"] = float(m.group(1))
     if "params" not in out or "valid" not in out:

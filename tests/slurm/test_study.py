@@ -58,6 +58,7 @@ def test_records_hold_what_the_runs_produced(study):
         assert hyps == (run / "test.hyp.en").read_text()
         assert rec["eval"]["bleu"] == json.loads((run / "eval.json").read_text())["bleu"]
         assert rec["train"]["valid"]["num_updates"] == 12
+        assert rec["train"]["valid_history"][-1] == [12, rec["train"]["valid"]["nll_loss"]]
         assert len(rec["output_row_norms"]) > 0
 
 
@@ -92,7 +93,7 @@ def test_report_keeps_hand_written_text_and_p_values_are_recomputable(study):
                                                       f"none.dot.s{s}" / "test.hyp.en")
                                      .read_text().splitlines()) for s in (1, 2)], refs, 200)
     assert summary["three_way/dot"]["vs_untied"]["p"] == untied["p"]
-    for png in ("bleu.png", "norms_none.png", "norms_three_way.png"):
+    for png in ("bleu.png", "valid_nll.png", "norms_none.png", "norms_three_way.png"):
         assert (study["plots"] / png).read_bytes().startswith(b"\x89PNG")
 
 
