@@ -58,7 +58,8 @@ def plot_bleu(groups: dict[str, list[MethodPoints]], out: str | os.PathLike) -> 
 
 
 def plot_norm_histograms(
-    norms: Sequence[np.ndarray], labels: Sequence[str], out: str | os.PathLike, bins: int = 50
+    norms: Sequence[np.ndarray], labels: Sequence[str], out: str | os.PathLike, bins: int = 50,
+    title: str = "Row norms of the tied embedding matrix",
 ) -> None:
     """Overlaid histograms of row norms, one per checkpoint."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -70,7 +71,7 @@ def plot_norm_histograms(
                 histtype="stepfilled", edgecolor="black", linewidth=0.5)
     ax.set_xlabel("L2 norm of embedding row")
     ax.set_ylabel("number of words")
-    ax.set_title("Row norms of the tied embedding matrix")
+    ax.set_title(title)
     ax.legend()
     _save(fig, out)
 
@@ -89,4 +90,30 @@ def plot_curves(panels: dict[str, dict[str, tuple[Sequence[float], Sequence[floa
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend()
     fig.suptitle(title)
+    _save(fig, out)
+
+
+def plot_bleu_grid(series: dict[str, list[MethodPoints]], out: str | os.PathLike) -> None:
+    """One panel: output layers on the x axis, one colour per series (e.g. tying mode); each
+    seed as a dot, the mean with its 95% CI as an error bar."""
+    layers = list(dict.fromkeys(m.method for points in series.values() for m in points))
+    fig, ax = plt.subplots(figsize=(1.5 * len(layers) + 2.5, 4.4))
+    width = 0.8 / max(1, len(series))
+    for k, (name, points) in enumerate(series.items()):
+        color = f"C{k}"
+        offset = (k - (len(series) - 1) / 2) * width
+        for m in points:
+            x = layers.index(m.method) + offset
+            ax.scatter([x] * len(m.seeds_bleu), m.seeds_bleu, s=12, color=color, alpha=0.45,
+                       zorder=2)
+            ax.errorbar(x, m.mean, yerr=None if np.isnan(m.ci) else m.ci, fmt="o", color=color,
+                        capsize=4, markersize=6, zorder=3,
+                        label=name if m is points[0] else None)
+    ax.set_xticks(np.arange(len(layers)), layers)
+    ax.set_xlim(-0.5, len(layers) - 0.5)
+    ax.set_xlabel("output layer")
+    ax.set_ylabel("BLEU (sacrebleu)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(title="tying")
+    ax.set_title("BLEU per output layer and tying: seeds (dots), mean ± 95% CI")
     _save(fig, out)

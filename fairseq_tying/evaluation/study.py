@@ -23,7 +23,7 @@ from fairseq_tying.atomic import write_json, write_text
 from fairseq_tying.evaluation import study_records
 from fairseq_tying.evaluation.plots import (
     MethodPoints,
-    plot_bleu,
+    plot_bleu_grid,
     plot_curves,
     plot_norm_histograms,
 )
@@ -116,7 +116,7 @@ def _ci(stat: dict[str, Any], digits: int = 2) -> str:
 
 
 def _p(p: float) -> str:
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
 def _delta(cell: dict[str, Any], key: str, is_baseline: bool) -> str:
@@ -125,8 +125,8 @@ def _delta(cell: dict[str, Any], key: str, is_baseline: bool) -> str:
     if key not in cell:
         return "no baseline run"
     v = cell[key]
-    per = ", ".join(_p(p) for p in v["per_seed_p"].values())
-    return f"{v['delta_bleu']:+.2f} (p={_p(v['p'])}; [{per}])"
+    per = ", ".join(_p(p).removeprefix("p ") for p in v["per_seed_p"].values())
+    return f"{v['delta_bleu']:+.2f} ({_p(v['p'])}; [{per}])"
 
 
 def tables(summary: dict[str, Any]) -> str:
@@ -181,7 +181,7 @@ def paper_table(summary: dict[str, Any]) -> str:
         if la == "dot":
             ours_delta = "baseline"
         elif c and "vs_dot" in c:
-            ours_delta = f"{c['vs_dot']['delta_bleu']:+.2f} (p={_p(c['vs_dot']['p'])})"
+            ours_delta = f"{c['vs_dot']['delta_bleu']:+.2f} ({_p(c['vs_dot']['p'])})"
         else:
             ours_delta = "–"
         rows.append([la, f"{paper:.2f}", "baseline" if la == "dot" else f"{paper - base:+.2f}",
@@ -197,9 +197,9 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
                                baseline=la == "dot")
                   for la in LAYERS if (c := _cell(summary, t, la))]
         if points:
-            groups[f"tying: {t}"] = points
+            groups[t] = points
     written = [out / "bleu.png"]
-    plot_bleu(groups, written[0])
+    plot_bleu_grid(groups, written[0])
     written.append(out / "valid_nll.png")
     plot_curves({f"tying: {t}": {la: _mean_curve(cells[(t, la)].values())
                                  for la in LAYERS if (t, la) in cells}
@@ -213,7 +213,8 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
             chosen = [(la, r[seed]) for la, r in runs if seed in r]
             path = out / f"norms_{t}.png"
             plot_norm_histograms([np.asarray(r["output_row_norms"]) for _, r in chosen],
-                                 [f"{la} (seed {seed})" for la, _ in chosen], path)
+                                 [f"{la} (seed {seed})" for la, _ in chosen], path,
+                                 title=f"Row norms of the output matrix, tying: {t}")
             written.append(path)
     return written
 
