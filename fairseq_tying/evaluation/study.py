@@ -125,7 +125,7 @@ def _delta(cell: dict[str, Any], key: str, is_baseline: bool) -> str:
     if key not in cell:
         return "no baseline run"
     v = cell[key]
-    per = ", ".join(_p(p).removeprefix("p ") for p in v["per_seed_p"].values())
+    per = ", ".join("<0.001" if p < 0.001 else f"{p:.3f}" for p in v["per_seed_p"].values())
     return f"{v['delta_bleu']:+.2f} ({_p(v['p'])}; [{per}])"
 
 
