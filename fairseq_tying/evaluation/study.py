@@ -95,8 +95,12 @@ def compare(runs: dict[int, dict], base: dict[int, dict] | None, refs: Sequence[
         return None
     pairs = [(_stats(runs[s], refs), _stats(base[s], refs)) for s in shared]
     test = stats_paired_bootstrap(pairs, n_samples)
-    test["per_seed_p"] = {s: stats_paired_bootstrap([p], n_samples)["p"]
-                          for s, p in zip(shared, pairs, strict=True)}
+    singles = {s: stats_paired_bootstrap([p], n_samples) for s, p in zip(shared, pairs,
+                                                                         strict=True)}
+    test["per_seed_p"] = {s: t["p"] for s, t in singles.items()}
+    test["per_seed_delta"] = {s: t["delta_bleu"] for s, t in singles.items()}
+    half = mean_ci(list(test["per_seed_delta"].values()))[1]
+    test["delta_ci95"] = None if np.isnan(half) else half  # over seeds: training variance
     return test
 
 
@@ -126,7 +130,8 @@ def _delta(cell: dict[str, Any], key: str, is_baseline: bool) -> str:
         return "no baseline run"
     v = cell[key]
     per = ", ".join("<0.001" if p < 0.001 else f"{p:.3f}" for p in v["per_seed_p"].values())
-    return f"{v['delta_bleu']:+.2f} ({_p(v['p'])}; [{per}])"
+    ci = "" if v["delta_ci95"] is None else f" ± {v['delta_ci95']:.2f}"
+    return f"{v['delta_bleu']:+.2f}{ci} ({_p(v['p'])}; [{per}])"
 
 
 def tables(summary: dict[str, Any]) -> str:
@@ -141,8 +146,10 @@ def tables(summary: dict[str, Any]) -> str:
     parts = [f"Seeds: {', '.join(map(str, seeds))}. Mean ± 95 % CI (Student t over seeds).\n",
              "**BLEU** (sacrebleu, detokenized, test set)\n",
              grid(lambda c: f"{_ci(c['bleu'])} (n={len(c['seeds'])})"),
-             "\n**Δ BLEU against `dot` with the same tying**, pooled paired-bootstrap p over the "
-             "seeds (per-seed p in brackets)\n"]
+             "\n**Δ BLEU against `dot` with the same tying**: mean over seeds of the paired "
+             "difference ± its 95 % CI over seeds (training variance); p of the paired bootstrap "
+             "over test sentences, pooled over the seeds (test-set variance); per-seed p in "
+             "brackets\n"]
 
     parts += [grid(lambda c: _delta(c, "vs_dot", c["output_layer"] == "dot")),
               "\n**Δ BLEU of tying against the untied model with the same output layer** "

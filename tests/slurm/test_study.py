@@ -88,6 +88,10 @@ def test_report_keeps_hand_written_text_and_p_values_are_recomputable(study):
                                   n_samples=200)
     assert cell["vs_dot"]["p"] == again["p"]
     assert cell["vs_dot"]["delta_bleu"] == pytest.approx(again["delta_bleu"])
+    deltas = list(cell["vs_dot"]["per_seed_delta"].values())
+    assert sum(deltas) / 2 == pytest.approx(again["delta_bleu"])
+    assert cell["vs_dot"]["delta_ci95"] == pytest.approx(12.706 * abs(deltas[0] - deltas[1]) / 2,
+                                                         rel=1e-3)  # t(0.975, 1) · sd / √2
     assert "vs_dot" not in summary["three_way/dot"] and "vs_untied" not in summary["none/dot"]
     untied = seed_paired_bootstrap([(hyps("dot", s), (study["runs"] / f"tiny.transformer_twwt."
                                                       f"none.dot.s{s}" / "test.hyp.en")
