@@ -188,7 +188,7 @@ def paper_table(summary: dict[str, Any]) -> str:
         if la == "dot":
             ours_delta = "baseline"
         elif c and "vs_dot" in c:
-            ours_delta = f"{c['vs_dot']['delta_bleu']:+.2f} ({_p(c['vs_dot']['p'])})"
+            ours_delta = _delta(c, "vs_dot", False).split(";")[0] + ")"
         else:
             ours_delta = "–"
         rows.append([la, f"{paper:.2f}", "baseline" if la == "dot" else f"{paper - base:+.2f}",
