@@ -97,7 +97,7 @@ def plot_bleu_grid(series: dict[str, list[MethodPoints]], out: str | os.PathLike
     """One panel: output layers on the x axis, one colour per series (e.g. tying mode); each
     seed as a dot, the mean with its 95% CI as an error bar."""
     layers = list(dict.fromkeys(m.method for points in series.values() for m in points))
-    fig, ax = plt.subplots(figsize=(1.5 * len(layers) + 2.5, 4.4))
+    fig, ax = plt.subplots(figsize=(1.5 * len(layers) + 3.5, 4.4))
     width = 0.8 / max(1, len(series))
     for k, (name, points) in enumerate(series.items()):
         color = f"C{k}"
@@ -114,6 +114,6 @@ def plot_bleu_grid(series: dict[str, list[MethodPoints]], out: str | os.PathLike
     ax.set_xlabel("output layer")
     ax.set_ylabel("BLEU (sacrebleu)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(title="tying")
+    ax.legend(title="tying", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title("BLEU per output layer and tying: seeds (dots), mean ± 95% CI")
     _save(fig, out)
