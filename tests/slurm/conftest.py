@@ -80,6 +80,15 @@ def sacct(job: str) -> list[dict[str, str]]:
     return [dict(zip(keys, line.split("|"), strict=True)) for line in out.splitlines() if line]
 
 
+ACTIVE = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING"}
+
+
+def _accounted(job: str) -> bool:
+    """slurmdbd has the job's end: it hears of it after squeue does, later on a busy machine."""
+    records = sacct(job)
+    return bool(records) and not any(r["State"].split()[0] in ACTIVE for r in records)
+
+
 def wait_jobs(jobs: list[str], timeout: float = 240) -> None:
     """Until every job (array ids included) has left the queue in a terminal state."""
     deadline = time.monotonic() + timeout
@@ -87,7 +96,7 @@ def wait_jobs(jobs: list[str], timeout: float = 240) -> None:
         queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
                                 check=True).stdout.split()
         base = {j.split("_")[0] for j in jobs}
-        if not any(q.split("_")[0] in base for q in queued):
+        if not any(q.split("_")[0] in base for q in queued) and all(_accounted(j) for j in jobs):
             return
         time.sleep(1)
     raise AssertionError(f"jobs {jobs} still queued after {timeout:.0f}s: "
