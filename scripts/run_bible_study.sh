@@ -9,6 +9,7 @@ PY=${PYTHON:-.venv/bin/python}
 SWEEP=slurm/bible_study.yaml
 DATA=${FAIRSEQ_TYING_STUDY_DATA:-work/study/data}
 export OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
+mkdir -p work/study  # the shard logs
 
 "$PY" -m fairseq_tying.data.prepare --corpus bible --src es --tgt en \
   --subword sentencepiece --vocab-size 4000 --out "$DATA"
@@ -24,13 +25,11 @@ shard() {  # shard A|B SEED: the two halves of one seed's 15 runs
   "$PY" -m fairseq_tying.launch "$SWEEP" --local "$@"
 }
 
-for seed in "${@:-1 2 3}"; do
-  for s in $seed; do
-    shard A "$s" > "work/study/shardA.s$s.log" 2>&1 &
-    a=$!
-    shard B "$s" > "work/study/shardB.s$s.log" 2>&1 &
-    b=$!
-    wait "$a" && wait "$b" || { echo "seed $s failed: see work/study/shard*.s$s.log" >&2; exit 1; }
-    echo "seed $s done"
-  done
+for s in ${*:-1 2 3}; do
+  shard A "$s" > "work/study/shardA.s$s.log" 2>&1 &
+  a=$!
+  shard B "$s" > "work/study/shardB.s$s.log" 2>&1 &
+  b=$!
+  wait "$a" && wait "$b" || { echo "seed $s failed: see work/study/shard*.s$s.log" >&2; exit 1; }
+  echo "seed $s done"
 done

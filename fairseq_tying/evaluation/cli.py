@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from fairseq_tying.atomic import read_lines
 from fairseq_tying.evaluation.presets import PRESET_CHOICES
 
 
@@ -74,7 +74,7 @@ def _references(path: str | None) -> list[str]:
         from fairseq_tying.data.bible import read_split
 
         return read_split("test", "en")
-    return Path(path).read_text(encoding="utf-8").splitlines()
+    return read_lines(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -64,8 +64,8 @@ def check_references(records: Sequence[dict[str, Any]], refs: Sequence[str]) -> 
 
 
 def summarize(cells: Cells, refs: Sequence[str], n_samples: int) -> dict[str, Any]:
-    """Per cell: BLEU/chrF/valid NLL mean ± 95% CI, and the paired bootstrap against ``dot``
-    of the same tying, pooled over the seeds both have and for each seed alone."""
+    """Per cell: BLEU/chrF/valid NLL mean ± 95% CI, and the paired comparisons (``compare``)
+    against ``dot`` with the same tying and against the untied model with the same layer."""
     out: dict[str, Any] = {}
     for (tying, layer), runs in sorted(cells.items()):
         seeds = sorted(runs)
@@ -123,14 +123,16 @@ def _p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
-def _delta(cell: dict[str, Any], key: str, is_baseline: bool) -> str:
+def _delta(cell: dict[str, Any], key: str, is_baseline: bool, per_seed: bool = True) -> str:
     if is_baseline:
         return "baseline"
     if key not in cell:
         return "no baseline run"
     v = cell[key]
-    per = ", ".join("<0.001" if p < 0.001 else f"{p:.3f}" for p in v["per_seed_p"].values())
     ci = "" if v["delta_ci95"] is None else f" ± {v['delta_ci95']:.2f}"
+    if not per_seed:
+        return f"{v['delta_bleu']:+.2f}{ci} ({_p(v['p'])})"
+    per = ", ".join("<0.001" if p < 0.001 else f"{p:.3f}" for p in v["per_seed_p"].values())
     return f"{v['delta_bleu']:+.2f}{ci} ({_p(v['p'])}; [{per}])"
 
 
@@ -188,7 +190,7 @@ def paper_table(summary: dict[str, Any]) -> str:
         if la == "dot":
             ours_delta = "baseline"
         elif c and "vs_dot" in c:
-            ours_delta = _delta(c, "vs_dot", False).split(";")[0] + ")"
+            ours_delta = _delta(c, "vs_dot", False, per_seed=False)
         else:
             ours_delta = "–"
         rows.append([la, f"{paper:.2f}", "baseline" if la == "dot" else f"{paper - base:+.2f}",
