@@ -4,7 +4,7 @@ sacrebleu, print the table and write the plots.
 
     python -m fairseq_tying.demo [--out work/demo] [--max-update N] [--rules dot l2norm]
 
-The models train side by side, one process per core share, their fairseq logs prefixed with
+The models train side by side, one single-threaded process each, their fairseq logs prefixed with
 the output layer. Finished steps are skipped on a rerun (fairseq resumes from
 ``checkpoint_last.pt``).
 """
@@ -12,7 +12,6 @@ the output layer. Finished steps are skipped on a rerun (fairseq resumes from
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from fairseq_tying.atomic import write_json
 from fairseq_tying.evaluation import cli as evaluation
+from fairseq_tying.reproducible import pinned_env
 
 PLUGIN_DIR = str(Path(__file__).resolve().parent)
 ARCH = "transformer_twwt"
@@ -41,7 +41,7 @@ def _tool(name: str) -> str:
 
 def _run(cmd: list[str]) -> None:
     """Run a step with its output (fairseq's progress log) going straight to the terminal."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = {**pinned_env(), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"step failed ({proc.returncode}): {' '.join(cmd)}")
@@ -67,9 +67,10 @@ def train_command(data: Path, run: Path, rule: str, max_update: int, seed: int) 
 
 
 def train_in_parallel(commands: dict[str, list[str]]) -> None:
-    """One fairseq-train per core share, their logs interleaved line by line with a prefix."""
-    threads = str(max(1, (os.cpu_count() or 1) // len(commands)))
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": threads}
+    """One single-threaded fairseq-train each, their logs interleaved line by line with a
+    prefix."""
+    # one thread each whatever the core count: the thread count changes the numbers
+    env = {**pinned_env(threads=None), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
              for name, cmd in commands.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-tokens", type=int, help="tokens per batch (instead of sentences)")
     ev.add_argument("--cpu", action="store_true", help="generate on the CPU")
     ev.add_argument("--user-dir", help="fairseq plugin dir (default: this package)")
+    ev.add_argument("--tag", type=_tag, help="name of this evaluation: writes eval.TAG.json "
+                    "and SUBSET.TAG.hyp.* beside the untagged ones (e.g. --tag best)")
 
     co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
     co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
@@ -66,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tag(value: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", value):
+        raise argparse.ArgumentTypeError(f"{value!r}: use lower-case letters, digits and _")
+    return value
+
+
 COMMANDS = ("evaluate", "collect", "norms", "study", "average")
 
 
@@ -90,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.run_dir, args.data, subset=args.subset, checkpoint=args.checkpoint,
                 average_last=args.average_last, preset=args.preset, beam=args.beam,
                 lenpen=args.lenpen, batch_size=args.batch_size, max_tokens=args.max_tokens,
-                cpu=args.cpu, user_dir=args.user_dir,
+                cpu=args.cpu, user_dir=args.user_dir, tag=args.tag,
             )
             print("\n".join(summary_lines(result)))
         elif args.command == "collect":

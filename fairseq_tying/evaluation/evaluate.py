@@ -56,8 +56,11 @@ def load_data_dir(path: str | os.PathLike) -> DataDir:
     return DataDir(root, prep)
 
 
-def eval_json_name(subset: str) -> str:
-    return "eval.json" if subset == "test" else f"eval-{subset}.json"
+def eval_json_name(subset: str, tag: str | None = None) -> str:
+    """``eval.json`` for the test set, ``eval-SUBSET.json`` otherwise; ``.TAG`` before
+    ``.json`` for a tagged evaluation (e.g. ``eval.best.json``)."""
+    stem = "eval" if subset == "test" else f"eval-{subset}"
+    return f"{stem}.{tag}.json" if tag else f"{stem}.json"
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -117,6 +120,7 @@ def evaluate_run(
     max_tokens: int | None = None,
     cpu: bool = False,
     user_dir: str | None = None,
+    tag: str | None = None,
 ) -> dict[str, Any]:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
@@ -148,8 +152,9 @@ def evaluate_run(
         hyps = scoring.moses_detokenize(hyps, data_dir.tgt)
     scores = scoring.score(hyps, refs, data_dir.src, data_dir.tgt)
 
-    hyp_name = f"{subset}.hyp.{data_dir.tgt}"
-    write_text(run_dir / f"generate-{subset}.txt", raw)
+    stem = f"{subset}.{tag}" if tag else subset
+    hyp_name = f"{stem}.hyp.{data_dir.tgt}"
+    write_text(run_dir / f"generate-{stem}.txt", raw)
     write_lines(run_dir / hyp_name, hyps)
     result = {
         "run": record.as_dict(),
@@ -161,6 +166,7 @@ def evaluate_run(
         "src": data_dir.src,
         "tgt": data_dir.tgt,
         "subset": subset,
+        "tag": tag,
         "preset": chosen.name if (beam, lenpen) == (chosen.beam, chosen.lenpen) else "custom",
         "beam": beam,
         "lenpen": lenpen,
@@ -170,7 +176,7 @@ def evaluate_run(
         "generate_command": cmd,
         **scores.as_dict(),
     }
-    write_json(run_dir / eval_json_name(subset), result)
+    write_json(run_dir / eval_json_name(subset, tag), result)
     return result
 
 

@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from fairseq_tying.reproducible import pinned_env
+
 _DETOK_LINE = re.compile(r"^D-(\d+)\t[^\t]*\t?(.*)$")
 
 
@@ -88,8 +90,7 @@ def parse_hypotheses(text: str, expected: int | None = None) -> list[str]:
 
 def run_generate(cmd: list[str], subset: str, results_path: str | os.PathLike) -> str:
     """Run fairseq-generate (its progress and log go to our stderr) and return its output."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env = pinned_env()
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:

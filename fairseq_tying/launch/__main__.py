@@ -1,14 +1,17 @@
-"""``python -m fairseq_tying.launch slurm/SWEEP.yaml [--dry-run | --local] [--only PATTERN]``."""
+"""``python -m fairseq_tying.launch slurm/SWEEP.yaml [--dry-run | --local [--workers N]]
+[--only PATTERN] [--skip-recorded DIR]``."""
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import sys
 from pathlib import Path
 
 from fairseq_tying.launch.config import SweepError, load_sweep
 from fairseq_tying.launch.submit import dry_run, record, run_local, submit_slurm
+from fairseq_tying.reproducible import pinned_env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", metavar="PATTERN", action="append",
                         help="only runs whose name matches this glob (repeatable)")
     parser.add_argument("--output-dir", type=Path, help="override the sweep's output_dir")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="with --local: runs side by side (default 1)")
+    parser.add_argument("--skip-recorded", type=Path, metavar="DIR",
+                        help="skip runs that have a study record DIR/NAME.json (finished and "
+                        "exported, e.g. on another machine)")
     args = parser.parse_args(argv)
+    os.environ.update(pinned_env())  # inherited by local jobs and by sbatch (--export=ALL)
+    if args.workers < 1 or (args.workers > 1 and not args.local):
+        parser.error("--workers: a positive number, and only with --local")
     try:
         sweep = load_sweep(args.sweep, args.output_dir, check_data=not args.dry_run)
         runs = sweep.runs
@@ -33,10 +44,12 @@ def main(argv: list[str] | None = None) -> int:
             if not runs:
                 raise SweepError(f"--only {args.only}: no run matches; runs are: "
                                  + ", ".join(r.name for r in sweep.runs))
+        if args.skip_recorded:
+            runs = [r for r in runs if not (args.skip_recorded / f"{r.name}.json").is_file()]
         if args.dry_run:
             dry_run(sweep, runs)
             return 0
-        sub = run_local(sweep, runs) if args.local else submit_slurm(sweep, runs)
+        sub = run_local(sweep, runs, args.workers) if args.local else submit_slurm(sweep, runs)
         record(sweep, sub)
     except SweepError as err:
         print(f"error: {args.sweep}: {err}", file=sys.stderr)

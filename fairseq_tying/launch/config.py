@@ -16,14 +16,16 @@ from typing import Any
 
 import yaml
 
+from fairseq_tying.launch import plateau
+
 TOP_KEYS = {"name", "output_dir", "datasets", "grid", "fairseq", "batch", "resources",
-            "evaluation"}
+            "evaluation", "stopping"}
 GRID_KEYS = {"dataset", "arch", "tying", "output_layer", "seed"}
 BATCH_KEYS = {"max_tokens", "target_gpus", "update_freq", "fp16"}
 RESOURCE_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb",
                  "partition", "time", "constraint", "account", "qos", "max_num_timeout",
                  "array_parallelism", "signal_delay_s"}
-EVAL_KEYS = {"enabled", "args", "time", "cpus_per_task", "mem_gb"}
+EVAL_KEYS = {"enabled", "args", "also", "time", "cpus_per_task", "mem_gb"}
 # fairseq flags the launcher owns: setting them in `fairseq:` would contradict the grid/resources
 OWNED_FLAGS = {"arch", "tying", "output_layer", "seed", "save_dir", "update_freq", "max_tokens",
                "fp16", "cpu", "user_dir", "log_file", "distributed_world_size",
@@ -111,13 +113,16 @@ class Run:
     seed: int
     train_args: list[str]
     resources: Resources
+    stopping: dict[str, Any] | None = None
+    block: int = 0  # index of its grid when `grid` is a list (priority order)
 
     def describe(self) -> dict:
         return {"name": self.name, "run_dir": str(self.run_dir), "data_dir": str(self.data_dir),
                 "data_bin": str(data_bin(self.data_dir)), "dataset": self.dataset,
                 "arch": self.arch, "tying": self.tying, "output_layer": self.output_layer,
                 "seed": self.seed, "world_size": self.resources.world_size,
-                "gpu": self.resources.gpu, "train_args": self.train_args}
+                "gpu": self.resources.gpu, "train_args": self.train_args,
+                "stopping": self.stopping}
 
 
 @dataclass
@@ -129,6 +134,7 @@ class Sweep:
     runs: list[Run] = field(default_factory=list)
     eval_enabled: bool = True
     eval_args: list[str] = field(default_factory=list)
+    eval_also: dict[str, list[str]] = field(default_factory=dict)
     eval_time_min: int = 60
     eval_cpus: int = 1
     eval_mem_gb: float = 4
@@ -223,16 +229,46 @@ def fairseq_flags(raw: Any) -> list[str]:
     return args
 
 
-def _grid_values(grid: dict, key: str, allowed: set[str] | None) -> list:
+def parse_stopping(raw: Any, fairseq: Any) -> dict[str, Any] | None:
+    """``stopping: {patience, min_gain, max_epoch}``: train each run to a validation plateau
+    (:mod:`fairseq_tying.launch.plateau`), with a checkpoint every epoch."""
+    if raw is None:
+        return None
+    where = "stopping"
+    section = _check_keys(raw, plateau.KEYS, where)
+    fairseq = fairseq if isinstance(fairseq, dict) else {}
+    for key in ("max_epoch", "max_update", "patience"):
+        if fairseq.get(key) or fairseq.get(key.replace("_", "-")):
+            raise SweepError(f"fairseq.{key}: the stopping section decides when runs end; "
+                             "remove it (or remove `stopping:` for a fixed budget)")
+    for key in ("no_epoch_checkpoints", "disable_validation", "no_save"):
+        if fairseq.get(key):
+            raise SweepError(f"fairseq.{key}: the plateau rule needs a validation and a "
+                             "checkpoint at every epoch's end; remove it")
+    gain = section.get("min_gain", plateau.Plateau.min_gain)
+    if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= gain < 1:
+        raise SweepError(f"{where}.min_gain: expected a fraction in [0, 1), e.g. 0.005 for "
+                         f"0.5 %, got {gain!r}")
+    out = {"patience": _int(section, "patience", where, plateau.Plateau.patience, 1),
+           "min_gain": float(gain),
+           "min_epoch": _int(section, "min_epoch", where, plateau.Plateau.min_epoch, 1),
+           "max_epoch": _int(section, "max_epoch", where, plateau.Plateau.max_epoch, 1)}
+    if out["min_epoch"] > out["max_epoch"]:
+        raise SweepError(f"{where}.min_epoch: {out['min_epoch']} is after max_epoch "
+                         f"{out['max_epoch']}")
+    return out
+
+
+def _grid_values(grid: dict, key: str, allowed: set[str] | None, where: str = "grid") -> list:
     values = grid.get(key)
     if values is None:
-        raise SweepError(f"grid.{key}: missing (a list of values)")
+        raise SweepError(f"{where}.{key}: missing (a list of values)")
     values = values if isinstance(values, list) else [values]
     if not values:
-        raise SweepError(f"grid.{key}: empty list")
+        raise SweepError(f"{where}.{key}: empty list")
     for v in values:
         if allowed is not None and v is not None and v not in allowed:
-            raise SweepError(f"grid.{key}: unknown value {v!r} (allowed: {sorted(allowed)})")
+            raise SweepError(f"{where}.{key}: unknown value {v!r} (allowed: {sorted(allowed)})")
     return values
 
 
@@ -243,6 +279,29 @@ def known_archs() -> set[str]:
     import fairseq_tying  # noqa: F401  (registers the plugin's models)
 
     return set(ARCH_MODEL_REGISTRY)
+
+
+def expand_grid(raw: Any, block: int, blocks: int,
+                data_dirs: dict[str, Path]) -> list[tuple]:
+    """The points (block, dataset, arch, tying, output_layer, seed) of one grid mapping."""
+    where = f"grid[{block}]" if blocks > 1 else "grid"
+    grid = _check_keys(raw, GRID_KEYS, where)
+    ds = _grid_values(grid, "dataset", set(data_dirs), where)
+    archs = _grid_values(grid, "arch", None, where)
+    known = known_archs()
+    for arch in archs:
+        if arch not in known:
+            close = sorted(a for a in known if a.split("_")[0] == str(arch).split("_")[0])[:8]
+            raise SweepError(f"{where}.arch: unknown architecture {arch!r} (not in fairseq's "
+                             f"ARCH_MODEL_REGISTRY; similar: {close})")
+    tyings = _grid_values(grid, "tying", TYING, where) if "tying" in grid else [None]
+    layers = _grid_values(grid, "output_layer", OUTPUT_LAYERS, where) \
+        if "output_layer" in grid else [None]
+    seeds = _grid_values(grid, "seed", None, where)
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise SweepError(f"{where}.seed: expected integers, got {s!r}")
+    return [(block, *point) for point in itertools.product(ds, archs, tyings, layers, seeds)]
 
 
 def load_sweep(path: str | Path, output_dir: str | Path | None = None,
@@ -275,22 +334,10 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
                              "binarized data (expected D/bin/dict.*.txt from fairseq-preprocess)")
         data_dirs[dname] = d
 
-    grid = _check_keys(raw["grid"], GRID_KEYS, "grid")
-    ds = _grid_values(grid, "dataset", set(data_dirs))
-    archs = _grid_values(grid, "arch", None)
-    known = known_archs()
-    for arch in archs:
-        if arch not in known:
-            close = sorted(a for a in known if a.split("_")[0] == str(arch).split("_")[0])[:8]
-            raise SweepError(f"grid.arch: unknown architecture {arch!r} (not in fairseq's "
-                             f"ARCH_MODEL_REGISTRY; similar: {close})")
-    tyings = _grid_values(grid, "tying", TYING) if "tying" in grid else [None]
-    layers = _grid_values(grid, "output_layer", OUTPUT_LAYERS) if "output_layer" in grid \
-        else [None]
-    seeds = _grid_values(grid, "seed", None)
-    for s in seeds:
-        if isinstance(s, bool) or not isinstance(s, int):
-            raise SweepError(f"grid.seed: expected integers, got {s!r}")
+    grids = raw["grid"] if isinstance(raw["grid"], list) else [raw["grid"]]
+    if not grids:
+        raise SweepError("grid: empty list (give a mapping, or a list of them in priority order)")
+    points = [p for i, g in enumerate(grids) for p in expand_grid(g, i, len(grids), data_dirs)]
 
     res = parse_resources(raw.get("resources"))
     batch = _check_keys(raw.get("batch"), BATCH_KEYS, "batch")
@@ -304,28 +351,45 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
     common += ["--update-freq", str(update_freq)]
     common += ["--fp16"] if fp16 else []
     common += [] if res.gpu else ["--cpu"]
+    stopping = parse_stopping(raw.get("stopping"), raw.get("fairseq"))
+    if stopping:
+        common += ["--max-epoch", str(stopping["max_epoch"])]
+        if "--update-epoch-batch-itr" not in common:
+            # fairseq otherwise freezes the batches of the epoch it starts in: a run resumed at
+            # an epoch boundary would see other batches than an uninterrupted one
+            common += ["--update-epoch-batch-itr", "True"]
 
     ev = _check_keys(raw.get("evaluation"), EVAL_KEYS, "evaluation")
     eval_args = ev.get("args", [])
     if not isinstance(eval_args, list):
         raise SweepError("evaluation.args: expected a list of command-line arguments")
+    also = _check_keys(ev.get("also"), set(ev.get("also") or {}), "evaluation.also")
+    for tag, args in also.items():
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", str(tag)) or not isinstance(args, list):
+            raise SweepError(f"evaluation.also.{tag}: expected a lower-case name mapped to a "
+                             "list of evaluation arguments, e.g. best: [--checkpoint, "
+                             "checkpoint_best.pt]")
     out = output_dir or raw.get("output_dir") or f"runs/{name}"
     out = Path(expand_vars(str(out), "output_dir")).expanduser().resolve()
     sweep = Sweep(name=name, path=path.resolve(), output_dir=out, resources=res,
                   eval_enabled=bool(ev.get("enabled", True)),
                   eval_args=[str(a) for a in eval_args],
+                  eval_also={t: [str(a) for a in args] for t, args in also.items()},
                   eval_time_min=parse_time(ev.get("time", 60), "evaluation.time"),
                   eval_cpus=_int(ev, "cpus_per_task", "evaluation", res.cpus_per_task, 1),
                   eval_mem_gb=ev.get("mem_gb", res.mem_gb), update_freq=update_freq)
-    for d, arch, tying, layer, seed in itertools.product(ds, archs, tyings, layers, seeds):
+    for block, d, arch, tying, layer, seed in points:
         parts = [d, arch, tying, layer, f"s{seed}"]
         rname = ".".join(str(p) for p in parts if p is not None)
+        if any(r.name == rname for r in sweep.runs):
+            raise SweepError(f"grid: run {rname} appears in two grids")
         args = ["--arch", arch, "--seed", str(seed)]
         args += ["--tying", tying] if tying is not None else []
         args += ["--output-layer", layer] if layer is not None else []
         sweep.runs.append(Run(name=rname, run_dir=out / rname, data_dir=data_dirs[d], dataset=d,
                               arch=arch, tying=tying, output_layer=layer, seed=seed,
-                              train_args=args + common, resources=res))
+                              train_args=args + common, resources=res, stopping=stopping,
+                              block=block))
     return sweep
 
 

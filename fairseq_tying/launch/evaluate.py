@@ -25,9 +25,11 @@ def _cli(args: list[str]) -> None:
         raise RuntimeError(f"python -m fairseq_tying.evaluation {' '.join(args)} failed ({rc})")
 
 
-def evaluate_run(run_dir: Path, extra_args: list[str] | None = None, cpu: bool = True) -> Path:
-    """``python -m fairseq_tying.evaluation evaluate RUN_DIR`` (data dir from RUN/run.json)."""
-    out = run_dir / "eval.json"
+def evaluate_run(run_dir: Path, extra_args: list[str] | None = None, cpu: bool = True,
+                 tag: str | None = None) -> Path:
+    """``python -m fairseq_tying.evaluation evaluate RUN_DIR`` (data dir from RUN/run.json);
+    with ``--tag TAG`` among the arguments it writes ``RUN/eval.TAG.json``."""
+    out = run_dir / (f"eval.{tag}.json" if tag else "eval.json")
     _cli(["evaluate", str(run_dir), "--user-dir", USER_DIR, *(["--cpu"] if cpu else []),
           *(extra_args or [])])
     if not out.exists():

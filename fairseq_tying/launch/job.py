@@ -25,6 +25,7 @@ import submitit
 
 from fairseq_tying import atomic
 from fairseq_tying.launch import evaluate as eval_adapter
+from fairseq_tying.launch import plateau
 
 logger = logging.getLogger("fairseq_tying.launch")
 DONE = "train.done"  # marker of a finished training run
@@ -86,13 +87,53 @@ class _StopFlag:
         cls.requested = True
 
 
+def _atomic_copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+    """fairseq copies checkpoint_last.pt from the epoch checkpoint in place: a process killed
+    mid-copy would leave a truncated file to resume from. Copy beside it, then rename."""
+    import shutil
+
+    tmp = f"{dst_path}.tmp{os.getpid()}"
+    shutil.copyfile(src_path, tmp)
+    os.replace(tmp, dst_path)
+    return True
+
+
+class _Stopping:
+    """The plateau rule's state in this process (None: the run has a fixed budget)."""
+
+    rule: plateau.Plateau | None = None
+    history: list[dict] = []
+    reason: str | None = None
+
+
+def _after_validation(cfg, run_dir: Path, rank: int, epoch_itr, updates: int,
+                      valid_losses: list) -> bool:
+    """Record this epoch's validation; True when the plateau rule says stop."""
+    rule = _Stopping.rule
+    if rule is None or not valid_losses or valid_losses[0] is None:
+        return False
+    _Stopping.history = plateau.record_epoch(_Stopping.history, epoch_itr.epoch, updates,
+                                             valid_losses[0])
+    if rank == 0:
+        plateau.write_history(run_dir, _Stopping.history, cfg.checkpoint.best_checkpoint_metric)
+    _Stopping.reason = rule.decide(_Stopping.history)
+    if _Stopping.reason:
+        logger.info("stopping after epoch %d (%s): %s %s", epoch_itr.epoch, _Stopping.reason,
+                    cfg.checkpoint.best_checkpoint_metric,
+                    [round(h["value"], 4) for h in _Stopping.history[-rule.patience - 1:]])
+    return _Stopping.reason is not None
+
+
 def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
-    """Wrap fairseq's validate_and_save: record progress, stop and save on a stop request."""
+    """Wrap fairseq's validate_and_save: record progress, apply the plateau rule at the end of
+    each epoch, stop and save on a stop request."""
     import fairseq_cli.train as fairseq_train
     import torch
     from fairseq import checkpoint_utils
     from fairseq.distributed import utils as dist_utils
+    from fairseq.file_io import PathManager
 
+    PathManager.copy = staticmethod(_atomic_copy)
     original = getattr(fairseq_train.validate_and_save, "__wrapped__",
                        fairseq_train.validate_and_save)
 
@@ -100,6 +141,9 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
         valid_losses, should_stop = original(cfg, trainer, task, epoch_itr, valid_subsets,
                                              end_of_epoch)
         updates = trainer.get_num_updates()
+        if end_of_epoch and _after_validation(cfg, run_dir, rank, epoch_itr, updates,
+                                              valid_losses):
+            should_stop = True  # the epoch's checkpoint is saved: stop after it
         device = next(trainer.model.parameters()).device  # NCCL reduces CUDA tensors only
         stop = torch.tensor([1.0 if _StopFlag.requested else 0.0], device=device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -153,6 +197,10 @@ class TrainJob(submitit.helpers.Checkpointable):
         rank = env.global_rank
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "ranks").mkdir(exist_ok=True)
+        if self._resume_stopping(run_dir):  # stopped before, killed before train.done
+            ranks = run_dir / "ranks" / f"rank{rank}.json"
+            return self._finish(run_dir, rank, json.loads(ranks.read_text()) if ranks.is_file()
+                                else {"rank": rank})
         handler = _log_to(run_dir / "logs" / f"train.rank{rank}.log")
         argv = self.command(env)
         if rank == 0:
@@ -175,8 +223,36 @@ class TrainJob(submitit.helpers.Checkpointable):
             sys.argv = saved_argv
             logging.getLogger().removeHandler(handler)
         result = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())
+        return self._finish(run_dir, rank, result)
+
+    def _resume_stopping(self, run_dir: Path) -> bool:
+        """Set up the plateau rule from the run's history as of checkpoint_last.pt; True if
+        that history already ends the run."""
+        stopping = self.run.get("stopping")
+        _Stopping.rule, _Stopping.history, _Stopping.reason = None, [], None
+        if not stopping:
+            return False
+        maximize = "--maximize-best-checkpoint-metric" in self.run["train_args"]
+        _Stopping.rule = plateau.Plateau(**stopping, maximize=maximize)
+        last = run_dir / "checkpoints" / "checkpoint_last.pt"
+        state = None
+        if last.is_file():
+            from fairseq_tying.evaluation import checkpoints
+
+            state = checkpoints.load(last)
+        _Stopping.history = plateau.resume_history(run_dir, state)
+        _Stopping.reason = _Stopping.rule.decide(_Stopping.history)
+        return _Stopping.reason is not None
+
+    @staticmethod
+    def _finish(run_dir: Path, rank: int, result: dict) -> dict:
+        """``train.done``: the result and, under the plateau rule, when and why it stopped."""
+        if _Stopping.rule is not None:
+            last = _Stopping.history[-1] if _Stopping.history else {"epoch": 0, "update": 0}
+            result["stop"] = {"epoch": last["epoch"], "update": last["update"],
+                              "reason": _Stopping.reason or "budget"}
         if rank == 0:
-            write_json(done, {**result, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            write_json(run_dir / DONE, {**result, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         return result
 
     @staticmethod
@@ -196,16 +272,22 @@ class TrainJob(submitit.helpers.Checkpointable):
 
 
 class EvalJob:
-    """Evaluate one run (BLEU record ``RUN/eval.json``)."""
+    """Evaluate one run: ``RUN/eval.TAG.json`` for each extra evaluation, then the main
+    ``RUN/eval.json`` (written last: it marks the run as evaluated)."""
 
-    def __init__(self, run: dict, extra_args: list[str]) -> None:
+    def __init__(self, run: dict, extra_args: list[str],
+                 also: dict[str, list[str]] | None = None) -> None:
         self.run = run
         self.extra_args = extra_args
+        self.also = also or {}
 
     def __call__(self) -> str:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        return str(eval_adapter.evaluate_run(Path(self.run["run_dir"]), self.extra_args,
-                                             cpu=not self.run["gpu"]))
+        run_dir, cpu = Path(self.run["run_dir"]), not self.run["gpu"]
+        for tag, args in self.also.items():
+            if not (run_dir / f"eval.{tag}.json").exists():
+                eval_adapter.evaluate_run(run_dir, [*args, "--tag", tag], cpu=cpu, tag=tag)
+        return str(eval_adapter.evaluate_run(run_dir, self.extra_args, cpu=cpu))
 
 
 class CollectJob:

@@ -6,11 +6,13 @@ import json
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
 import submitit
 from submitit.slurm.slurm import _make_sbatch_string
+from tqdm import tqdm
 
 from fairseq_tying.launch import evaluate as eval_adapter
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
@@ -140,7 +142,8 @@ def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
         ex.update_parameters(**params)
         with ex.batch():
             for run in to_eval:
-                out.evaluate.append(ex.submit(EvalJob(run.describe(), sweep.eval_args)))
+                job = EvalJob(run.describe(), sweep.eval_args, sweep.eval_also)
+                out.evaluate.append(ex.submit(job))
     params = eval_params(sweep, f"{sweep.name}-collect")
     params.update(cpus_per_task=1, additional_parameters={})
     params.pop("gpus_per_node", None)
@@ -151,24 +154,51 @@ def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
     return out
 
 
-def run_local(sweep: Sweep, runs: list[Run]) -> Submitted:
-    """The same jobs on this machine, one after the other (all ranks of a run on this host)."""
-    out = Submitted()
+def _local_executor(sweep: Sweep, tasks: int, gpus: int) -> submitit.LocalExecutor:
     ex = submitit.LocalExecutor(sweep.output_dir / ".submitit" / "%j")
+    ex.update_parameters(timeout_min=sweep.resources.time_min, tasks_per_node=tasks, nodes=1,
+                         gpus_per_node=gpus)
+    return ex
+
+
+def _run_one_local(sweep: Sweep, run: Run, out: Submitted) -> None:
+    """Train (or resume) one run and evaluate it, each as a local job of its own."""
     res = sweep.resources
-    ex.update_parameters(timeout_min=res.time_min, tasks_per_node=res.world_size, nodes=1,
-                         gpus_per_node=res.gpus_per_node * res.nodes)
-    for run in runs:
-        if (run.run_dir / DONE).exists():
-            out.skipped.append(run.name)
-        else:
-            prepare_run_dir(sweep, run)
-            job = ex.submit(TrainJob(run.describe(), eval_adapter.USER_DIR))
-            print(f"training {run.name} (local job {job.job_id})", file=sys.stderr)
-            job.results()
-            out.train[run.name] = job
-        if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
-            EvalJob(run.describe(), sweep.eval_args)()
+    if (run.run_dir / DONE).exists():
+        out.skipped.append(run.name)
+    else:
+        prepare_run_dir(sweep, run)
+        ex = _local_executor(sweep, res.world_size, res.gpus_per_node * res.nodes)
+        job = ex.submit(TrainJob(run.describe(), eval_adapter.USER_DIR))
+        tqdm.write(f"training {run.name} (local job {job.job_id}, log "
+                   f"{run.run_dir / 'logs' / 'train.rank0.log'})", file=sys.stderr)
+        job.results()
+        out.train[run.name] = job
+    if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
+        ex = _local_executor(sweep, 1, min(res.gpus_per_node, 1))
+        ex.submit(EvalJob(run.describe(), sweep.eval_args, sweep.eval_also)).results()
+
+
+def run_local(sweep: Sweep, runs: list[Run], workers: int = 1) -> Submitted:
+    """The same jobs on this machine without SLURM: ``workers`` runs side by side (all ranks of
+    a run on this host), seed by seed so that a partial sweep has whole seeds, with a progress
+    bar over runs. A rerun skips finished runs and resumes unfinished ones from their
+    ``checkpoint_last.pt``."""
+    out = Submitted()
+    order = sorted(runs, key=lambda r: (r.block, r.seed))
+    finished = [r for r in order if (r.run_dir / DONE).exists()
+                and (not sweep.eval_enabled or (r.run_dir / "eval.json").exists())]
+    todo = [r for r in order if r not in finished]
+    out.skipped += [r.name for r in finished]
+    bar = tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
+               file=sys.stderr, dynamic_ncols=True, smoothing=0)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_run_one_local, sweep, run, out): run for run in todo}
+        for future in as_completed(futures):
+            future.result()  # a failed run stops the sweep with its error
+            bar.update()
+            bar.set_postfix_str(futures[future].name)
+    bar.close()
     if sweep.eval_enabled:
         CollectJob(str(sweep.output_dir), str(sweep.output_dir))()
     return out

@@ -1,0 +1,42 @@
+"""The same numbers from the same command on any x86-64 CPU with AVX2.
+
+torch, MKL and oneDNN pick their CPU kernels at run time from the instruction sets the processor
+has (AVX2 on one machine, AVX-512 on a newer one of the same cloud "kind"). The kernels round
+differently, a training run drifts apart within a few hundred updates and BLEU moves by a few
+tenths. The tools therefore run fairseq with the kernel choice pinned to AVX2 (which every
+x86-64 server since 2013 has) and one thread per process, unless the user set these variables:
+
+    ATEN_CPU_CAPABILITY=avx2   torch's own vectorized kernels
+    MKL_CBWR=AVX2              MKL's conditional numerical reproducibility mode (matmuls)
+    ONEDNN_MAX_CPU_ISA=AVX2    oneDNN (convolutions, some linear layers)
+
+They must be in the environment before torch is imported, so they are set for child processes.
+On a CPU without AVX2 (or not x86) nothing is pinned.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def has_avx2() -> bool:
+    try:
+        return " avx2" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def pinned_env(base: Mapping[str, str] | None = None, threads: int | None = 1) -> dict[str, str]:
+    """``base`` (default: this process's environment) with the kernel choice pinned and
+    ``OMP_NUM_THREADS`` set to ``threads``; variables already set in ``base`` are kept."""
+    env = dict(os.environ if base is None else base)
+    if has_avx2():
+        for key, value in PINNED.items():
+            env.setdefault(key, value)
+    if threads is not None:
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env

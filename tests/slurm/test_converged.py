@@ -1,0 +1,115 @@
+"""Training to a plateau through the real launcher (``--local``): the rule's decision, the
+evaluations of the averaged and the best checkpoint, and runs that outlive a killed process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, launch, write_sweep
+
+from tests.test_launch_plateau import first_stop
+
+pytestmark = pytest.mark.slow
+
+FAIRSEQ = {"max_update": None, "save_interval_updates": None, "keep_interval_updates": None,
+           "no_epoch_checkpoints": None, "keep_last_epochs": 3, "log_format": "json",
+           "best_checkpoint_metric": "nll_loss"}
+EVAL = {"args": ["--average-last", "3", "--beam", "2"],
+        "also": {"best": ["--checkpoint", "checkpoint_best.pt", "--beam", "2"]}}
+
+
+def converged_sweep(path: Path, **stopping) -> Path:
+    return write_sweep(path, grid={"output_layer": ["l2norm"], "seed": [1]}, fairseq=FAIRSEQ,
+                       evaluation=EVAL, stopping=stopping)
+
+
+def only_run(out: Path) -> Path:
+    (run,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return run
+
+
+def test_plateau_run_stops_where_the_rule_says_and_is_scored_twice(tiny_data, tmp_path):
+    sweep = converged_sweep(tmp_path / "s.yaml", patience=1, min_gain=0.05, max_epoch=8)
+    out = tmp_path / "runs"
+    launch(str(sweep), "--local", "--output-dir", str(out), data=tiny_data)
+    run = only_run(out)
+    history = json.loads((run / "valid_history.json").read_text())
+    assert history["metric"] == "nll_loss"
+    values = [h["value"] for h in history["epochs"]]
+    assert [h["epoch"] for h in history["epochs"]] == list(range(1, len(values) + 1))
+    epoch, reason = first_stop(values, patience=1, gain=0.05, cap=8)
+    stop = json.loads((run / "train.done").read_text())["stop"]
+    assert (stop["epoch"], stop["reason"]) == (epoch, reason)
+    assert stop["update"] == history["epochs"][-1]["update"]
+    ckpts = run / "checkpoints"
+    kept = sorted(int(p.stem[len("checkpoint"):]) for p in ckpts.glob("checkpoint[0-9]*.pt"))
+    assert kept == list(range(max(1, epoch - 2), epoch + 1))  # keep_last_epochs 3
+    main = json.loads((run / "eval.json").read_text())
+    best = json.loads((run / "eval.best.json").read_text())
+    assert main["averaged"] == [f"checkpoint{e}.pt" for e in kept]
+    assert Path(best["checkpoint"]).name == "checkpoint_best.pt" and best["tag"] == "best"
+    assert (run / best["hypotheses"]).is_file() and best["hypotheses"] != main["hypotheses"]
+    # the best checkpoint is the epoch of the lowest validation NLL
+    import torch
+
+    state = torch.load(ckpts / "checkpoint_best.pt", map_location="cpu", weights_only=False)
+    assert state["extra_state"]["val_loss"] == pytest.approx(min(values), abs=1e-6)
+
+
+def _param_sum(run: Path) -> float:
+    return json.loads((run / "train.done").read_text())["param_sum"]
+
+
+def test_killed_run_resumes_to_the_same_model(tiny_data, tmp_path):
+    """SIGKILL the whole launcher once epoch 2 is saved; the rerun resumes from
+    checkpoint_last.pt and ends exactly like an uninterrupted run (epoch batches from seed +
+    epoch, history cut back to the checkpoint)."""
+    sweep = converged_sweep(tmp_path / "s.yaml", patience=50, min_gain=0.0, max_epoch=4)
+    ref, out = tmp_path / "ref", tmp_path / "killed"
+    launch(str(sweep), "--local", "--output-dir", str(ref), data=tiny_data)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIRSEQ_TYING_TINY_DATA": str(tiny_data)}
+    proc = subprocess.Popen([sys.executable, "-m", "fairseq_tying.launch", str(sweep), "--local",
+                             "--output-dir", str(out)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not list(out.glob("*/checkpoints/checkpoint2.pt")) and time.monotonic() < deadline:
+        assert proc.poll() is None, "the launcher ended before epoch 2"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run = only_run(out)
+    assert not (run / "train.done").exists()
+    launch(str(sweep), "--local", "--output-dir", str(out), data=tiny_data)
+
+    ref_run = only_run(ref)
+    assert _param_sum(run) == _param_sum(ref_run)
+    for name in ("valid_history.json",):
+        assert json.loads((run / name).read_text()) == json.loads((ref_run / name).read_text())
+    stop = json.loads((run / "train.done").read_text())["stop"]
+    assert stop["reason"] == "cap" and stop["epoch"] == 4
+
+
+def test_plateau_reached_before_a_kill_is_not_trained_again(tiny_data, tmp_path):
+    sweep = converged_sweep(tmp_path / "s.yaml", patience=1, min_gain=0.9, min_epoch=3,
+                            max_epoch=8)
+    out = tmp_path / "runs"
+    launch(str(sweep), "--local", "--output-dir", str(out), data=tiny_data)
+    run = only_run(out)
+    done = json.loads((run / "train.done").read_text())
+    assert done["stop"]["reason"] == "plateau" and done["stop"]["epoch"] == 3
+    last = run / "checkpoints" / "checkpoint_last.pt"
+    before = last.stat().st_mtime_ns
+    (run / "train.done").unlink()  # as if killed between the last save and train.done
+    launch(str(sweep), "--local", "--output-dir", str(out), data=tiny_data)
+    again = json.loads((run / "train.done").read_text())
+    assert again["stop"] == done["stop"] and again["param_sum"] == done["param_sum"]
+    assert last.stat().st_mtime_ns == before
