@@ -58,10 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--runs", help="export records of newly evaluated runs under RUNS first")
     st.add_argument("--records", required=True, help="folder of the study's JSON records")
     st.add_argument("--report", required=True, help="Markdown report; the tables replace its "
-                    "<!-- study:begin --> ... <!-- study:end --> block")
+                    "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> block (see --block)")
     st.add_argument("--plots", required=True, help="folder for the PNGs and summary.json")
     st.add_argument("--references", help="reference file (default: the embedded Bible test.en)")
     st.add_argument("--bootstrap-samples", type=int, default=1000)
+    st.add_argument("--block", default="study", help="name of the report's marked block: "
+                    "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> (default: study)")
 
     av = sub.add_parser("average", help="average checkpoints' parameters into one file")
     av.add_argument("checkpoints", nargs="+", metavar="CKPT")
@@ -119,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             refs = _references(args.references)
             done = build(args.records, args.report, args.plots, refs, args.runs,
-                         args.bootstrap_samples)
+                         args.bootstrap_samples, args.block)
             print(done["markdown"])
             print(f"{len(done['exported'])} new record(s), {done['records']} in all; wrote "
                   + ", ".join(done["written"]))

@@ -93,6 +93,24 @@ def plot_curves(panels: dict[str, dict[str, tuple[Sequence[float], Sequence[floa
     _save(fig, out)
 
 
+def plot_bands(panels: dict[str, dict[str, tuple[Sequence[float], ...]]],
+               out: str | os.PathLike, xlabel: str, ylabel: str, title: str) -> None:
+    """Like :func:`plot_curves` with a shaded band: ``panels[panel][label] = (x, y, lo, hi)``."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False,
+                             sharey=True)
+    for ax, (name, lines) in zip(axes[0], panels.items(), strict=True):
+        for k, (label, (x, y, lo, hi)) in enumerate(lines.items()):
+            ax.plot(x, y, marker="o", markersize=2, color=f"C{k}", label=label)
+            ax.fill_between(x, lo, hi, color=f"C{k}", alpha=0.2, linewidth=0)
+        ax.set_title(name)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend()
+    fig.suptitle(title)
+    _save(fig, out)
+
+
 def plot_bleu_grid(series: dict[str, list[MethodPoints]], out: str | os.PathLike) -> None:
     """One panel: output layers on the x axis, one colour per series (e.g. tying mode); each
     seed as a dot, the mean with its 95% CI as an error bar."""

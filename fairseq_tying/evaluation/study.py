@@ -23,6 +23,7 @@ from fairseq_tying.atomic import write_json, write_text
 from fairseq_tying.evaluation import study_records
 from fairseq_tying.evaluation.plots import (
     MethodPoints,
+    plot_bands,
     plot_bleu_grid,
     plot_curves,
     plot_norm_histograms,
@@ -77,6 +78,14 @@ def summarize(cells: Cells, refs: Sequence[str], n_samples: int) -> dict[str, An
             mean, half = mean_ci(values)
             cell[name] = {"values": values, "mean": mean, "ci95": None if np.isnan(half) else half}
         cell["params"] = sorted({runs[s]["train"]["params"] for s in seeds})
+        if all("stop" in runs[s]["train"] for s in seeds):  # trained to a plateau
+            cell["stop"] = {"epochs": [runs[s]["train"]["stop"]["epoch"] for s in seeds],
+                            "reasons": [runs[s]["train"]["stop"]["reason"] for s in seeds]}
+        if all("eval_best" in runs[s] for s in seeds):
+            values = [runs[s]["eval_best"]["bleu"] for s in seeds]
+            mean, half = mean_ci(values)
+            cell["bleu_best"] = {"values": values, "mean": mean,
+                                 "ci95": None if np.isnan(half) else half}
         if layer != "dot" and (test := compare(runs, cells.get((tying, "dot")), refs, n_samples)):
             cell["vs_dot"] = test
         if tying != "none" and (test := compare(runs, cells.get(("none", layer)), refs,
@@ -160,10 +169,23 @@ def tables(summary: dict[str, Any]) -> str:
               "\n**chrF**\n", grid(lambda c: _ci(c["chrf"])),
               "\n**Validation NLL** (base 2, per token, last validation)\n",
               grid(lambda c: _ci(c["valid_nll"], 3))]
+    if all("stop" in c for c in summary.values()):
+        parts += ["\n**Epochs trained** (mean over seeds; stop reasons)\n",
+                  grid(_epochs),
+                  "\n**BLEU of the best single checkpoint** (lowest validation NLL), beside the "
+                  "average of the last epochs above\n",
+                  grid(lambda c: _ci(c["bleu_best"]) if "bleu_best" in c else "–")]
     parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
     parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: three-way "
               "tying on the Bible, mean over seeds)\n", paper_table(summary)]
     return "\n".join(parts)
+
+
+def _epochs(cell: dict[str, Any]) -> str:
+    stop = cell["stop"]
+    reasons = ", ".join(f"{stop['reasons'].count(r)} {r}" for r in sorted(set(stop["reasons"])))
+    epochs = "/".join(str(e) for e in stop["epochs"])
+    return f"{np.mean(stop['epochs']):.1f} ({epochs}; {reasons})"
 
 
 def params_table(summary: dict[str, Any]) -> str:
@@ -215,6 +237,13 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
                  for t in TYINGS if any((t, la) in cells for la in LAYERS)},
                 written[-1], "updates", "validation NLL (base 2)",
                 "Validation NLL during training, mean over seeds")
+    if all("valid_epochs" in r["train"] for runs in cells.values() for r in runs.values()):
+        written.append(out / "valid_nll_epochs.png")
+        plot_bands({f"tying: {t}": {la: _epoch_band(cells[(t, la)].values())
+                                    for la in LAYERS if (t, la) in cells}
+                    for t in TYINGS if any((t, la) in cells for la in LAYERS)},
+                   written[-1], "epoch", "validation NLL (base 2)",
+                   "Validation NLL per epoch: mean over seeds, band from min to max")
     for t in TYINGS:
         runs = [(la, cells[(t, la)]) for la in LAYERS if (t, la) in cells]
         if runs:
@@ -238,31 +267,63 @@ def _mean_curve(records) -> tuple[list[float], list[float]]:
     return xs, [sum(points[x]) / len(points[x]) for x in xs]
 
 
-def insert_tables(report: Path, text: str) -> None:
+def _epoch_band(records) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per epoch: mean, min and max of the validation value over the runs that reached it."""
+    points: dict[int, list[float]] = defaultdict(list)
+    for r in records:
+        for epoch, _update, value in r["train"]["valid_epochs"]:
+            points[epoch].append(value)
+    xs = sorted(points)
+    return (xs, [float(np.mean(points[x])) for x in xs], [min(points[x]) for x in xs],
+            [max(points[x]) for x in xs])
+
+
+def markers(block: str) -> tuple[str, str]:
+    """The report's markers around the generated tables of ``block``."""
+    return (BEGIN, END) if block == "study" else (f"<!-- {block}:begin -->",
+                                                  f"<!-- {block}:end -->")
+
+
+def insert_tables(report: Path, text: str, block: str = "study") -> None:
     """Replace the marked block of ``report`` (appended when the markers are missing)."""
-    block = f"{BEGIN}\n{text.rstrip()}\n{END}"
+    begin, end = markers(block)
+    block_text = f"{begin}\n{text.rstrip()}\n{end}"
     old = report.read_text(encoding="utf-8") if report.exists() else "# Results\n"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        new = head + block + rest.split(END, 1)[1]
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + block_text + rest.split(end, 1)[1]
     else:
-        new = old.rstrip() + "\n\n" + block + "\n"
+        new = old.rstrip() + "\n\n" + block_text + "\n"
     write_text(report, new)
 
 
 def build(records_dir: str | os.PathLike, report: str | os.PathLike, plots_dir: str | os.PathLike,
           references: Sequence[str], runs: str | os.PathLike | None = None,
-          n_samples: int = 1000) -> dict[str, Any]:
+          n_samples: int = 1000, block: str = "study") -> dict[str, Any]:
+    """Export new records (``runs``), then rebuild the tables of ``block`` in ``report`` and the
+    plots from the records alone. Records of a second architecture (e.g. DynamicConv beside
+    the Transformer) get their own tables below the first one's."""
     exported = study_records.export(runs, records_dir) if runs else []
     records = study_records.load(records_dir)
     check_references(records, references)
-    cells = group(records)
-    summary = summarize(cells, references, n_samples)
+    by_arch: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_arch[r["arch"]].append(r)
+    archs = sorted(by_arch, key=lambda a: -len(by_arch[a]))  # the main architecture first
     plots_dir = Path(plots_dir)
     plots_dir.mkdir(parents=True, exist_ok=True)
-    pngs = plots(cells, summary, plots_dir)
+    texts, summaries, pngs = [], {}, []
+    for i, arch in enumerate(archs):
+        cells = group(by_arch[arch])
+        summaries[arch] = summarize(cells, references, n_samples)
+        out = plots_dir if i == 0 else plots_dir / arch
+        out.mkdir(parents=True, exist_ok=True)
+        pngs += plots(cells, summaries[arch], out)
+        text = tables(summaries[arch])
+        texts.append(text if i == 0 else f"### `{arch}`\n\n{text}")
+    summary = summaries[archs[0]] if len(archs) == 1 else summaries
     write_json(plots_dir / "summary.json", summary, indent=1)
-    text = tables(summary)
-    insert_tables(Path(report), text)
+    text = "\n\n".join(texts)
+    insert_tables(Path(report), text, block)
     return {"exported": exported, "records": len(records), "markdown": text,
             "written": [str(report), str(plots_dir / "summary.json"), *map(str, pngs)]}

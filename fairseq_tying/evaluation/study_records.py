@@ -15,6 +15,7 @@ from typing import Any
 from fairseq_tying.atomic import atomic_write, write_json
 from fairseq_tying.evaluation import norms
 from fairseq_tying.evaluation.records import read_run_json
+from fairseq_tying.launch import plateau
 
 EVAL_KEYS = ("bleu", "bleu_signature", "bleu_verbose", "chrf", "chrf_signature", "tok_bleu",
              "tok_bleu_signature", "preset", "beam", "lenpen", "subset", "n_sentences",
@@ -38,14 +39,28 @@ def training_summary(log: Path) -> dict[str, Any]:
             out["valid"] = {k.removeprefix("valid_"): float(v) for k, v in stats.items()
                             if k.startswith("valid_") and k not in ("valid_wps", "valid_wpb",
                                                                     "valid_bsz")}
-            out.setdefault("valid_history", []).append(
-                [int(out["valid"]["num_updates"]), out["valid"]["nll_loss"]])
+            updates = int(out["valid"]["num_updates"])
+            # a run resumed after a kill may validate the same update again: keep the last
+            out["valid_history"] = [h for h in out.get("valid_history", []) if h[0] < updates]
+            out["valid_history"].append([updates, out["valid"]["nll_loss"]])
         elif m := DONE.search(line):
             out["train_seconds"] = float(m.group(1))
     if "params" not in out or "valid" not in out:
         raise ValueError(f"{log}: no parameter count or validation line; is the run finished "
                          "and logged with --log-format json?")
     return out
+
+
+def plateau_summary(run_dir: Path) -> dict[str, Any]:
+    """Under the plateau rule: ``stop`` (epoch, update, reason) from ``train.done`` and the
+    per-epoch validations ``valid_epochs`` ([epoch, update, value] of the watched metric)."""
+    done = run_dir / "train.done"
+    stop = json.loads(done.read_text()).get("stop") if done.is_file() else None
+    if stop is None:
+        return {}
+    history = json.loads((run_dir / plateau.HISTORY).read_text())
+    return {"stop": stop, "valid_metric": history["metric"],
+            "valid_epochs": [[h["epoch"], h["update"], h["value"]] for h in history["epochs"]]}
 
 
 def build_record(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
@@ -61,7 +76,15 @@ def build_record(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
     record = {k: meta.get(k) for k in RUN_KEYS}
     record["checkpoint"] = ckpt.name
     record["train"] = training_summary(logs[-1])
+    record["train"].update(plateau_summary(run_dir))
     record["eval"] = {k: result.get(k) for k in EVAL_KEYS}
+    if result.get("averaged"):
+        record["eval"]["averaged"] = result["averaged"]
+    for extra in sorted(run_dir.glob("eval.*.json")):  # tagged evaluations, e.g. eval.best.json
+        with open(extra, encoding="utf-8") as f:
+            tagged = json.load(f)
+        record[f"eval_{tagged['tag']}"] = {"checkpoint": Path(tagged["checkpoint"]).name,
+                                           **{k: tagged.get(k) for k in EVAL_KEYS}}
     record["output_row_norms"] = [round(float(x), 4) for x in row_norms]
     hyps = (run_dir / result["hypotheses"]).read_text(encoding="utf-8").splitlines()
     return record, hyps

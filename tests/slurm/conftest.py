@@ -65,7 +65,7 @@ def launch(*args: str, data: Path | None = None, check: bool = True) -> subproce
     if data is not None:
         env["FAIRSEQ_TYING_TINY_DATA"] = str(data)
     proc = subprocess.run([sys.executable, "-m", "fairseq_tying.launch", *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"launcher failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, launch, write_sweep
 
+from fairseq_tying.evaluation.cli import main
 from tests.test_launch_plateau import first_stop
 
 pytestmark = pytest.mark.slow
@@ -25,8 +26,8 @@ EVAL = {"args": ["--average-last", "3", "--beam", "2"],
         "also": {"best": ["--checkpoint", "checkpoint_best.pt", "--beam", "2"]}}
 
 
-def converged_sweep(path: Path, **stopping) -> Path:
-    return write_sweep(path, grid={"output_layer": ["l2norm"], "seed": [1]}, fairseq=FAIRSEQ,
+def converged_sweep(path: Path, layers: tuple[str, ...] = ("l2norm",), **stopping) -> Path:
+    return write_sweep(path, grid={"output_layer": list(layers), "seed": [1]}, fairseq=FAIRSEQ,
                        evaluation=EVAL, stopping=stopping)
 
 
@@ -35,32 +36,69 @@ def only_run(out: Path) -> Path:
     return run
 
 
-def test_plateau_run_stops_where_the_rule_says_and_is_scored_twice(tiny_data, tmp_path):
-    sweep = converged_sweep(tmp_path / "s.yaml", patience=1, min_gain=0.05, max_epoch=8)
-    out = tmp_path / "runs"
-    launch(str(sweep), "--local", "--output-dir", str(out), data=tiny_data)
-    run = only_run(out)
-    history = json.loads((run / "valid_history.json").read_text())
-    assert history["metric"] == "nll_loss"
-    values = [h["value"] for h in history["epochs"]]
-    assert [h["epoch"] for h in history["epochs"]] == list(range(1, len(values) + 1))
-    epoch, reason = first_stop(values, patience=1, gain=0.05, cap=8)
-    stop = json.loads((run / "train.done").read_text())["stop"]
-    assert (stop["epoch"], stop["reason"]) == (epoch, reason)
-    assert stop["update"] == history["epochs"][-1]["update"]
-    ckpts = run / "checkpoints"
-    kept = sorted(int(p.stem[len("checkpoint"):]) for p in ckpts.glob("checkpoint[0-9]*.pt"))
-    assert kept == list(range(max(1, epoch - 2), epoch + 1))  # keep_last_epochs 3
-    main = json.loads((run / "eval.json").read_text())
-    best = json.loads((run / "eval.best.json").read_text())
-    assert main["averaged"] == [f"checkpoint{e}.pt" for e in kept]
-    assert Path(best["checkpoint"]).name == "checkpoint_best.pt" and best["tag"] == "best"
-    assert (run / best["hypotheses"]).is_file() and best["hypotheses"] != main["hypotheses"]
-    # the best checkpoint is the epoch of the lowest validation NLL
+@pytest.fixture(scope="module")
+def plateau_runs(tiny_data, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("plateau")
+    sweep = converged_sweep(tmp / "s.yaml", ("dot", "l2norm"), patience=1, min_gain=0.05,
+                            max_epoch=8)
+    launch(str(sweep), "--local", "--workers", "2", "--output-dir", str(tmp / "runs"),
+           data=tiny_data)
+    return tmp / "runs"
+
+
+def _runs(out: Path) -> list[Path]:
+    return sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def test_plateau_run_stops_where_the_rule_says_and_is_scored_twice(plateau_runs):
     import torch
 
-    state = torch.load(ckpts / "checkpoint_best.pt", map_location="cpu", weights_only=False)
-    assert state["extra_state"]["val_loss"] == pytest.approx(min(values), abs=1e-6)
+    for run in _runs(plateau_runs):
+        history = json.loads((run / "valid_history.json").read_text())
+        assert history["metric"] == "nll_loss"
+        values = [h["value"] for h in history["epochs"]]
+        assert [h["epoch"] for h in history["epochs"]] == list(range(1, len(values) + 1))
+        epoch, reason = first_stop(values, patience=1, gain=0.05, cap=8)
+        stop = json.loads((run / "train.done").read_text())["stop"]
+        assert (stop["epoch"], stop["reason"]) == (epoch, reason)
+        assert stop["update"] == history["epochs"][-1]["update"]
+        ckpts = run / "checkpoints"
+        kept = sorted(int(p.stem[len("checkpoint"):]) for p in ckpts.glob("checkpoint[0-9]*.pt"))
+        assert kept == list(range(max(1, epoch - 2), epoch + 1))  # keep_last_epochs 3
+        main = json.loads((run / "eval.json").read_text())
+        best = json.loads((run / "eval.best.json").read_text())
+        assert main["averaged"] == [f"checkpoint{e}.pt" for e in kept]
+        assert Path(best["checkpoint"]).name == "checkpoint_best.pt" and best["tag"] == "best"
+        assert (run / best["hypotheses"]).is_file() and best["hypotheses"] != main["hypotheses"]
+        # the best checkpoint is the epoch of the lowest validation NLL
+        state = torch.load(ckpts / "checkpoint_best.pt", map_location="cpu", weights_only=False)
+        assert state["extra_state"]["val_loss"] == pytest.approx(min(values), abs=1e-6)
+
+
+def test_converged_records_and_report(plateau_runs, tiny_data, tmp_path):
+    records, report, plots = tmp_path / "records", tmp_path / "results.md", tmp_path / "plots"
+    report.write_text("# Results\n\n<!-- converged:begin -->\nold\n<!-- converged:end -->\n"
+                      "\nWritten by hand.\n")
+    args = ["study", "--records", str(records), "--report", str(report), "--plots", str(plots),
+            "--references", str(tiny_data / "raw" / "test.en"), "--bootstrap-samples", "100",
+            "--block", "converged"]
+    assert main([*args, "--runs", str(plateau_runs)]) == 0
+    for run in _runs(plateau_runs):
+        rec = json.loads((records / f"{run.name}.json").read_text())
+        done = json.loads((run / "train.done").read_text())
+        history = json.loads((run / "valid_history.json").read_text())["epochs"]
+        assert rec["train"]["stop"] == done["stop"]
+        assert rec["train"]["valid_epochs"] == [[h["epoch"], h["update"], h["value"]]
+                                               for h in history]
+        assert rec["eval_best"]["bleu"] == json.loads((run / "eval.best.json").read_text())["bleu"]
+        assert rec["eval"]["averaged"] == json.loads((run / "eval.json").read_text())["averaged"]
+    text = report.read_text()
+    assert "**Epochs trained**" in text and "BLEU of the best single checkpoint" in text
+    assert text.endswith("Written by hand.\n") and "\nold\n" not in text
+    assert (plots / "valid_nll_epochs.png").stat().st_size > 10_000
+    first = text
+    assert main(args) == 0  # from the records alone: the same report
+    assert report.read_text() == first
 
 
 def _param_sum(run: Path) -> float:
