@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font-search noise otherwise
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fairseq_tying.atomic import atomic_write  # noqa: E402
 
@@ -102,6 +103,7 @@ def plot_bands(panels: dict[str, dict[str, tuple[Sequence[float], ...]]],
         for k, (label, (x, y, lo, hi)) in enumerate(lines.items()):
             ax.plot(x, y, marker="o", markersize=2, color=f"C{k}", label=label)
             ax.fill_between(x, lo, hi, color=f"C{k}", alpha=0.2, linewidth=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(name)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
