@@ -7,10 +7,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import matplotlib
+# before the import: matplotlib logs its set-up at DEBUG, which fairseq's root logger shows
+logging.getLogger("matplotlib").setLevel(logging.WARNING)
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
-logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font-search noise otherwise
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
