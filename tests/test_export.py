@@ -24,9 +24,9 @@ CASES = [  # (arch, --tying, --output-layer, --tied-projection)
 
 
 def _train(data: Path, save_dir: Path, arch: str, tying: str, rule: str, projection: bool,
-           updates: int = 25) -> Path:
+           updates: int = 25, extra: tuple[str, ...] = ()) -> Path:
     run_cli("fairseq-train", str(data), "--user-dir", "fairseq_tying", "--arch", arch,
-            *TINY_MODEL, "--tying", tying, "--output-layer", rule,
+            *TINY_MODEL, *extra, "--tying", tying, "--output-layer", rule,
             *(["--tied-projection"] if projection else []),
             "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
             "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600",

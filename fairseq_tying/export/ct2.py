@@ -81,13 +81,12 @@ def load_model(ckpt: Path, data: Path | None):
     overrides = {"data": str(data)} if data is not None else None
     state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt), overrides)
     cfg = state["cfg"]
-    data = Path(cfg.task.data)
-    if not (data / f"dict.{cfg.task.source_lang}.txt").is_file():
-        raise ExportError(f"the dictionaries dict.{cfg.task.source_lang}.txt/"
-                          f"dict.{cfg.task.target_lang}.txt are not in {data}: pass --data DIR, "
-                          "the fairseq-preprocess folder the model was trained on")
     stock_arch(cfg.model, formats=("transformer",), allow_bias=True)
-    task = tasks.setup_task(cfg.task)
+    try:
+        task = tasks.setup_task(cfg.task)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise ExportError(f"cannot read the dictionaries in {cfg.task.data} ({e}): pass --data "
+                          "DIR, the fairseq-preprocess folder the model was trained on") from e
     model = task.build_model(cfg.model)
     model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
     model.eval().requires_grad_(False)

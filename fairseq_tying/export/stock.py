@@ -89,6 +89,17 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
     return family
 
 
+def _check_kernel_lists(args: Namespace) -> None:
+    """fairseq's lightconv repeats a one-entry kernel-size list with ``list * layers``, which
+    fails on the OmegaConf list that a dict config becomes (a Namespace keeps a plain list)."""
+    for side in ("encoder", "decoder"):
+        if len(getattr(args, f"{side}_kernel_size_list", None) or ()) == 1:
+            raise ExportError(f"--{side}-kernel-size-list has one entry, which fairseq's "
+                              "lightconv cannot read back from a dict config; export with "
+                              "--config-format namespace (loads with --user-dir fairseq_tying "
+                              "for the allowlist)")
+
+
 def _check(args: Namespace) -> str:
     return stock_arch(args)
 
@@ -167,6 +178,8 @@ def export(ckpt: Path, out: Path, config_format: str = "dict") -> dict:
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
     args = _model_args(state)
     arch = stock_arch(args)
+    if arch == "lightconv" and config_format == "dict":
+        _check_kernel_lists(args)
     model, flags = bake(state["model"], args)
     history = (state.get("optimizer_history") or [{}])[-1]
     plain = {
