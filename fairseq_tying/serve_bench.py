@@ -3,13 +3,14 @@
 ``python -m fairseq_tying.bench --mode serve --checkpoint CKPT`` in one run, on one test set,
 with the same beam, length penalty, batch size and threads:
 
-1. ``fairseq-generate`` with the plugin (``--user-dir``); its own timing line
-   ("Translated N sentences (T tokens) in S s") counts generation only, no model loading;
+1. fairseq-generate's generation loop, run in this process (the checkpoint loaded as
+   fairseq-generate loads it, the subset batched by length with ``--batch-size`` sentences,
+   ``task.inference_step`` with fairseq's SequenceGenerator), timed around generation only;
 2. the checkpoint exported with ``python -m fairseq_tying.export --format ctranslate2``, decoded
    with CTranslate2 at ``float32`` and at ``int8`` (weights quantized when loaded, as
    ``--quantization int8`` saves them), timed around ``translate_batch`` only.
 
-Sources are the token sequences fairseq-generate read (its ``S-`` lines), so both decoders see
+Sources are the token sequences fairseq read from the binarized subset, so both decoders see
 the same input; tokens/s counts the hypothesis tokens plus ``</s>``, as fairseq does. Reports the
 share of sentences with identical hypotheses, BLEU (sacrebleu, detokenized, against the raw
 references when ``--refs`` or the prepared data's ``raw/test.<tgt>`` is there) and the ratios.
@@ -20,41 +21,53 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from fairseq_tying import atomic, translate
-from fairseq_tying.export.ct2 import export_ct2, find_subword
+from fairseq_tying.export.ct2 import ExportError, Subword, export_ct2, find_subword
 
-PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
-TIMING = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s")
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def run_fairseq(opts: argparse.Namespace) -> dict:
-    """fairseq-generate's hypotheses, sources and timing (generation only)."""
-    cmd = [str(Path(sys.executable).parent / "fairseq-generate"), str(opts.data),
-           "--user-dir", PLUGIN_DIR, "--path", str(opts.checkpoint), "--gen-subset", opts.subset,
-           "--beam", str(opts.beam), "--lenpen", str(opts.lenpen),
-           "--max-len-b", str(opts.max_len_b), "--batch-size", str(opts.batch_size),
-           "--required-batch-size-multiple", "1", "--cpu"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads), "MKL_NUM_THREADS":
-           str(opts.threads), "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"fairseq-generate failed:\n{proc.stderr[-3000:]}")
-    found = TIMING.search(proc.stdout + proc.stderr)
-    if not found:
-        raise RuntimeError("fairseq-generate printed no timing line")
-    sents, tokens, seconds = (float(g.replace(",", "")) for g in found.groups())
-    sources = {int(i): s.split() for i, s in re.findall(r"^S-(\d+)\t(.*)$", proc.stdout, re.M)}
-    hyps = {int(i): h.split() for i, h in re.findall(r"^H-(\d+)\t\S+\t(.*)$", proc.stdout,
-                                                      re.M)}
+    """fairseq-generate's generation loop in this process (load the ensemble, batch the subset,
+    ``task.inference_step`` with the task's SequenceGenerator), timed around generation only."""
+    import torch
+    from fairseq import checkpoint_utils, utils
+
+    import fairseq_tying  # noqa: F401  (registers the models; allowlists fairseq checkpoints)
+
+    torch.set_num_threads(opts.threads)
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(opts.checkpoint)], arg_overrides={"data": str(opts.data)})
+    for model in models:
+        model.eval()
+    task.load_dataset(opts.subset)
+    generator = task.build_generator(models, argparse.Namespace(
+        beam=opts.beam, lenpen=opts.lenpen, max_len_a=0, max_len_b=opts.max_len_b))
+    batches = task.get_batch_iterator(
+        dataset=task.dataset(opts.subset), max_sentences=opts.batch_size,
+        max_positions=(1024, 1024), required_batch_size_multiple=1,
+    ).next_epoch_itr(shuffle=False)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    strip = {tgt_dict.eos(), tgt_dict.bos()}
+    clock, seconds = CLOCKS[opts.clock], 0.0
+    sources, hyps, tokens = {}, {}, 0
+    with torch.no_grad():
+        for sample in batches:
+            start = clock()
+            out = task.inference_step(generator, models, sample)
+            seconds += clock() - start
+            for k, sid in enumerate(sample["id"].tolist()):
+                src = utils.strip_pad(sample["net_input"]["src_tokens"][k], src_dict.pad())
+                sources[sid] = src_dict.string(src).split()
+                hyps[sid] = tgt_dict.string(out[k][0]["tokens"],
+                                            extra_symbols_to_ignore=strip).split()
+                tokens += len(out[k][0]["tokens"])  # with </s>, as fairseq-generate counts
     return {"sources": sources, "hypotheses": hyps, "seconds": seconds,
-            "sentences": int(sents), "tokens": int(tokens)}
+            "sentences": len(hyps), "tokens": tokens}
 
 
 def run_ct2(model: Path, sources: list[list[str]], opts: argparse.Namespace,
@@ -67,9 +80,10 @@ def run_ct2(model: Path, sources: list[list[str]], opts: argparse.Namespace,
     options = translate.ct2_options(opts.beam, opts.lenpen, max_len_b=opts.max_len_b)
     translator.translate_batch(sources[:opts.batch_size], max_batch_size=opts.batch_size,
                                **options)  # warm-up: first-call allocations
-    start = time.perf_counter()
+    clock = CLOCKS[opts.clock]
+    start = clock()
     results = translator.translate_batch(sources, max_batch_size=opts.batch_size, **options)
-    seconds = time.perf_counter() - start
+    seconds = clock() - start
     hyps = [r.hypotheses[0] for r in results]
     return {"hypotheses": hyps, "seconds": seconds, "sentences": len(hyps),
             "tokens": sum(len(h) + 1 for h in hyps)}  # + </s>, as fairseq counts
@@ -92,7 +106,10 @@ def _references(opts: argparse.Namespace, ids: list[int], tgt: str) -> list[str]
 
 
 def measure(opts: argparse.Namespace, workdir: Path) -> dict:
-    subword = find_subword(opts.data)
+    try:
+        subword = find_subword(opts.data)
+    except ExportError:  # pre-tokenized data: BLEU on the tokens
+        subword = Subword("none")
     model = workdir / "ct2"
     meta = export_ct2(opts.checkpoint, model, opts.data, "none", subword)
     _, decode = translate.text_processors(model, meta)
@@ -146,6 +163,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-len-b", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch, both decoders")
     p.add_argument("--threads", type=int, default=1, help="CPU threads, both decoders")
+    p.add_argument("--clock", choices=CLOCKS, default="wall",
+                   help="wall time, or this process's CPU time (steadier on a shared machine "
+                        "with --threads 1) (default: wall)")
     p.add_argument("--out", type=Path, help="write the report (JSON) here")
     opts = p.parse_args(argv)
     if not opts.checkpoint.is_file():

@@ -226,3 +226,20 @@ def test_subword_round_trip(tiny_corpus, tmp_path, kind):
     tokens = encode(text)
     assert len(tokens) > len(text.split())  # segmented into subwords
     assert decode(tokens) == text
+
+
+@pytest.mark.slow
+def test_serve_bench_compares_fairseq_and_ctranslate2(joined_bin, trained, tmp_path):
+    from fairseq_tying import bench
+
+    run = trained("transformer_twwt", "three_way", "distance", False)
+    out = tmp_path / "serve.json"
+    report = bench.main(["--mode", "serve", "--checkpoint", str(run.ckpt), "--data",
+                         str(joined_bin), "--beam", str(BEAM), "--lenpen", str(LENPEN),
+                         "--max-len-b", str(MAX_LEN), "--batch-size", "8", "--clock", "cpu",
+                         "--out", str(out)])
+    assert json.loads(out.read_text())["results"].keys() == {"fairseq", "ct2_float32", "ct2_int8"}
+    rows = report["results"]
+    assert rows["fairseq"]["sentences"] == rows["ct2_int8"]["sentences"] == len(run.sources)
+    assert rows["ct2_float32"]["same_as_fairseq"] >= 0.75  # all but cut-off hypotheses
+    assert all(r["tokens_per_s"] > 0 and r["bleu"] is not None for r in rows.values())
