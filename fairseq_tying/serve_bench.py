@@ -122,11 +122,16 @@ def measure(opts: argparse.Namespace, workdir: Path) -> dict:
                         "bleu": bleu(fs_hyps, refs, decode), "same_as_fairseq": 1.0}}
     for compute_type in ("float32", "int8"):
         ct = run_ct2(model, sources, opts, compute_type)
-        same = sum(a == b for a, b in zip(ct["hypotheses"], fs_hyps, strict=True))
+        pairs = list(zip(ids, ct["hypotheses"], fs_hyps, strict=True))
+        differ = [(i, a, b) for i, a, b in pairs if a != b]
+        cap = opts.max_len_b  # tokens before fairseq's forced </s>: a hypothesis cut by the bound
         rows[f"ct2_{compute_type}"] = {
             **{k: ct[k] for k in ("seconds", "sentences", "tokens")},
-            "bleu": bleu(ct["hypotheses"], refs, decode), "same_as_fairseq": same / len(ids),
-            "same_count": same}
+            "bleu": bleu(ct["hypotheses"], refs, decode),
+            "same_as_fairseq": 1 - len(differ) / len(ids), "same_count": len(ids) - len(differ),
+            "differ_at_length_bound": sum(max(len(a), len(b)) >= cap for _, a, b in differ),
+            "differing": [{"id": i, "ct2_tokens": len(a), "fairseq_tokens": len(b)}
+                          for i, a, b in differ[:20]]}
     for row in rows.values():
         row["sentences_per_s"] = row["sentences"] / row["seconds"]
         row["tokens_per_s"] = row["tokens"] / row["seconds"]

@@ -10,8 +10,9 @@ fairseq does (set at export time), so the input is plain text without special to
 
 fairseq-generate's decoding flags map to CTranslate2's ``translate_batch`` options as follows
 (``ct2_options``): ``--beam`` → ``beam_size``, ``--lenpen`` → ``length_penalty``,
-``--max-len-b N`` (with ``--max-len-a 0``) → ``max_decoding_length=N-1`` (fairseq's bound
-counts the final ``</s>``, CTranslate2's does not), ``--min-len`` →
+``--max-len-b N`` (with ``--max-len-a 0``) → ``max_decoding_length=N`` (both count the tokens
+before ``</s>``; at the bound fairseq forces ``</s>`` and scores it, CTranslate2 stops),
+``--min-len`` →
 ``min_decoding_length``, ``--unkpen inf`` → ``disable_unk``, ``--no-repeat-ngram-size`` →
 ``no_repeat_ngram_size``, ``--nbest`` → ``num_hypotheses``.
 """
@@ -90,10 +91,9 @@ def ct2_options(beam: int = 5, lenpen: float = 1.0, max_len_a: float = 0.0,
     if unkpen not in (0.0, float("inf")):
         raise TranslateError(f"--unkpen {unkpen}: CTranslate2 can only forbid <unk> "
                              "(--unkpen inf, its disable_unk) or leave it (0)")
-    if max_len_b < 2:
-        raise TranslateError(f"--max-len-b {max_len_b}: must be at least 2 (one token and </s>)")
-    # fairseq's bound counts the </s> it forces at the end; CTranslate2's counts tokens only.
-    return {"beam_size": beam, "length_penalty": lenpen, "max_decoding_length": max_len_b - 1,
+    if max_len_b < 1:
+        raise TranslateError(f"--max-len-b {max_len_b}: must be at least 1")
+    return {"beam_size": beam, "length_penalty": lenpen, "max_decoding_length": max_len_b,
             "min_decoding_length": min_len, "disable_unk": unkpen == float("inf"),
             "no_repeat_ngram_size": no_repeat_ngram_size, "num_hypotheses": nbest}
 

@@ -32,12 +32,12 @@ LENPEN = 0
 
 def _assert_same(ct2: dict[int, str], fairseq: dict[int, str]) -> None:
     """Equal hypotheses for every sentence where neither decoder produced a hypothesis cut by
-    the length bound (MAX_LEN - 1 tokens and </s>). Those differ by design: fairseq forces
-    </s> at the bound and adds its log-probability, CTranslate2 stops without it, so a cut
-    hypothesis competes with a different score."""
+    the length bound (MAX_LEN tokens). Those differ by design: fairseq forces </s> at the
+    bound and adds its log-probability, CTranslate2 stops without it, so a cut hypothesis
+    competes with a different score."""
     assert ct2.keys() == fairseq.keys()
     ended = [i for i, h in fairseq.items()
-             if max(len(h.split()), len(ct2[i].split())) < MAX_LEN - 1]
+             if max(len(h.split()), len(ct2[i].split())) < MAX_LEN]
     assert len(ended) >= 0.75 * len(fairseq)
     assert {i: ct2[i] for i in ended} == {i: fairseq[i] for i in ended}
 UPDATES = 150  # enough for varied multi-token hypotheses on the toy task
