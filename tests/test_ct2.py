@@ -229,7 +229,7 @@ def test_subword_round_trip(tiny_corpus, tmp_path, kind):
 
 
 @pytest.mark.slow
-def test_serve_bench_compares_fairseq_and_ctranslate2(joined_bin, trained, tmp_path):
+def test_serve_bench_compares_fairseq_and_ctranslate2(tiny_corpus, joined_bin, trained, tmp_path):
     from fairseq_tying import bench
 
     run = trained("transformer_twwt", "three_way", "distance", False)
@@ -237,9 +237,10 @@ def test_serve_bench_compares_fairseq_and_ctranslate2(joined_bin, trained, tmp_p
     report = bench.main(["--mode", "serve", "--checkpoint", str(run.ckpt), "--data",
                          str(joined_bin), "--beam", str(BEAM), "--lenpen", str(LENPEN),
                          "--max-len-b", str(MAX_LEN), "--batch-size", "8", "--clock", "cpu",
-                         "--out", str(out)])
+                         "--refs", str(tiny_corpus / "test.tgt"), "--out", str(out)])
     assert json.loads(out.read_text())["results"].keys() == {"fairseq", "ct2_float32", "ct2_int8"}
     rows = report["results"]
-    assert rows["fairseq"]["sentences"] == rows["ct2_int8"]["sentences"] == len(run.sources)
+    n_test = len((tiny_corpus / "test.src").read_text().splitlines())
+    assert rows["fairseq"]["sentences"] == rows["ct2_int8"]["sentences"] == n_test
     assert rows["ct2_float32"]["same_as_fairseq"] >= 0.75  # all but cut-off hypotheses
     assert all(r["tokens_per_s"] > 0 and r["bleu"] is not None for r in rows.values())
