@@ -11,7 +11,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/fairseq_tying/wheels
 PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 WHEEL_DIR := $(WHEEL_CACHE)/$(PY_TAG)-torch$(TORCH_VERSION)-numpy1-fairseq$(FAIRSEQ_VERSION)
 
-.PHONY: setup test lint demo study study-one-epoch clean
+.PHONY: setup test lint demo study study-one-epoch gpu-check clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -63,6 +63,12 @@ study-one-epoch: setup
 	  --skip-recorded docs/study/records
 	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/study/runs \
 	  --records docs/study/records --report docs/results.md --plots docs/study
+
+# GPU acceptance on one CUDA GPU (docs/performance.md): per output layer, --fp16 training of
+# transformer_twwt_iwslt_de_en on the Bible corpus (300 updates), fairseq-generate --fp16,
+# CTranslate2 float16 decoding; then bench --device cuda --fp16. Summary: work/gpu_check/gpu_check.json.
+gpu-check: setup
+	$(PY) -m fairseq_tying.gpu_check --out work/gpu_check
 
 lint: setup
 	$(VENV)/bin/ruff check fairseq_tying scripts tests

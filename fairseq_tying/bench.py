@@ -14,6 +14,10 @@ with the same dimensions and the same initial parameters, and measures for each 
 Repetitions interleave the models (rotating order) after a warm-up; each model's time is divided
 by the built-in model's time in the same repetition and the ratios are summarized by their median
 and quartiles. Results go to a table (stdout), a JSON file and a PNG plot of ratio against V.
+
+``python -m fairseq_tying.bench --mode serve --checkpoint CKPT`` instead measures a trained
+model's decoding speed: fairseq-generate against CTranslate2 float32 and int8
+(``fairseq_tying/serve_bench.py``).
 """
 
 from __future__ import annotations
@@ -468,6 +472,9 @@ def machine(device: str) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m fairseq_tying.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("layers", "serve"), default="layers",
+                   help="layers: this benchmark (default); serve: fairseq-generate vs "
+                        "CTranslate2 on a trained checkpoint (--mode serve --help)")
     p.add_argument("--preset", choices=PRESETS, default=None,
                    help="model and batch size (default: small on CPU, iwslt on CUDA)")
     p.add_argument("--vocab", type=int, nargs="+", default=[8000, 32000, 64000],
@@ -504,7 +511,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return opts
 
 
+def _mode(argv: list[str] | None) -> tuple[str, list[str]]:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--mode", choices=("layers", "serve"), default="layers")
+    known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return known.mode, rest
+
+
 def main(argv: list[str] | None = None) -> dict | None:
+    mode, argv = _mode(argv)
+    if mode == "serve":
+        from fairseq_tying import serve_bench
+
+        return serve_bench.main(argv)
     opts = parse_args(argv)
     import fairseq_tying  # noqa: F401  (registers the models)
 

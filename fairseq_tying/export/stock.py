@@ -1,8 +1,9 @@
-"""Bake a plugin Transformer checkpoint into a plain fairseq ``transformer`` checkpoint.
+"""Bake a plugin checkpoint into a plain fairseq checkpoint: ``transformer_{dwt,twwt}*`` into
+fairseq's ``transformer``, ``dynamicconv_{dwt,twwt}*`` into fairseq's ``lightconv``.
 
 ``python -m fairseq_tying.export CKPT OUT`` writes the output layer into the matrices of
 fairseq's stock model, so that ``fairseq-generate`` loads OUT without ``--user-dir`` and
-produces the same hypotheses:
+produces the same hypotheses (both stock decoders score with ``output_projection``):
 
 - every rule is the affine map ``s = h·W_outᵀ + b`` (``scoring.output_matrix_and_bias``);
   ``W_out`` (times the ``--tied-projection`` matrix L, giving a V×H matrix) becomes
@@ -15,14 +16,14 @@ produces the same hypotheses:
 
 The checkpoint holds only plain Python values besides tensors (the model config as a dict, no
 ``argparse.Namespace``, no numpy, no optimizer state), so torch >= 2.6 loads it with
-``weights_only=True`` and no allowlist. It is an inference checkpoint: to train from it, pass
+``weights_only=True`` and no allowlist. ``--config-format namespace`` stores the model config
+as fairseq-train does (an ``argparse.Namespace``), the layout CTranslate2's converter reads.
+It is an inference checkpoint: to train from it, pass
 ``--reset-optimizer``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -35,6 +36,8 @@ from fairseq_tying.atomic import atomic_write
 PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim")
 PLUGIN_CRITERIA = {"label_smoothed_cross_entropy_pr": "label_smoothed_cross_entropy"}
 PLUGIN_CRITERION_KEYS = ("projection_reg",)
+STOCK_FAMILIES = {"transformer": "transformer", "lightconv": "dynamicconv"}  # stock: plugin
+CONFIG_FORMATS = ("dict", "namespace")
 
 
 class ExportError(ValueError):
@@ -51,26 +54,54 @@ def _model_args(state: dict) -> Namespace:
     return args
 
 
-def _check(args: Namespace) -> None:
+def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "lightconv"),
+               allow_bias: bool = False) -> str:
+    """The stock fairseq model (``transformer`` or ``lightconv``) the checkpoint maps to.
+
+    Refuses, naming the flag, what the target cannot express: another family, a bias in the
+    scores (``distance``) unless ``allow_bias`` (CTranslate2 has an output bias, fairseq's
+    models have none), and a tied matrix narrower than the decoder."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
+    from fairseq_tying.models.dynamicconv_tying import DynamicConvModel
     from fairseq_tying.models.transformer_tying import TiedTransformerModel
 
     arch = getattr(args, "arch", None)
-    if ARCH_MODEL_REGISTRY.get(arch) is not TiedTransformerModel:
-        raise ExportError(f"--arch {arch} is not one of the plugin's transformer_{{dwt,twwt}} "
-                          "architectures: only those are exported to fairseq's transformer")
+    family = {TiedTransformerModel: "transformer", DynamicConvModel: "lightconv"}.get(
+        ARCH_MODEL_REGISTRY.get(arch))
+    if family not in formats:
+        plugin = " or ".join(f"{STOCK_FAMILIES[f]}_{{dwt,twwt}}*" for f in formats)
+        raise ExportError(f"--arch {arch} is not one of the plugin's {plugin} architectures: "
+                          f"only those are exported to {' / '.join(formats)}")
     rule = args.output_layer
-    if rule == "distance":
-        raise ExportError("--output-layer distance adds a per-token bias −½‖w_i‖² to the "
-                          "scores, which fairseq's transformer (a bias-free output projection) "
+    if rule == "distance" and not allow_bias:
+        raise ExportError(f"--output-layer distance adds a per-token bias −½‖w_i‖² to the "
+                          f"scores, which fairseq's {family} (a bias-free output projection) "
                           "cannot express; keep using this checkpoint with --user-dir "
-                          "fairseq_tying")
+                          "fairseq_tying"
+                          + (", or export with --format ctranslate2"
+                             if family == "transformer" else ""))
     tied_dim = getattr(args, "tied_embed_dim", None)
     if tied_dim and tied_dim != args.decoder_embed_dim:
         raise ExportError(f"--tied-embed-dim {tied_dim} differs from --decoder-embed-dim "
-                          f"{args.decoder_embed_dim}: fairseq's transformer has no decoder "
+                          f"{args.decoder_embed_dim}: the exported {family} has no decoder "
                           "input projection for a narrower embedding")
+    return family
+
+
+def _check_kernel_lists(args: Namespace) -> None:
+    """fairseq's lightconv repeats a one-entry kernel-size list with ``list * layers``, which
+    fails on the OmegaConf list that a dict config becomes (a Namespace keeps a plain list)."""
+    for side in ("encoder", "decoder"):
+        if len(getattr(args, f"{side}_kernel_size_list", None) or ()) == 1:
+            raise ExportError(f"--{side}-kernel-size-list has one entry, which fairseq's "
+                              "lightconv cannot read back from a dict config; export with "
+                              "--config-format namespace (loads with --user-dir fairseq_tying "
+                              "for the allowlist)")
+
+
+def _check(args: Namespace) -> str:
+    return stock_arch(args)
 
 
 def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], dict]:
@@ -79,7 +110,7 @@ def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], 
     weight = model["decoder.scorer.weight"]
     projection = model.get("decoder.scorer.projection.weight")
     w_out, bias = scoring.output_matrix_and_bias(rule, weight)
-    assert bias is None, rule  # rules with a bias were refused by _check
+    assert bias is None, rule  # rules with a bias were refused by stock_arch
     if projection is not None:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ
         w_out = (w_out.float() @ projection.float()).to(weight.dtype)
     normalize_inputs = tying != "none" and rule in scoring.NORMALIZED_INPUT_RULES
@@ -112,9 +143,12 @@ def _plain(value, where: str):
     raise ExportError(f"cannot store {where} ({type(value).__name__}) in a plain checkpoint")
 
 
-def stock_cfg(cfg: dict, args: Namespace, flags: dict) -> dict:
+def stock_cfg(cfg: dict, args: Namespace, flags: dict, arch: str = "transformer",
+              config_format: str = "dict") -> dict:
+    """The stock cfg; ``namespace``: the model config as the argparse.Namespace fairseq-train
+    writes (what CTranslate2's fairseq converter reads), otherwise a plain dict."""
     model = {k: v for k, v in vars(args).items() if k not in PLUGIN_MODEL_KEYS}
-    model.update(flags, arch="transformer", _name="transformer", user_dir=None)
+    model.update(flags, arch=arch, _name=arch, user_dir=None)
     model["criterion"] = PLUGIN_CRITERIA.get(model.get("criterion"), model.get("criterion"))
     new = {k: v for k, v in cfg.items() if k != "model"}
     new["model"] = model
@@ -124,23 +158,34 @@ def stock_cfg(cfg: dict, args: Namespace, flags: dict) -> dict:
     if isinstance(criterion, dict) and criterion.get("_name") in PLUGIN_CRITERIA:
         new["criterion"] = {k: v for k, v in criterion.items() if k not in PLUGIN_CRITERION_KEYS}
         new["criterion"]["_name"] = PLUGIN_CRITERIA[criterion["_name"]]
-    return _plain(new, "cfg")
+    new = _plain(new, "cfg")
+    if config_format == "namespace":
+        new["model"] = Namespace(**new["model"])
+    return new
 
 
-def export(ckpt: Path, out: Path) -> dict:
-    """Write the stock checkpoint for ``ckpt`` to ``out`` (atomically); returns its flags."""
+def export(ckpt: Path, out: Path, config_format: str = "dict") -> dict:
+    """Write the stock checkpoint for ``ckpt`` to ``out`` (atomically); returns its flags.
+
+    ``config_format`` ``dict`` (default) loads in stock fairseq under torch's
+    ``weights_only=True`` with no allowlist; ``namespace`` is fairseq-train's own layout, which
+    CTranslate2's ``ct2-fairseq-converter`` needs (it loads with ``--user_dir`` pointing at this
+    plugin, whose import allowlists ``argparse.Namespace``)."""
     import fairseq_tying  # noqa: F401  (registers the archs; allowlists fairseq checkpoints)
 
     if not ckpt.is_file():
         raise ExportError(f"checkpoint {ckpt} does not exist")
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
     args = _model_args(state)
-    _check(args)
+    arch = stock_arch(args)
+    if arch == "lightconv" and config_format == "dict":
+        _check_kernel_lists(args)
     model, flags = bake(state["model"], args)
     history = (state.get("optimizer_history") or [{}])[-1]
     plain = {
         "args": None,
-        "cfg": stock_cfg(state["cfg"] if isinstance(state.get("cfg"), dict) else {}, args, flags),
+        "cfg": stock_cfg(state["cfg"] if isinstance(state.get("cfg"), dict) else {}, args, flags,
+                         arch, config_format),
         "model": model,
         "criterion": None,
         "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
@@ -153,34 +198,16 @@ def export(ckpt: Path, out: Path) -> dict:
     def write(tmp: str) -> None:
         torch.save(plain, tmp)
         unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(tmp)
+        if config_format == "namespace":
+            unsafe = [g for g in unsafe if g != "argparse.Namespace"]
         if unsafe:
             raise ExportError(f"internal error: the exported checkpoint still needs {unsafe}")
 
     atomic_write(out, write)
-    return {"output_layer": args.output_layer, "tying": args.tying,
+    return {"arch": arch, "output_layer": args.output_layer, "tying": args.tying,
             "tied_projection": bool(args.tied_projection), **flags}
 
 
 def _epoch(state: dict) -> int:
     iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
     return int(iterator.get("epoch", 1))
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fairseq_tying.export",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("ckpt", type=Path, help="checkpoint of a transformer_{dwt,twwt}* model")
-    p.add_argument("out", type=Path, help="where to write the stock fairseq checkpoint")
-    opts = p.parse_args(argv)
-    try:
-        info = export(opts.ckpt, opts.out)
-    except ExportError as e:
-        print(f"error: cannot export {opts.ckpt}: {e}", file=sys.stderr)
-        return 2
-    flags = ", ".join(f"{k}={v}" for k, v in info.items())
-    print(f"wrote {opts.out} (arch transformer; {flags}); load it without --user-dir")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Export a plugin Transformer checkpoint to a CTranslate2 model directory.
+
+The plugin model is built by fairseq from the checkpoint and its dictionaries, then turned into
+fairseq's stock module layout in memory, which CTranslate2's own fairseq converter functions
+read (``ctranslate2.converters.fairseq``):
+
+- the input embeddings become the rows the model actually looks up (w_i/‖w_i‖ for ``l2norm``);
+- the output layer becomes one linear map: the rule's affine map ``s = h·W_outᵀ + b`` taken from
+  the decoder's own scorer (``OutputScorer.output_matrix_and_bias``), with the
+  ``--tied-projection`` matrix L folded in (W_out·L). A non-zero b (``distance``: −½‖w_i‖²,
+  and any learned output bias) becomes the bias of CTranslate2's output projection.
+
+The directory also holds the vocabularies, the subword model (``spm.model`` or ``bpe.codes``)
+and ``fairseq_tying.json``, which ``python -m fairseq_tying.translate`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from fairseq_tying.atomic import replace_dir
+from fairseq_tying.export.stock import ExportError, stock_arch
+
+QUANTIZATIONS = ("none", "int8", "int8_float16", "float16")
+META_FILE = "fairseq_tying.json"
+SUBWORD_FILES = {"sentencepiece": "spm.model", "subword_nmt": "bpe.codes"}
+
+
+@dataclass(frozen=True)
+class Subword:
+    """How raw text becomes the model's tokens: ``kind`` in SUBWORD_FILES or ``none``."""
+
+    kind: str
+    model: Path | None = None
+    detokenizer: str | None = None  # "moses" after subword-nmt (the corpus was Moses-tokenized)
+
+
+def subword_from_file(path: Path) -> Subword:
+    """A sentencepiece model or subword-nmt codes, told apart by whether sentencepiece loads it."""
+    import sentencepiece as spm
+
+    if not path.is_file():
+        raise ExportError(f"--subword-model {path} does not exist")
+    try:
+        spm.SentencePieceProcessor(model_file=str(path))
+        return Subword("sentencepiece", path)
+    except (RuntimeError, OSError):
+        return Subword("subword_nmt", path, "moses")
+
+
+def find_subword(data: Path) -> Subword:
+    """The subword model that ``python -m fairseq_tying.data.prepare`` left beside ``data``."""
+    prep = data.parent / "prep.json"
+    if prep.is_file():
+        record = json.loads(prep.read_text())
+        kind = record.get("subword")
+        model = data.parent / SUBWORD_FILES.get(kind, "")
+        if kind in SUBWORD_FILES and model.is_file():
+            return Subword(kind, model, record.get("detokenizer"))
+    raise ExportError(f"found no subword model for {data} (no prep.json with spm.model or "
+                      "bpe.codes beside it): pass --subword-model FILE (a sentencepiece model or "
+                      "subword-nmt codes), or --no-subword if the text is already tokenized")
+
+
+def load_model(ckpt: Path, data: Path | None):
+    """The plugin model (eval mode, no grad), its task and its model config."""
+    from fairseq import checkpoint_utils, tasks
+
+    import fairseq_tying  # noqa: F401  (registers the archs; allowlists fairseq checkpoints)
+
+    if not ckpt.is_file():
+        raise ExportError(f"checkpoint {ckpt} does not exist")
+    overrides = {"data": str(data)} if data is not None else None
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt), overrides)
+    cfg = state["cfg"]
+    stock_arch(cfg.model, formats=("transformer",), allow_bias=True)
+    try:
+        task = tasks.setup_task(cfg.task)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise ExportError(f"cannot read the dictionaries in {cfg.task.data} ({e}): pass --data "
+                          "DIR, the fairseq-preprocess folder the model was trained on") from e
+    model = task.build_model(cfg.model)
+    model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
+    model.eval().requires_grad_(False)
+    return model, task, cfg
+
+
+@torch.no_grad()
+def output_affine(decoder: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """(W, b) with scores = h·Wᵀ + b for the decoder output h (projection folded in);
+    b is None when the rule has no bias or it is zero."""
+    scorer = decoder.scorer
+    w_out, bias = scorer.output_matrix_and_bias()
+    if scorer.projection is not None:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ
+        w_out = w_out.float() @ scorer.projection.weight.float()
+    if bias is not None and not bool(bias.any()):
+        bias = None
+    return w_out.float(), None if bias is None else bias.float()
+
+
+@torch.no_grad()
+def _lookup_table(embedding: nn.Module) -> nn.Embedding:
+    """The rows the embedding module returns for every token id, as a plain embedding."""
+    rows = embedding(torch.arange(embedding.num_embeddings))
+    return nn.Embedding.from_pretrained(rows.float().clone(), padding_idx=embedding.padding_idx)
+
+
+def to_stock_layout(model: nn.Module) -> bool:
+    """Replace the plugin's lookups and scorer with fairseq's stock modules, in place;
+    returns whether the output projection has a bias."""
+    w_out, bias = output_affine(model.decoder)
+    model.encoder.embed_tokens = _lookup_table(model.encoder.embed_tokens)
+    model.decoder.embed_tokens = _lookup_table(model.decoder.embed_tokens)
+    projection = nn.Linear(w_out.shape[1], w_out.shape[0], bias=bias is not None)
+    projection.weight = nn.Parameter(w_out, requires_grad=False)
+    if bias is not None:
+        projection.bias = nn.Parameter(bias, requires_grad=False)
+    model.decoder.output_projection = projection
+    del model.decoder.scorer
+    return bias is not None
+
+
+def build_spec(model: nn.Module, task, args: Namespace):
+    """The CTranslate2 TransformerSpec, filled by CTranslate2's fairseq converter functions."""
+    from ctranslate2.converters import fairseq as ct2_fairseq
+
+    spec = ct2_fairseq._get_model_spec(Namespace(**{**vars(args), "arch": "transformer"}))
+    ct2_fairseq.set_transformer_encoder(spec.encoder, model.encoder)
+    ct2_fairseq.set_transformer_decoder(spec.decoder, model.decoder)
+    spec.register_source_vocabulary(ct2_fairseq._get_vocab(task.source_dictionary))
+    spec.register_target_vocabulary(ct2_fairseq._get_vocab(task.target_dictionary))
+    # fairseq starts decoding from </s> and appends </s> to every source sentence.
+    spec.config.decoder_start_token = spec.config.eos_token
+    spec.config.add_source_eos = True
+    return spec
+
+
+def export_ct2(ckpt: Path, out: Path, data: Path | None = None, quantization: str = "none",
+               subword: Subword | None = None) -> dict:
+    """Write the CTranslate2 model directory for ``ckpt`` to ``out`` (replaced atomically);
+    ``subword`` None: found beside the data (``find_subword``)."""
+    from ctranslate2.converters.converter import Converter
+
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"--quantization {quantization}: choose from {QUANTIZATIONS}")
+    model, task, cfg = load_model(ckpt, data)
+    subword = subword if subword is not None else find_subword(Path(cfg.task.data))
+    args = cfg.model
+    has_bias = to_stock_layout(model)
+    spec = build_spec(model, task, args)
+
+    class _SpecConverter(Converter):
+        def _load(self):
+            return spec
+
+    meta = {"source_lang": cfg.task.source_lang, "target_lang": cfg.task.target_lang,
+            "subword": subword.kind,
+            "subword_model": SUBWORD_FILES.get(subword.kind),
+            "detokenizer": subword.detokenizer, "arch": args.arch, "tying": args.tying,
+            "output_layer": args.output_layer, "tied_projection": bool(args.tied_projection),
+            "output_bias": has_bias, "quantization": quantization,
+            "checkpoint": str(ckpt.resolve())}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        target = work / "model"
+        _SpecConverter().convert(str(target), quantization=None if quantization == "none"
+                                 else quantization)
+        if subword.model is not None:
+            shutil.copyfile(subword.model, target / SUBWORD_FILES[subword.kind])
+        (target / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        target.chmod(0o755)
+        replace_dir(target, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return meta

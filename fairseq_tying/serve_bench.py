@@ -1,0 +1,199 @@
+"""Inference speed and agreement: fairseq-generate against CTranslate2 (float32 and int8).
+
+``python -m fairseq_tying.bench --mode serve --checkpoint CKPT`` in one run, on one test set,
+with the same beam, length penalty, batch size and threads:
+
+1. fairseq-generate's generation loop, run in this process (the checkpoint loaded as
+   fairseq-generate loads it, the subset batched by length with ``--batch-size`` sentences,
+   ``task.inference_step`` with fairseq's SequenceGenerator), timed around generation only;
+2. the checkpoint exported with ``python -m fairseq_tying.export --format ctranslate2``, decoded
+   with CTranslate2 at ``float32`` and at ``int8`` (weights quantized when loaded, as
+   ``--quantization int8`` saves them), timed around ``translate_batch`` only.
+
+Sources are the token sequences fairseq read from the binarized subset, so both decoders see
+the same input; tokens/s counts the hypothesis tokens plus ``</s>``, as fairseq does. Reports the
+share of sentences with identical hypotheses, BLEU (sacrebleu, detokenized, against the raw
+references when ``--refs`` or the prepared data's ``raw/test.<tgt>`` is there) and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+from fairseq_tying import atomic, translate
+from fairseq_tying.export.ct2 import ExportError, Subword, export_ct2, find_subword
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def run_fairseq(opts: argparse.Namespace) -> dict:
+    """fairseq-generate's generation loop in this process (load the ensemble, batch the subset,
+    ``task.inference_step`` with the task's SequenceGenerator), timed around generation only."""
+    import torch
+    from fairseq import checkpoint_utils, utils
+
+    import fairseq_tying  # noqa: F401  (registers the models; allowlists fairseq checkpoints)
+
+    torch.set_num_threads(opts.threads)
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(opts.checkpoint)], arg_overrides={"data": str(opts.data)})
+    for model in models:
+        model.eval()
+    task.load_dataset(opts.subset)
+    generator = task.build_generator(models, argparse.Namespace(
+        beam=opts.beam, lenpen=opts.lenpen, max_len_a=0, max_len_b=opts.max_len_b))
+    batches = task.get_batch_iterator(
+        dataset=task.dataset(opts.subset), max_sentences=opts.batch_size,
+        max_positions=(1024, 1024), required_batch_size_multiple=1,
+    ).next_epoch_itr(shuffle=False)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    strip = {tgt_dict.eos(), tgt_dict.bos()}
+    clock, seconds = CLOCKS[opts.clock], 0.0
+    sources, hyps, tokens = {}, {}, 0
+    with torch.no_grad():
+        for sample in batches:
+            start = clock()
+            out = task.inference_step(generator, models, sample)
+            seconds += clock() - start
+            for k, sid in enumerate(sample["id"].tolist()):
+                src = utils.strip_pad(sample["net_input"]["src_tokens"][k], src_dict.pad())
+                sources[sid] = src_dict.string(src).split()
+                hyps[sid] = tgt_dict.string(out[k][0]["tokens"],
+                                            extra_symbols_to_ignore=strip).split()
+                tokens += len(out[k][0]["tokens"])  # with </s>, as fairseq-generate counts
+    return {"sources": sources, "hypotheses": hyps, "seconds": seconds,
+            "sentences": len(hyps), "tokens": tokens}
+
+
+def run_ct2(model: Path, sources: list[list[str]], opts: argparse.Namespace,
+            compute_type: str) -> dict:
+    """CTranslate2's best hypotheses and the time spent in ``translate_batch``."""
+    import ctranslate2
+
+    translator = ctranslate2.Translator(str(model), device="cpu", compute_type=compute_type,
+                                        intra_threads=opts.threads, inter_threads=1)
+    options = translate.ct2_options(opts.beam, opts.lenpen, max_len_b=opts.max_len_b)
+    translator.translate_batch(sources[:opts.batch_size], max_batch_size=opts.batch_size,
+                               **options)  # warm-up: first-call allocations
+    clock = CLOCKS[opts.clock]
+    start = clock()
+    results = translator.translate_batch(sources, max_batch_size=opts.batch_size, **options)
+    seconds = clock() - start
+    hyps = [r.hypotheses[0] for r in results]
+    return {"hypotheses": hyps, "seconds": seconds, "sentences": len(hyps),
+            "tokens": sum(len(h) + 1 for h in hyps)}  # + </s>, as fairseq counts
+
+
+def bleu(hyps: list[list[str]], refs: list[str] | None, decode) -> float | None:
+    if refs is None:
+        return None
+    import sacrebleu
+
+    return sacrebleu.corpus_bleu([decode(h) for h in hyps], [refs]).score
+
+
+def _references(opts: argparse.Namespace, ids: list[int], tgt: str) -> list[str] | None:
+    path = opts.refs or opts.data.parent / "raw" / f"{opts.subset}.{tgt}"
+    if not path.is_file():
+        return None
+    lines = atomic.read_lines(path)
+    return [lines[i] for i in ids]
+
+
+def measure(opts: argparse.Namespace, workdir: Path) -> dict:
+    try:
+        subword = find_subword(opts.data)
+    except ExportError:  # pre-tokenized data: BLEU on the tokens
+        subword = Subword("none")
+    model = workdir / "ct2"
+    meta = export_ct2(opts.checkpoint, model, opts.data, "none", subword)
+    _, decode = translate.text_processors(model, meta)
+    fs = run_fairseq(opts)
+    ids = sorted(fs["sources"])
+    sources = [fs["sources"][i] for i in ids]
+    fs_hyps = [fs["hypotheses"][i] for i in ids]
+    refs = _references(opts, ids, meta["target_lang"])
+    rows = {"fairseq": {**{k: fs[k] for k in ("seconds", "sentences", "tokens")},
+                        "bleu": bleu(fs_hyps, refs, decode), "same_as_fairseq": 1.0}}
+    for compute_type in ("float32", "int8"):
+        ct = run_ct2(model, sources, opts, compute_type)
+        pairs = list(zip(ids, ct["hypotheses"], fs_hyps, strict=True))
+        differ = [(i, a, b) for i, a, b in pairs if a != b]
+        cap = opts.max_len_b  # tokens before fairseq's forced </s>: a hypothesis cut by the bound
+        rows[f"ct2_{compute_type}"] = {
+            **{k: ct[k] for k in ("seconds", "sentences", "tokens")},
+            "bleu": bleu(ct["hypotheses"], refs, decode),
+            "same_as_fairseq": 1 - len(differ) / len(ids), "same_count": len(ids) - len(differ),
+            "differ_at_length_bound": sum(max(len(a), len(b)) >= cap for _, a, b in differ),
+            "differing": [{"id": i, "ct2_tokens": len(a), "fairseq_tokens": len(b)}
+                          for i, a, b in differ[:20]]}
+    for row in rows.values():
+        row["sentences_per_s"] = row["sentences"] / row["seconds"]
+        row["tokens_per_s"] = row["tokens"] / row["seconds"]
+        row["speedup_sentences"] = row["sentences_per_s"] / (
+            rows["fairseq"]["sentences"] / rows["fairseq"]["seconds"])
+    return {"model": {k: meta[k] for k in ("arch", "tying", "output_layer", "tied_projection",
+                                           "output_bias")},
+            "sentences": len(ids), "results": rows}
+
+
+def table(report: dict) -> str:
+    lines = ["| decoder | sentences/s | tokens/s | speed-up | same hypotheses | BLEU |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, row in report["results"].items():
+        bleu_text = "–" if row["bleu"] is None else f"{row['bleu']:.2f}"
+        lines.append(f"| {name} | {row['sentences_per_s']:.1f} | {row['tokens_per_s']:.0f} | "
+                     f"{row['speedup_sentences']:.2f}× | {100 * row['same_as_fairseq']:.2f} % | "
+                     f"{bleu_text} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m fairseq_tying.bench --mode serve",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, required=True,
+                   help="a transformer_{dwt,twwt}* checkpoint")
+    p.add_argument("--data", type=Path, help="fairseq-preprocess folder (default: the one the "
+                   "model was trained on)")
+    p.add_argument("--subset", default="test")
+    p.add_argument("--refs", type=Path, help="raw references (default: DATA/../raw/SUBSET.TGT)")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--lenpen", type=float, default=1.0)
+    p.add_argument("--max-len-b", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch, both decoders")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads, both decoders")
+    p.add_argument("--clock", choices=CLOCKS, default="wall",
+                   help="wall time, or this process's CPU time (steadier on a shared machine "
+                        "with --threads 1) (default: wall)")
+    p.add_argument("--out", type=Path, help="write the report (JSON) here")
+    opts = p.parse_args(argv)
+    if not opts.checkpoint.is_file():
+        p.error(f"--checkpoint {opts.checkpoint} does not exist")
+    if opts.data is None:
+        import torch
+
+        import fairseq_tying  # noqa: F401  (allowlists fairseq checkpoints)
+
+        task = torch.load(opts.checkpoint, map_location="cpu", weights_only=True)["cfg"]["task"]
+        opts.data = Path(task["data"] if isinstance(task, dict) else task.data)
+    return opts
+
+
+def main(argv: list[str] | None = None) -> dict:
+    opts = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="serve-bench.") as tmp:
+        report = measure(opts, Path(tmp))
+    report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}
+    report["machine"] = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                         "load_avg": os.getloadavg()}
+    print(table(report))
+    if opts.out is not None:
+        atomic.write_json(opts.out, report)
+        print(f"wrote {opts.out}")
+    return report

@@ -1,0 +1,55 @@
+"""make gpu-check: what runs without a GPU (its refusal, its flags, its log checks on a real
+fp16 training log from the CPU). The GPU run itself is not simulated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fairseq_tying import gpu_check
+from tests.conftest import TINY_MODEL, run_cli
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")
+def test_refuses_without_cuda_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "gpu"
+    assert gpu_check.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and "torch.cuda.is_available() is False" in err
+    assert not out.exists()
+
+
+def test_flags_are_checked():
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--updates", "10"])
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--output-layer", "softmax"])
+    opts = gpu_check.parse_args(["--output-layer", "l2norm", "distance", "--no-bench"])
+    assert opts.rules == ["l2norm", "distance"] and opts.updates == 300 and opts.no_bench
+
+
+@pytest.mark.slow
+def test_log_checks_on_a_real_fp16_training_log(joined_bin, tmp_path):
+    """fairseq's FP16 path on the CPU (--memory-efficient-fp16) writes the same JSON log."""
+    proc = run_cli("fairseq-train", str(joined_bin), "--user-dir", "fairseq_tying",
+                   "--arch", "transformer_twwt", *TINY_MODEL, "--output-layer", "l2norm",
+                   "--memory-efficient-fp16", "--cpu", "--optimizer", "adam", "--lr", "0.005",
+                   "--max-tokens", "600", "--max-update", "30", "--log-format", "json",
+                   "--log-interval", "5", "--save-dir", str(tmp_path / "ckpt"),
+                   "--no-save", "--seed", "2")
+    checks = gpu_check.train_log_checks(proc.stdout + proc.stderr, updates=30)
+    assert len(checks["logged_losses"]) == 6 and checks["loss_scales"]
+    assert checks["finite"] and checks["loss_falling"] and checks["passed"], checks
+    # the same log with a NaN loss and an overflow loop fails those checks
+    bad = (proc.stdout + proc.stderr).replace('"loss": "', '"loss": "nan", "x": "', 1)
+    bad += "\nNOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 0.5\n" * 5
+    failed = gpu_check.train_log_checks(bad, updates=30)
+    assert not failed["finite"] and not failed["no_overflow_loop"]
+    assert not failed["loss_scale_stable"] and not failed["passed"]
+
+
+def test_makefile_target_runs_the_check():
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert "gpu-check: setup\n\t$(PY) -m fairseq_tying.gpu_check --out work/gpu_check" in makefile
