@@ -1,6 +1,7 @@
 """What the embeddings learned: word similarity and geometry of every embedding role.
 
-    python -m fairseq_tying.analysis CKPT [CKPT …] --out DIR [--spm MODEL] [--data DIR]
+    python -m fairseq_tying.analysis CKPT [CKPT …] --out DIR [--spm MODEL] [--data DIR] \
+        [--report docs/results.md]
 
 For each checkpoint and each embedding matrix it holds (encoder input, decoder input, decoder
 output; one matrix when tied) it reports
@@ -48,6 +49,7 @@ ROLES = {  # state-dict key: (role, dictionary side)
 BENCHMARKS = {"SimLex-999": "simlex999.txt", "WordSim-353": "wordsim353.tsv"}
 # every word (mean of its pieces' rows), and only the pairs of words that are one piece each
 VARIANTS = {"": False, " whole-word": True}
+BEGIN, END = "<!-- analysis:begin -->", "<!-- analysis:end -->"
 
 
 @dataclass
@@ -286,12 +288,23 @@ def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[st
     plt.close("all")
 
 
+def insert_table(report: Path, table: str) -> None:
+    """Replace the text between the report's analysis markers (appended when missing)."""
+    old = report.read_text(encoding="utf-8") if report.exists() else ""
+    block = f"{BEGIN}\n{table}{END}"
+    if BEGIN in old and END in old:
+        new = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    write_text(report, new)
+
+
 def _save(fig, path: Path) -> None:
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
 
 def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str | None = None,
-        labels: Sequence[str] | None = None) -> list[ModelReport]:
+        labels: Sequence[str] | None = None, report: Path | None = None) -> list[ModelReport]:
     if labels and len(labels) != len(paths):
         raise SystemExit(f"--labels has {len(labels)} entries for {len(paths)} checkpoints")
     states = {str(p): checkpoints.load(p) for p in paths}
@@ -305,8 +318,11 @@ def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str 
         "subword_model": str(subword), "benchmarks": benchmarks,
         "word_vector": "mean of the rows of the word's sentencepiece pieces (lower-cased word)",
         "models": [asdict(r) for r in reports]}, indent=2)
-    write_text(out / "analysis.md", markdown(reports, str(subword)))
+    table = markdown(reports, str(subword))
+    write_text(out / "analysis.md", table)
     plot(reports, states, dicts, out)
+    if report is not None:
+        insert_table(report, table)
     return reports
 
 
@@ -321,13 +337,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help="fairseq-preprocess folder with the dictionaries "
                                   "(default: the checkpoint's own data path)")
     p.add_argument("--labels", nargs="+", help="one name per checkpoint for the table and plots")
+    p.add_argument("--report", type=Path, help=f"Markdown file whose {BEGIN} … {END} block "
+                                                "gets the table (appended if missing)")
     opts = p.parse_args(argv)
     # fairseq's text_to_speech task sets the root logger to DEBUG on import: gensim's noise
     logging.basicConfig(level=logging.WARNING, force=True)
     missing = [c for c in opts.checkpoints if not os.path.isfile(c)]
     if missing:
         p.error(f"no such checkpoint: {', '.join(missing)}")
-    reports = run(opts.checkpoints, opts.out, opts.spm, opts.data, opts.labels)
+    reports = run(opts.checkpoints, opts.out, opts.spm, opts.data, opts.labels, opts.report)
     print(Path(opts.out / "analysis.md").read_text(), end="")
     print(f"wrote {opts.out}/analysis.json, analysis.md, norms_vs_frequency.png, similarity.png "
           f"({len(reports)} checkpoints)")

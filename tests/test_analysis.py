@@ -86,8 +86,11 @@ def _direct_simlex_rho(ckpt: Path, root: Path, key: str) -> tuple[float, int]:
 def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
     root, ckpts = simlex_run
     out = tmp_path / "analysis"
+    report_md = tmp_path / "results.md"
+    report_md.write_text("# R\n\nwritten by hand\n<!-- analysis:begin -->\nold\n"
+                         "<!-- analysis:end -->\nafter\n")
     proc = subprocess.run([sys.executable, "-m", "fairseq_tying.analysis", str(ckpts["three_way"]),
-                           str(ckpts["none"]), "--out", str(out)],
+                           str(ckpts["none"]), "--out", str(out), "--report", str(report_md)],
                           capture_output=True, text=True, env=cli_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "analysis.json").read_text())
@@ -126,6 +129,8 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
 
     table = (out / "analysis.md").read_text()
     assert "| three_way·dot | encoder input = decoder input = decoder output |" in table
+    assert report_md.read_text() == ("# R\n\nwritten by hand\n<!-- analysis:begin -->\n"
+                                     f"{table}<!-- analysis:end -->\nafter\n")
     for png in ("norms_vs_frequency.png", "similarity.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
