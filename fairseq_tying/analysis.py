@@ -13,8 +13,10 @@ output; one matrix when tied) it reports
   piece missing from the dictionary is out of vocabulary, and coverage says how many pairs
   were scored. A subword model splits almost any word, so the "whole-word" variant scores
   only the pairs whose two words are each a single piece;
-- geometry: Spearman ρ between a row's norm and its token's training frequency (the counts of
-  the fairseq dictionary), and the mean pairwise cosine of the rows (anisotropy).
+- geometry: Spearman ρ between a row's norm and its token's frequency on that role's side of
+  the binarized training data (source side for the encoder, target side for the decoder), and
+  the mean pairwise cosine of the rows (anisotropy), both over the rows seen on that side; the
+  rows never seen there (the other language's pieces of a joined dictionary) are counted apart.
 
 The rows are the stored parameters (under ``l2norm``, ``cosine`` and ``sqnorm`` the model
 only uses their directions for scoring; cosine similarities of one-piece words are the same).
@@ -62,6 +64,9 @@ class MatrixReport:
     norm_frequency_spearman: float
     mean_pairwise_cosine: float
     mean_norm: float
+    rows_seen: int
+    rows_unseen: int
+    mean_norm_unseen: float | None
 
 
 @dataclass
@@ -90,8 +95,28 @@ def benchmark_pairs(name: str) -> tuple[str, list[tuple[str, str]]]:
     return path, pairs
 
 
-def dictionaries(state: dict, data: str | None) -> dict[str, Dictionary]:
-    """The source and target dictionaries of the checkpoint's training data."""
+@dataclass
+class Side:
+    """One side's dictionary and how often each entry occurs on that side of the training data
+    (a joined dictionary's own counts add both sides)."""
+
+    dictionary: Dictionary
+    counts: np.ndarray
+    counted_in: str
+
+
+def token_counts(prefix: Path, dictionary: Dictionary) -> np.ndarray | None:
+    from fairseq.data import data_utils
+
+    dataset = data_utils.load_indexed_dataset(str(prefix), dictionary)
+    if dataset is None:
+        return None
+    tokens = np.concatenate([dataset[i].numpy() for i in range(len(dataset))])
+    return np.bincount(tokens, minlength=len(dictionary)).astype(np.float64)
+
+
+def sides(state: dict, data: str | None) -> dict[str, Side]:
+    """Dictionaries and per-side token counts of the checkpoint's training data."""
     folder = Path(data or checkpoints.config_value(state, "data", "task") or "")
     src = checkpoints.config_value(state, "source_lang", "task")
     tgt = checkpoints.config_value(state, "target_lang", "task")
@@ -104,7 +129,15 @@ def dictionaries(state: dict, data: str | None) -> dict[str, Dictionary]:
     if missing:
         raise SystemExit(f"dictionaries {missing} not found: pass --data, the "
                          "fairseq-preprocess output the checkpoint was trained on")
-    return {side: Dictionary.load(str(p)) for side, p in paths.items()}
+    found = {}
+    for (side, path), lang in zip(paths.items(), (src, tgt), strict=True):
+        dictionary = Dictionary.load(str(path))
+        prefix = folder / f"train.{src}-{tgt}.{lang}"
+        counts = token_counts(prefix, dictionary)
+        if counts is None:  # no binarized training split: the dictionary's own counts
+            counts, prefix = np.array(dictionary.count, dtype=np.float64), path
+        found[side] = Side(dictionary, counts, str(prefix))
+    return found
 
 
 def subword_model(path: str | None, state: dict, data: str | None):
@@ -157,20 +190,28 @@ def similarity(vectors: dict[str, np.ndarray], dim: int, name: str) -> dict[str,
     return result
 
 
-def geometry(matrix: np.ndarray, dictionary: Dictionary) -> dict[str, float]:
-    """ρ(row norm, token count) and mean pairwise cosine over the non-special rows seen in
-    training."""
-    counts = np.array(dictionary.count[: len(matrix)], dtype=np.float64)
-    keep = np.arange(len(matrix)) >= dictionary.nspecial
-    keep &= counts > 0
+def seen_rows(matrix: np.ndarray, side: Side) -> np.ndarray:
+    """The non-special rows whose token occurs on this side of the training data."""
+    counts = side.counts[: len(matrix)]
+    return (np.arange(len(matrix)) >= side.dictionary.nspecial) & (counts > 0)
+
+
+def geometry(matrix: np.ndarray, side: Side) -> dict[str, float]:
+    """ρ(row norm, token count) and mean pairwise cosine over the rows seen on this side, and
+    the mean norm of the rows never seen there."""
+    keep = seen_rows(matrix, side)
+    unseen = ~keep & (np.arange(len(matrix)) >= side.dictionary.nspecial)
     rows = matrix[keep].astype(np.float64)
     norms = np.linalg.norm(rows, axis=1)
     units = rows / np.maximum(norms, 1e-12)[:, None]
     n = len(units)
     # mean over i != j of u_i·u_j = (‖Σu‖² − n) / (n(n − 1))
     mean_cos = (np.square(units.sum(axis=0)).sum() - n) / (n * (n - 1))
-    return {"norm_frequency_spearman": _number(spearmanr(norms, counts[keep])[0]),
-            "mean_pairwise_cosine": float(mean_cos), "mean_norm": float(norms.mean())}
+    unseen_norms = np.linalg.norm(matrix[unseen].astype(np.float64), axis=1)
+    return {"norm_frequency_spearman": _number(spearmanr(norms, side.counts[keep])[0]),
+            "mean_pairwise_cosine": float(mean_cos), "mean_norm": float(norms.mean()),
+            "rows_seen": int(keep.sum()), "rows_unseen": int(unseen.sum()),
+            "mean_norm_unseen": float(unseen_norms.mean()) if unseen.any() else None}
 
 
 def _number(x: float) -> float | None:
@@ -188,7 +229,7 @@ def matrices(model: dict[str, torch.Tensor]) -> list[tuple[str, list[str]]]:
     return list(groups.values())
 
 
-def analyse(path: str, label: str, dicts: dict[str, Dictionary], sp, state: dict) -> ModelReport:
+def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> ModelReport:
     args = checkpoints.model_args(state)
     history = (state.get("optimizer_history") or [{}])[-1]
     report = ModelReport(str(path), label, checkpoints.arch_of(state) or "?",
@@ -197,15 +238,15 @@ def analyse(path: str, label: str, dicts: dict[str, Dictionary], sp, state: dict
     words = {w.lower() for name in BENCHMARKS for pair in benchmark_pairs(name)[1] for w in pair}
     for key, roles in matrices(state["model"]):
         matrix = state["model"][key].float().numpy()
-        dictionary = dicts[ROLES[key][1]]
-        pieces = word_pieces(words, dictionary, sp)
+        side = dicts[ROLES[key][1]]
+        pieces = word_pieces(words, side.dictionary, sp)
         sims = {}
         for name in BENCHMARKS:
             for variant, whole in VARIANTS.items():
                 vectors = word_vectors(pieces, matrix, whole_words=whole)
                 sims[name + variant] = similarity(vectors, matrix.shape[1], name)
         report.matrices.append(MatrixReport(key, roles, matrix.shape[0], matrix.shape[1], sims,
-                                            **geometry(matrix, dictionary)))
+                                            **geometry(matrix, side)))
     return report
 
 
@@ -225,7 +266,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 def markdown(reports: Sequence[ModelReport], subword: str) -> str:
     names = [n + v for n in BENCHMARKS for v in VARIANTS]
     head = ["model", "matrix (roles)", *(f"{n} ρ (pairs)" for n in names), "ρ(norm, freq)",
-            "mean cos", "mean ‖w‖"]
+            "mean cos", "mean ‖w‖ (seen rows)", "mean ‖w‖ (unseen rows)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for r in reports:
         for m in r.matrices:
@@ -234,11 +275,14 @@ def markdown(reports: Sequence[ModelReport], subword: str) -> str:
             lines.append("| " + " | ".join([r.label, " = ".join(m.roles), *sims,
                                             _fmt(m.norm_frequency_spearman),
                                             _fmt(m.mean_pairwise_cosine),
-                                            _fmt(m.mean_norm, 2)]) + " |")
+                                            f"{_fmt(m.mean_norm, 2)} ({m.rows_seen})",
+                                            f"{_fmt(m.mean_norm_unseen, 2)} ({m.rows_unseen})",
+                                            ]) + " |")
     lines.append("")
     lines.append(f"Word vectors: mean of the rows of the word's pieces under {subword} "
                  "(whole-word: only pairs of words that are one piece each); ρ from gensim's "
-                 "KeyedVectors.evaluate_word_pairs.")
+                 "KeyedVectors.evaluate_word_pairs. Geometry over the rows whose token occurs on "
+                 "the role's side of the training data (seen); unseen rows apart.")
     return "\n".join(lines) + "\n"
 
 
@@ -255,14 +299,13 @@ def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[st
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
     for ax, (r, m) in zip(axes.flat, panels, strict=False):
-        dictionary = dicts[r.checkpoint][ROLES[m.key][1]]
+        side = dicts[r.checkpoint][ROLES[m.key][1]]
         matrix = states[r.checkpoint]["model"][m.key].float().numpy()
-        counts = np.array(dictionary.count[: len(matrix)], dtype=np.float64)
-        keep = (np.arange(len(matrix)) >= dictionary.nspecial) & (counts > 0)
-        ax.scatter(counts[keep], np.linalg.norm(matrix[keep], axis=1), s=3, alpha=0.4)
+        keep = seen_rows(matrix, side)
+        ax.scatter(side.counts[keep], np.linalg.norm(matrix[keep], axis=1), s=3, alpha=0.4)
         ax.set_xscale("log")
         ax.set_title(f"{r.label}\n{' = '.join(m.roles)}", fontsize=8)
-        ax.set_xlabel("token frequency (training)")
+        ax.set_xlabel(f"token frequency ({side.counted_in.rsplit('.', 1)[-1]} side of training)")
         ax.set_ylabel("row norm ‖w‖")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
@@ -308,7 +351,7 @@ def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str 
     if labels and len(labels) != len(paths):
         raise SystemExit(f"--labels has {len(labels)} entries for {len(paths)} checkpoints")
     states = {str(p): checkpoints.load(p) for p in paths}
-    dicts = {p: dictionaries(s, data) for p, s in states.items()}
+    dicts = {p: sides(s, data) for p, s in states.items()}
     subword, sp = subword_model(spm_path, next(iter(states.values())), data)
     reports = [analyse(p, labels[i] if labels else default_label(p, s), dicts[p], sp, s)
                for i, (p, s) in enumerate(states.items())]
@@ -317,6 +360,7 @@ def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str 
     write_json(out / "analysis.json", {
         "subword_model": str(subword), "benchmarks": benchmarks,
         "word_vector": "mean of the rows of the word's sentencepiece pieces (lower-cased word)",
+        "token_counts": {p: {k: v.counted_in for k, v in d.items()} for p, d in dicts.items()},
         "models": [asdict(r) for r in reports]}, indent=2)
     table = markdown(reports, str(subword))
     write_text(out / "analysis.md", table)

@@ -115,7 +115,10 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
     from fairseq.data import Dictionary
 
     d = Dictionary.load(str(root / "bin" / "dict.tgt.txt"))
-    counts = np.array(d.count, dtype=np.float64)
+    counts = np.zeros(len(d))  # target-side occurrences, from the encoded text
+    for line in (root / "enc" / "train.tgt").read_text().splitlines():
+        for piece in line.split():
+            counts[d.index(piece)] += 1
     keep = (np.arange(len(d)) >= d.nspecial) & (counts > 0)
     rows = state["decoder.scorer.weight"].double().numpy()[keep]
     units = rows / np.linalg.norm(rows, axis=1, keepdims=True)
