@@ -194,10 +194,28 @@ def test_incremental_decoding_with_output_bias(joined_bin, rule):
                                rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("rule", scoring.RULES)
+def test_output_bias_is_saved_and_loaded(joined_bin, tmp_path, rule):
+    """A state dict written to disk and loaded by fairseq's ``load_state_dict`` (the path of
+    every fairseq tool) into a freshly built model, for every rule."""
+    flags = ("--output-layer", rule, "--output-bias")
+    model, _ = build_model(joined_bin, "transformer_twwt", *flags)
+    with torch.no_grad():
+        model.decoder.scorer.bias.normal_()
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    fresh, _ = build_model(joined_bin, "transformer_twwt", *flags)
+    assert not fresh.decoder.scorer.bias.any()
+    fresh.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
+    assert torch.equal(fresh.decoder.scorer.bias, model.decoder.scorer.bias)
+    h = torch.randn(2, 16)
+    torch.testing.assert_close(fresh.decoder.output_layer(h), model.decoder.output_layer(h))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["dot", "distance"])
 def test_output_bias_survives_resuming(joined_bin, tmp_path, rule):
-    """Resumed from update 2, the run ends where the uninterrupted run is at update 3."""
+    """Resumed from update 2, the run ends where the uninterrupted run is at update 3
+    (``dot``: the bias alone; ``distance``: added to the rule's own bias)."""
     flags = ("--output-layer", rule, "--output-bias", "--tied-projection")
     straight = tmp_path / "straight"
     run_cli("fairseq-train", *train_args(joined_bin, straight, "transformer_twwt", *flags,
