@@ -14,7 +14,8 @@ output; one matrix when tied) it reports
   were scored. A subword model splits almost any word, so the "whole-word" variant scores
   only the pairs whose two words are each a single piece;
 - geometry: Spearman ρ between a row's norm and its token's frequency on that role's side of
-  the binarized training data (source side for the encoder, target side for the decoder), and
+  the binarized training data (source side for the encoder, target side for the decoder, both
+  for a three-way tied matrix), and
   the mean pairwise cosine of the rows (anisotropy), both over the rows seen on that side; the
   rows never seen there (the other language's pieces of a joined dictionary) are counted apart.
 
@@ -220,6 +221,17 @@ def _number(x: float) -> float | None:
 
 # --- per checkpoint -------------------------------------------------------------------------
 
+def side_of(roles: list[str], sides: dict[str, Side]) -> Side:
+    """The side a matrix serves; a three-way tied matrix serves both (one joined dictionary),
+    so its token counts are the sum of both sides'."""
+    wanted = sorted({side for role, side in ROLES.values() if role in roles})
+    if len(wanted) == 1:
+        return sides[wanted[0]]
+    both = [sides[w] for w in wanted]
+    return Side(both[0].dictionary, sum(s.counts for s in both),
+                " + ".join(s.counted_in for s in both))
+
+
 def matrices(model: dict[str, torch.Tensor]) -> list[tuple[str, list[str]]]:
     """(first key, roles) per distinct matrix: tied roles share one storage."""
     groups: dict[int, tuple[str, list[str]]] = {}
@@ -238,7 +250,7 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
     words = {w.lower() for name in BENCHMARKS for pair in benchmark_pairs(name)[1] for w in pair}
     for key, roles in matrices(state["model"]):
         matrix = state["model"][key].float().numpy()
-        side = dicts[ROLES[key][1]]
+        side = side_of(roles, dicts)
         pieces = word_pieces(words, side.dictionary, sp)
         sims = {}
         for name in BENCHMARKS:
@@ -299,13 +311,14 @@ def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[st
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
     for ax, (r, m) in zip(axes.flat, panels, strict=False):
-        side = dicts[r.checkpoint][ROLES[m.key][1]]
+        side = side_of(m.roles, dicts[r.checkpoint])
         matrix = states[r.checkpoint]["model"][m.key].float().numpy()
         keep = seen_rows(matrix, side)
         ax.scatter(side.counts[keep], np.linalg.norm(matrix[keep], axis=1), s=3, alpha=0.4)
         ax.set_xscale("log")
         ax.set_title(f"{r.label}\n{' = '.join(m.roles)}", fontsize=8)
-        ax.set_xlabel(f"token frequency ({side.counted_in.rsplit('.', 1)[-1]} side of training)")
+        langs = "+".join(part.rsplit(".", 1)[-1] for part in side.counted_in.split(" + "))
+        ax.set_xlabel(f"token frequency ({langs} side of training)")
         ax.set_ylabel("row norm ‖w‖")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
