@@ -107,22 +107,26 @@ class TiedEmbedding(_Evicting, nn.Embedding):
 
 
 class OutputScorer(_Evicting):
-    """Scores h ↦ rule(L·h, W) over the (possibly shared) matrix ``weight``.
+    """Scores h ↦ rule(L·h, W) + b₂ over the (possibly shared) matrix ``weight``.
 
     ``projection`` is the optional learned map L from the decoder output (size H) to the
-    embedding size D. In eval mode without autograd the rule's (W_out, b) is cached and reused
-    across decoding steps (``cached_output_matrix_and_bias``); it is dropped on ``train()``,
-    ``load_state_dict``, ``.to()``/``.half()``, and whenever the weight's storage, version,
-    dtype, device or the optimizer step count changes.
+    embedding size D; ``bias`` the optional per-token output bias b₂. In eval mode without
+    autograd the rule's (W_out, b) is cached and reused across decoding steps
+    (``cached_output_matrix_and_bias``); it is dropped on ``train()``, ``load_state_dict``,
+    ``.to()``/``.half()``, and whenever the weight's storage, version, dtype, device or the
+    optimizer step count changes. b₂ is added to the cached b at each call (V additions).
     """
 
-    def __init__(self, weight: nn.Parameter, rule: str, projection: nn.Linear | None = None):
+    def __init__(self, weight: nn.Parameter, rule: str, projection: nn.Linear | None = None,
+                 output_bias: bool = False):
         super().__init__()
         if rule not in scoring.RULES:
             raise ValueError(f"unknown output layer {rule!r}; choose from {scoring.RULES}")
         self.weight = weight
         self.rule = rule
         self.projection = projection
+        # b₂: a learned score offset per token (zero at the start), added to the rule's bias
+        self.bias = nn.Parameter(weight.new_zeros(weight.shape[0])) if output_bias else None
         self._cache: scoring.Affine | None = None  # the last (W_out, b) used in inference
 
     def forward(self, features: Tensor) -> Tensor:
@@ -136,12 +140,14 @@ class OutputScorer(_Evicting):
         return scores.view(*features.shape[:-1], scores.shape[-1])
 
     def output_matrix_and_bias(self) -> scoring.Affine:
+        """(W_out, b) of the scores s = (L·h)·W_outᵀ + b; b includes the output bias b₂."""
         if self.rule == "dot":
-            return self.weight, None
+            return self.weight, self.bias
         if self.training or not _inference():
             self._cache = None  # gradients must flow through the normalization
-            return scoring.output_matrix_and_bias(self.rule, self.weight)
-        self._cache = cached_output_matrix_and_bias(self.rule, self.weight)
+            return scoring.output_matrix_and_bias(self.rule, self.weight, self.bias)
+        w_out, bias = cached_output_matrix_and_bias(self.rule, self.weight)
+        self._cache = (w_out, scoring.add_output_bias(bias, self.bias))
         return self._cache
 
     def _evict(self) -> None:
@@ -149,4 +155,5 @@ class OutputScorer(_Evicting):
         super()._evict()
 
     def extra_repr(self) -> str:
-        return f"rule={self.rule}, vocab={self.weight.shape[0]}, dim={self.weight.shape[1]}"
+        return (f"rule={self.rule}, vocab={self.weight.shape[0]}, dim={self.weight.shape[1]}, "
+                f"output_bias={self.bias is not None}")

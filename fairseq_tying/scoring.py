@@ -9,9 +9,11 @@ With h the decoder output, the score of token i is
     distance  s_i = h·w_i − ½‖w_i‖²      (= −½‖h − w_i‖² up to a term constant in i)
 
 Each rule is an affine map ``s = h·W_outᵀ + b``; ``output_matrix_and_bias`` returns (W_out, b),
-so scoring is one ``F.linear`` whatever the rule. Norms are computed in fp32, so ‖w‖² cannot
-overflow in half precision. A row with ‖w‖ < ``EPS`` (fairseq's all-zero padding row) is
-scaled by 0, not by 1/EPS: it scores 0 and gets no gradient, instead of NaN or a huge one.
+so scoring is one ``F.linear`` whatever the rule. A learned per-token output bias b₂
+(``--output-bias``; s = V·P·h + b₂ in Press & Wolf's notation) is added to the rule's b.
+Norms are computed in fp32, so ‖w‖² cannot overflow in half precision. A row with
+‖w‖ < ``EPS`` (fairseq's all-zero padding row) is scaled by 0, not by 1/EPS: it scores 0
+and gets no gradient, instead of NaN or a huge one.
 """
 
 from __future__ import annotations
@@ -104,12 +106,21 @@ _RULES: dict[str, Callable[[Tensor], Affine]] = {
 }
 
 
-def output_matrix_and_bias(rule: str, weight: Tensor) -> Affine:
-    """(W_out, b) such that the scores of ``rule`` are ``h @ W_out.T + b``."""
-    return _RULES[rule](weight)
+def output_matrix_and_bias(rule: str, weight: Tensor, output_bias: Tensor | None = None) -> Affine:
+    """(W_out, b) such that the scores of ``rule`` are ``h @ W_out.T + b``; ``output_bias``
+    (b₂, one value per token) is added to the rule's own bias."""
+    w_out, bias = _RULES[rule](weight)
+    return w_out, add_output_bias(bias, output_bias)
 
 
-def scores(rule: str, hidden: Tensor, weight: Tensor) -> Tensor:
+def add_output_bias(bias: Tensor | None, output_bias: Tensor | None) -> Tensor | None:
+    """b + b₂, where either may be absent."""
+    if output_bias is None:
+        return bias
+    return output_bias if bias is None else bias + output_bias.to(bias.dtype)
+
+
+def scores(rule: str, hidden: Tensor, weight: Tensor, output_bias: Tensor | None = None) -> Tensor:
     """Scores of every token for decoder outputs ``hidden`` (…, D) under ``rule``."""
-    w_out, bias = output_matrix_and_bias(rule, weight)
+    w_out, bias = output_matrix_and_bias(rule, weight, output_bias)
     return torch.nn.functional.linear(hidden, w_out, bias)

@@ -7,8 +7,9 @@ produces the same hypotheses (both stock decoders score with ``output_projection
 
 - every rule is the affine map ``s = h·W_outᵀ + b`` (``scoring.output_matrix_and_bias``);
   ``W_out`` (times the ``--tied-projection`` matrix L, giving a V×H matrix) becomes
-  ``decoder.output_projection.weight``. A rule with a bias (``distance``: −½‖w_i‖²) has no
-  stock equivalent: the export stops with an error and writes nothing;
+  ``decoder.output_projection.weight``. A rule with a bias (``distance``: −½‖w_i‖²) or a
+  learned output bias (``--output-bias``) has no stock equivalent: the export stops with an
+  error and writes nothing;
 - ``l2norm`` input lookups use w_i/‖w_i‖: the normalized rows are written into the embeddings;
 - where the decoder's input and output rows now differ (cosine, sqnorm, any projection) the
   output matrix is untied (``share_decoder_input_output_embed=False``, and
@@ -33,7 +34,8 @@ from torch import Tensor
 from fairseq_tying import scoring
 from fairseq_tying.atomic import atomic_write
 
-PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim")
+PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim", "output_bias",
+                     "freeze_embeddings")
 PLUGIN_CRITERIA = {"label_smoothed_cross_entropy_pr": "label_smoothed_cross_entropy"}
 PLUGIN_CRITERION_KEYS = ("projection_reg",)
 STOCK_FAMILIES = {"transformer": "transformer", "lightconv": "dynamicconv"}  # stock: plugin
@@ -59,8 +61,8 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
     """The stock fairseq model (``transformer`` or ``lightconv``) the checkpoint maps to.
 
     Refuses, naming the flag, what the target cannot express: another family, a bias in the
-    scores (``distance``) unless ``allow_bias`` (CTranslate2 has an output bias, fairseq's
-    models have none), and a tied matrix narrower than the decoder."""
+    scores (``distance``, ``--output-bias``) unless ``allow_bias`` (CTranslate2 has an output
+    bias, fairseq's models have none), and a tied matrix narrower than the decoder."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from fairseq_tying.models.dynamicconv_tying import DynamicConvModel
@@ -81,6 +83,11 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
                           "fairseq_tying"
                           + (", or export with --format ctranslate2"
                              if family == "transformer" else ""))
+    if getattr(args, "output_bias", False) and not allow_bias:
+        raise ExportError("--output-bias adds a learned per-token bias b₂ to the scores, which "
+                          "fairseq's stock models (a bias-free output projection) cannot "
+                          "express; export with --format ctranslate2, or keep using this "
+                          "checkpoint with --user-dir fairseq_tying")
     tied_dim = getattr(args, "tied_embed_dim", None)
     if tied_dim and tied_dim != args.decoder_embed_dim:
         raise ExportError(f"--tied-embed-dim {tied_dim} differs from --decoder-embed-dim "
@@ -148,7 +155,9 @@ def stock_cfg(cfg: dict, args: Namespace, flags: dict, arch: str = "transformer"
     """The stock cfg; ``namespace``: the model config as the argparse.Namespace fairseq-train
     writes (what CTranslate2's fairseq converter reads), otherwise a plain dict."""
     model = {k: v for k, v in vars(args).items() if k not in PLUGIN_MODEL_KEYS}
-    model.update(flags, arch=arch, _name=arch, user_dir=None)
+    # the pretrained vectors are in the checkpoint: stock fairseq must not read the files again
+    model.update(flags, arch=arch, _name=arch, user_dir=None, encoder_embed_path=None,
+                 decoder_embed_path=None)
     model["criterion"] = PLUGIN_CRITERIA.get(model.get("criterion"), model.get("criterion"))
     new = {k: v for k, v in cfg.items() if k != "model"}
     new["model"] = model

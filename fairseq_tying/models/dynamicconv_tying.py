@@ -13,6 +13,7 @@ from fairseq.models.lightconv import (
 from fairseq.models.lightconv import base_architecture as lightconv_base
 
 from fairseq_tying.models.tying import (
+    CheckedLoadMixin,
     ScorerDecoderMixin,
     add_tying_args,
     attach_scorer,
@@ -42,7 +43,7 @@ class DynamicConvDecoder(ScorerDecoderMixin, LightConvDecoder):
 
 
 @register_model("dynamicconv_tying")
-class DynamicConvModel(LightConvModel):
+class DynamicConvModel(CheckedLoadMixin, LightConvModel):
     @staticmethod
     def add_args(parser):
         LightConvModel.add_args(parser)
@@ -51,6 +52,13 @@ class DynamicConvModel(LightConvModel):
     @classmethod
     def build_model(cls, args, task):
         lightconv_base(args)
+        if args.encoder_embed_dim != args.decoder_embed_dim:
+            # fairseq's lightconv decoder attends over encoder states of its own width H
+            raise ValueError(
+                f"--arch {args.arch}: the DynamicConv decoder needs --encoder-embed-dim "
+                f"({args.encoder_embed_dim}) equal to --decoder-embed-dim "
+                f"({args.decoder_embed_dim}); under --tying three_way the encoder works at the "
+                "tied size D, so D != H needs transformer_twwt or --tying decoder")
         spec, encoder_embed, decoder_embed = prepare_model(args, task, max_positions=1024)
         encoder = LightConvEncoder(args, task.source_dictionary, encoder_embed)
         decoder = DynamicConvDecoder(args, task.target_dictionary, decoder_embed)

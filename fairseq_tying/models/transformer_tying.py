@@ -14,6 +14,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from fairseq_tying.models.tying import (
+    CheckedLoadMixin,
     ScorerDecoderMixin,
     add_tying_args,
     attach_scorer,
@@ -27,7 +28,7 @@ class TiedTransformerDecoder(ScorerDecoderMixin, TransformerDecoder):
 
 
 @register_model("transformer_tying")
-class TiedTransformerModel(TransformerModel):
+class TiedTransformerModel(CheckedLoadMixin, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 from argparse import ArgumentParser, Namespace
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from fairseq.models import register_model_architecture
 from torch import nn
 
 from fairseq_tying import scoring
+from fairseq_tying.models import guards, pretrained
 from fairseq_tying.output_layer import OutputScorer, TiedEmbedding
 
 TYING_MODES = ("none", "decoder", "three_way")
+logger = logging.getLogger(__name__)
 
 
 def add_tying_args(parser: ArgumentParser) -> None:
@@ -32,6 +35,13 @@ def add_tying_args(parser: ArgumentParser) -> None:
     parser.add_argument("--tied-embed-dim", type=int, metavar="D",
                         help="columns of the decoder's (tied) embedding matrix "
                              "(default: --decoder-embed-dim); needs --tied-projection if different")
+    parser.add_argument("--output-bias", action="store_true",
+                        help="a learned per-token bias b2 added to the output scores "
+                             "(s = V·P·h + b2; zero at the start, V parameters)")
+    parser.add_argument("--freeze-embeddings", action="store_true",
+                        help="keep the embedding matrices (input embeddings, and the output "
+                             "matrix when tied) fixed, e.g. pretrained vectors from "
+                             "--encoder-embed-path/--decoder-embed-path; all else trains")
 
 
 def tying_defaults(args: Namespace, tying: str) -> None:
@@ -39,6 +49,8 @@ def tying_defaults(args: Namespace, tying: str) -> None:
     args.output_layer = getattr(args, "output_layer", None) or "dot"
     args.tied_projection = getattr(args, "tied_projection", False)
     args.tied_embed_dim = getattr(args, "tied_embed_dim", None)
+    args.output_bias = getattr(args, "output_bias", False)
+    args.freeze_embeddings = getattr(args, "freeze_embeddings", False)
 
 
 def register_archs(model: str, family: str, presets: dict[str, Callable[[Namespace], None]],
@@ -63,13 +75,14 @@ class TyingSpec:
     embed_dim: int  # D, columns of the decoder's embedding matrix
     hidden_dim: int  # H, size of the decoder output fed to the output layer
     projection: bool
+    output_bias: bool = False
 
     @classmethod
     def from_args(cls, args: Namespace, task) -> TyingSpec:
         """Validate the tying flags against the model flags and the task's dictionaries."""
         hidden = args.decoder_output_dim
         spec = cls(args.tying, args.output_layer, args.tied_embed_dim or args.decoder_embed_dim,
-                   hidden, bool(args.tied_projection))
+                   hidden, bool(args.tied_projection), bool(getattr(args, "output_bias", False)))
         if getattr(args, "share_all_embeddings", False) and spec.mode != "three_way":
             raise ValueError(f"--share-all-embeddings conflicts with --tying {spec.mode}; "
                              "use --tying three_way instead")
@@ -96,13 +109,19 @@ class TyingSpec:
 
 def prepare_model(args: Namespace, task, max_positions: int):
     """Validate the flags, set fairseq's sharing flags from ``--tying`` and build the input
-    embeddings. Returns (spec, encoder embedding, decoder embedding)."""
+    embeddings (filled from pretrained vectors, frozen if asked).
+    Returns (spec, encoder embedding, decoder embedding)."""
     args.max_source_positions = getattr(args, "max_source_positions", None) or max_positions
     args.max_target_positions = getattr(args, "max_target_positions", None) or max_positions
     spec = TyingSpec.from_args(args, task)
+    guards.check_resume(args)
     args.share_all_embeddings = spec.mode == "three_way"
     args.share_decoder_input_output_embed = spec.mode != "none"
-    return (spec, *build_embeddings(spec, args, task))
+    encoder, decoder = build_embeddings(spec, args, task)
+    pretrained.load_pretrained(spec.mode, args, task, encoder, decoder)
+    if getattr(args, "freeze_embeddings", False):
+        pretrained.freeze(encoder, decoder)
+    return spec, encoder, decoder
 
 
 def build_embeddings(spec: TyingSpec, args: Namespace, task) -> tuple[TiedEmbedding, TiedEmbedding]:
@@ -131,7 +150,7 @@ def attach_scorer(decoder: nn.Module, spec: TyingSpec) -> None:
     if spec.projection:
         projection = nn.Linear(spec.hidden_dim, weight.shape[1], bias=False)
         nn.init.normal_(projection.weight, mean=0, std=spec.hidden_dim**-0.5)
-    decoder.scorer = OutputScorer(weight, spec.rule, projection)
+    decoder.scorer = OutputScorer(weight, spec.rule, projection, spec.output_bias)
     decoder.output_projection = nn.Identity()
 
 
@@ -145,4 +164,30 @@ class ScorerDecoderMixin:
         # fairseq re-adds ``output_projection.weight`` for tied decoders; ours is ``scorer.weight``.
         state_dict = super().upgrade_state_dict_named(state_dict, name) or state_dict
         state_dict.pop(f"{name}.output_projection.weight", None)
+        self._match_optional_parameters(state_dict, f"{name}.scorer.")
         return state_dict
+
+    def _match_optional_parameters(self, state_dict, prefix: str) -> None:
+        """A checkpoint started on purpose (--finetune-from-model, --reset-optimizer) with
+        another --output-bias or --tied-projection: a missing output bias starts at zero (the
+        same scores), a missing projection at its fresh initialization; parameters this model
+        does not have are dropped, with a warning."""
+        own = {"bias": self.scorer.bias,
+               "projection.weight": getattr(self.scorer.projection, "weight", None)}
+        for key, param in own.items():
+            if param is None and state_dict.pop(prefix + key, None) is not None:
+                logger.warning(f"the checkpoint's {prefix + key} is not used by this model")
+            elif param is not None and prefix + key not in state_dict:
+                logger.warning(f"the checkpoint has no {prefix + key}: it starts "
+                               + ("at zero" if key == "bias" else "freshly initialized"))
+                state_dict[prefix + key] = param.detach().clone()
+
+
+class CheckedLoadMixin:
+    """``load_state_dict`` that names the embedding rows of a diverged checkpoint (NaN/inf)
+    instead of failing later inside beam search."""
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        guards.check_finite(state_dict, {"encoder": self.encoder.dictionary,
+                                         "decoder": self.decoder.dictionary})
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)

@@ -1,0 +1,150 @@
+"""``python -m fairseq_tying.analysis`` on real checkpoints of a corpus made of SimLex-999 words,
+its numbers checked against a direct computation."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from tests.conftest import REPO, binarize, cli_env, run_cli
+from tests.test_core_cli import train_args
+
+
+def _simlex() -> tuple[list[tuple[str, str, float]], str]:
+    from gensim.test.utils import datapath
+
+    path = datapath("simlex999.txt")
+    rows = [line.split("\t") for line in Path(path).read_text().splitlines()
+            if not line.startswith("#")]
+    return [(a, b, float(s)) for a, b, s in rows], path
+
+
+@pytest.fixture(scope="module")
+def simlex_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """A sentencepiece-encoded toy corpus over SimLex words and two models trained on it."""
+    import sentencepiece as spm
+
+    root = tmp_path_factory.mktemp("simlex")
+    words = sorted({w for a, b, _ in _simlex()[0][:60] for w in (a, b)})
+    rng = random.Random(0)
+    raw = {}
+    for split, n in (("train", 300), ("valid", 20), ("test", 20)):
+        sents = [[rng.choice(words) for _ in range(rng.randint(3, 8))] for _ in range(n)]
+        raw[split] = {"src": [" ".join(s) for s in sents],
+                      "tgt": [" ".join(reversed(s)) for s in sents]}
+    (root / "all.txt").write_text("\n".join(raw["train"]["src"] + raw["train"]["tgt"]) + "\n")
+    spm.SentencePieceTrainer.train(input=str(root / "all.txt"), model_prefix=str(root / "spm"),
+                                   vocab_size=100, model_type="unigram", minloglevel=2,
+                                   hard_vocab_limit=False)
+    sp = spm.SentencePieceProcessor(model_file=str(root / "spm.model"))
+    enc = root / "enc"
+    enc.mkdir()
+    for split, sides in raw.items():
+        for side, lines in sides.items():
+            pieces = [" ".join(sp.encode(line, out_type=str)) for line in lines]
+            (enc / f"{split}.{side}").write_text("\n".join(pieces) + "\n")
+    data = binarize(enc, root / "bin", joined=True)
+    ckpts = {}
+    for tying, arch in (("three_way", "transformer_twwt"), ("none", "transformer_dwt")):
+        run_cli("fairseq-train", *train_args(data, root / tying, arch, "--tying", tying,
+                                             updates=2))
+        ckpts[tying] = root / tying / "checkpoint_last.pt"
+    return root, ckpts
+
+
+def _direct_simlex_rho(ckpt: Path, root: Path, key: str) -> tuple[float, int]:
+    """SimLex ρ over the pairs whose pieces are all dictionary entries, without gensim."""
+    import sentencepiece as spm
+    from fairseq.data import Dictionary
+
+    sp = spm.SentencePieceProcessor(model_file=str(root / "spm.model"))
+    d = Dictionary.load(str(root / "bin" / "dict.src.txt"))
+    matrix = torch.load(ckpt, weights_only=True)["model"][key].double().numpy()
+
+    def vector(word: str) -> np.ndarray | None:
+        ids = [d.index(p) for p in sp.encode(word, out_type=str)]
+        return None if d.unk() in ids else matrix[ids].mean(axis=0)
+
+    gold, model = [], []
+    for a, b, score in _simlex()[0]:
+        va, vb = vector(a), vector(b)
+        if va is not None and vb is not None:
+            gold.append(score)
+            model.append(va @ vb / np.linalg.norm(va) / np.linalg.norm(vb))
+    return float(spearmanr(gold, model)[0]), len(gold)
+
+
+@pytest.mark.slow
+def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
+    root, ckpts = simlex_run
+    out = tmp_path / "analysis"
+    report_md = tmp_path / "results.md"
+    report_md.write_text("# R\n\nwritten by hand\n<!-- analysis:begin -->\nold\n"
+                         "<!-- analysis:end -->\nafter\n")
+    proc = subprocess.run([sys.executable, "-m", "fairseq_tying.analysis", str(ckpts["three_way"]),
+                           str(ckpts["none"]), "--out", str(out), "--report", str(report_md)],
+                          capture_output=True, text=True, env=cli_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "analysis.json").read_text())
+    assert report["subword_model"] == str(root / "spm.model")  # found beside the data folder
+    tied, untied = report["models"]
+    assert [m["roles"] for m in tied["matrices"]] == [
+        ["encoder input", "decoder input", "decoder output"]]
+    assert [m["roles"] for m in untied["matrices"]] == [
+        ["encoder input"], ["decoder input"], ["decoder output"]]
+
+    for model, key in ((tied, "encoder.embed_tokens.weight"), (untied, "decoder.scorer.weight")):
+        matrix = next(m for m in model["matrices"] if m["key"] == key)
+        rho, scored = _direct_simlex_rho(Path(model["checkpoint"]), root, key)
+        sim = matrix["similarity"]["SimLex-999"]
+        assert sim["pairs_total"] == 999 and sim["pairs_scored"] == scored > 50
+        assert sim["spearman"] == pytest.approx(rho, abs=1e-3)
+        whole = matrix["similarity"]["SimLex-999 whole-word"]
+        assert whole["pairs_scored"] <= scored
+
+    # geometry, by brute force on the untied output matrix
+    state = torch.load(ckpts["none"], weights_only=True)["model"]
+    from fairseq.data import Dictionary
+
+    d = Dictionary.load(str(root / "bin" / "dict.tgt.txt"))
+    counts = np.zeros(len(d))  # target-side occurrences, from the encoded text
+    for line in (root / "enc" / "train.tgt").read_text().splitlines():
+        for piece in line.split():
+            counts[d.index(piece)] += 1
+    keep = (np.arange(len(d)) >= d.nspecial) & (counts > 0)
+    rows = state["decoder.scorer.weight"].double().numpy()[keep]
+    units = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    cos = units @ units.T
+    n = len(rows)
+    out_matrix = untied["matrices"][2]
+    assert out_matrix["mean_pairwise_cosine"] == pytest.approx(
+        (cos.sum() - np.trace(cos)) / (n * (n - 1)), abs=1e-9)
+    assert out_matrix["norm_frequency_spearman"] == pytest.approx(
+        spearmanr(np.linalg.norm(rows, axis=1), counts[keep])[0], abs=1e-9)
+
+    table = (out / "analysis.md").read_text()
+    assert "| three_way·dot | encoder input = decoder input = decoder output |" in table
+    assert report_md.read_text() == ("# R\n\nwritten by hand\n<!-- analysis:begin -->\n"
+                                     f"{table}<!-- analysis:end -->\nafter\n")
+    for png in ("norms_vs_frequency.png", "similarity.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_analysis_names_a_missing_subword_model(simlex_run, tmp_path):
+    from fairseq_tying import analysis
+
+    _root, ckpts = simlex_run
+    with pytest.raises(SystemExit) as error:
+        analysis.main([str(ckpts["none"]), "--out", str(tmp_path),
+                       "--spm", str(tmp_path / "nope.model")])
+    assert "--spm" in str(error.value) and "nope.model" in str(error.value)
+    assert not (tmp_path / "analysis.json").exists()
