@@ -375,7 +375,9 @@ def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str 
         "word_vector": "mean of the rows of the word's sentencepiece pieces (lower-cased word)",
         "token_counts": {p: {k: v.counted_in for k, v in d.items()} for p, d in dicts.items()},
         "models": [asdict(r) for r in reports]}, indent=2)
-    table = markdown(reports, str(subword))
+    # the model's name and size, not the machine's path to it: the table is committed
+    table = markdown(reports, f"the sentencepiece model {Path(subword).name} "
+                              f"({sp.get_piece_size()} pieces)")
     write_text(out / "analysis.md", table)
     plot(reports, states, dicts, out)
     if report is not None:
