@@ -68,7 +68,7 @@ study-one-epoch: setup
 # transformer_twwt_iwslt_de_en on the Bible corpus (300 updates), fairseq-generate --fp16,
 # CTranslate2 float16 decoding; then bench --device cuda --fp16. Summary: work/gpu_check/gpu_check.json.
 gpu-check: setup
-	$(PY) -m fairseq_tying.gpu_check --out work/gpu_check
+	$(PY) -m fairseq_tying.bench --mode gpu-check --out work/gpu_check
 
 lint: setup
 	$(VENV)/bin/ruff check fairseq_tying scripts tests

@@ -41,7 +41,7 @@ import torch
 from fairseq.data import Dictionary
 from scipy.stats import spearmanr
 
-from fairseq_tying.atomic import atomic_write, write_json, write_text
+from fairseq_tying.common.atomic import atomic_write, write_json, write_text
 from fairseq_tying.evaluation import checkpoints
 
 ROLES = {  # state-dict key: (role, dictionary side)
@@ -264,9 +264,9 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
 
 def default_label(path: str, state: dict) -> str:
     args = checkpoints.model_args(state)
-    tying, rule = getattr(args, "tying", "?"), getattr(args, "output_layer", "?")
+    tying, output_layer = getattr(args, "tying", "?"), getattr(args, "output_layer", "?")
     extras = [f for f in ("tied_projection", "output_bias") if getattr(args, f, False)]
-    return " ".join([f"{tying}·{rule}", *(f"+{e}" for e in extras)])
+    return " ".join([f"{tying}·{output_layer}", *(f"+{e}" for e in extras)])
 
 
 # --- outputs --------------------------------------------------------------------------------

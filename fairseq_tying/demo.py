@@ -2,7 +2,7 @@
 Transformer with the ``dot`` output layer and one with a normalized layer, evaluate both with
 sacrebleu, print the table and write the plots.
 
-    python -m fairseq_tying.demo [--out work/demo] [--max-update N] [--rules dot l2norm]
+    python -m fairseq_tying.demo [--out work/demo] [--max-update N] [--output-layers dot l2norm]
 
 The models train side by side, one single-threaded process each, their fairseq logs prefixed with
 the output layer. Finished steps are skipped on a rerun (fairseq resumes from
@@ -18,11 +18,11 @@ import threading
 import time
 from pathlib import Path
 
-from fairseq_tying.atomic import write_json
+from fairseq_tying.common import PLUGIN_DIR
+from fairseq_tying.common.atomic import write_json
+from fairseq_tying.common.reproducible import pinned_env
 from fairseq_tying.evaluation import cli as evaluation
-from fairseq_tying.reproducible import pinned_env
 
-PLUGIN_DIR = str(Path(__file__).resolve().parent)
 ARCH = "transformer_twwt"
 MODEL = ["--encoder-layers", "2", "--decoder-layers", "2",
          "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
@@ -55,15 +55,44 @@ def prepare(out: Path, corpus: str, vocab: int) -> Path:
     return data
 
 
-def train_command(data: Path, run: Path, rule: str, max_update: int, seed: int) -> list[str]:
+def train_command(
+    data: Path, run: Path, output_layer: str, max_update: int, seed: int
+) -> list[str]:
     run.mkdir(parents=True, exist_ok=True)
-    record = {"name": run.name, "method": f"{ARCH}:{rule}", "arch": ARCH,
-              "tying": "three_way", "output_layer": rule, "seed": seed, "data_dir": str(data)}
+    record = {
+        "name": run.name,
+        "method": f"{ARCH}:{output_layer}",
+        "arch": ARCH,
+        "tying": "three_way",
+        "output_layer": output_layer,
+        "seed": seed,
+        "data_dir": str(data),
+    }
     write_json(run / "run.json", record)
-    return [_tool("fairseq-train"), str(data / "bin"), "--user-dir", PLUGIN_DIR, "--arch", ARCH,
-            "--output-layer", rule, *MODEL, *OPTIMIZATION, "--max-update", str(max_update),
-            "--seed", str(seed), "--cpu", "--save-dir", str(run / "checkpoints"),
-            "--no-epoch-checkpoints", "--log-interval", "25", "--log-format", "simple"]
+    return [
+        _tool("fairseq-train"),
+        str(data / "bin"),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--arch",
+        ARCH,
+        "--output-layer",
+        output_layer,
+        *MODEL,
+        *OPTIMIZATION,
+        "--max-update",
+        str(max_update),
+        "--seed",
+        str(seed),
+        "--cpu",
+        "--save-dir",
+        str(run / "checkpoints"),
+        "--no-epoch-checkpoints",
+        "--log-interval",
+        "25",
+        "--log-format",
+        "simple",
+    ]
 
 
 def train_in_parallel(commands: dict[str, list[str]]) -> None:
@@ -71,9 +100,12 @@ def train_in_parallel(commands: dict[str, list[str]]) -> None:
     prefix."""
     # one thread each whatever the core count: the thread count changes the numbers
     env = {**pinned_env(threads=None), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
-             for name, cmd in commands.items()}
+    procs = {
+        name: subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for name, cmd in commands.items()
+    }
 
     def relay(name: str, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
@@ -90,24 +122,40 @@ def train_in_parallel(commands: dict[str, list[str]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fairseq_tying.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_tying.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, default=Path("work/demo"))
-    parser.add_argument("--corpus", default="bible",
-                        help="'bible' or a folder with {train,valid,test}.{es,en}")
+    parser.add_argument(
+        "--corpus", default="bible", help="'bible' or a folder with {train,valid,test}.{es,en}"
+    )
     parser.add_argument("--vocab-size", type=int, default=4000)
     parser.add_argument("--max-update", type=int, default=600)
-    parser.add_argument("--rules", nargs="+", default=["dot", "l2norm"])
+    parser.add_argument("--output-layers", "--rules", nargs="+", default=["dot", "l2norm"],
+                        help="output layers to train and compare (default: dot l2norm; "
+                             "--rules is the old name of this flag)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     start = time.time()
     data = prepare(args.out, args.corpus, args.vocab_size)
     runs = args.out / "runs"
-    run_dirs = {rule: runs / f"{ARCH}-{rule}-seed{args.seed}" for rule in args.rules}
-    print(f"\n== training {ARCH} with --output-layer {' and '.join(args.rules)} "
-          f"({args.max_update} updates each, side by side) ==", flush=True)
-    train_in_parallel({rule: train_command(data, run, rule, args.max_update, args.seed)
-                       for rule, run in run_dirs.items()})
+    run_dirs = {
+        output_layer: runs / f"{ARCH}-{output_layer}-seed{args.seed}"
+        for output_layer in args.output_layers
+    }
+    print(
+        f"\n== training {ARCH} with --output-layer {' and '.join(args.output_layers)} "
+        f"({args.max_update} updates each, side by side) ==",
+        flush=True,
+    )
+    train_in_parallel(
+        {
+            output_layer: train_command(data, run, output_layer, args.max_update, args.seed)
+            for output_layer, run in run_dirs.items()
+        }
+    )
     for run in run_dirs.values():
         print(f"\n== evaluating {run.name} ==", flush=True)
         if evaluation.main(["evaluate", str(run), "--data", str(data), "--cpu"]) != 0:
@@ -115,10 +163,21 @@ def main(argv: list[str] | None = None) -> int:
     results = args.out / "results"
     evaluation.main(["collect", str(runs), "--out", str(results)])
     checkpoints = [str(run / "checkpoints" / "checkpoint_best.pt") for run in run_dirs.values()]
-    evaluation.main(["norms", *checkpoints, "--labels", *args.rules,
-                     "--out", str(results / "norms.png")])
-    print(f"\ndemo finished in {(time.time() - start) / 60:.1f} min; table, JSON and plots "
-          f"in {results}/", flush=True)
+    evaluation.main(
+        [
+            "norms",
+            *checkpoints,
+            "--labels",
+            *args.output_layers,
+            "--out",
+            str(results / "norms.png"),
+        ]
+    )
+    print(
+        f"\ndemo finished in {(time.time() - start) / 60:.1f} min; table, JSON and plots "
+        f"in {results}/",
+        flush=True,
+    )
     return 0
 
 

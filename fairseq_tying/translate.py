@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from fairseq_tying.atomic import write_lines
+from fairseq_tying.common.atomic import write_lines
 
 META_FILE = "fairseq_tying.json"
 

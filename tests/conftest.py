@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_tying.common import PLUGIN_DIR
+
 REPO = Path(__file__).resolve().parents[1]
-PLUGIN_DIR = str(REPO / "fairseq_tying")
 BIN = Path(sys.executable).parent
 TINY_MODEL = [
     "--encoder-layers", "1", "--decoder-layers", "1",

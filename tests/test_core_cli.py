@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_tying import scoring
+from fairseq_tying.core import scoring
 from tests.conftest import TINY_MODEL, run_cli
 
 TYING_ARCH = {"none": "dwt", "decoder": "dwt", "three_way": "twwt"}
@@ -27,30 +27,45 @@ def last_updates(log: str) -> int:
     return int(re.findall(r"num_updates (\d+)", log)[-1])
 
 
-@pytest.mark.parametrize("rule", scoring.RULES)
+@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
 @pytest.mark.parametrize("tying", ["none", "decoder", "three_way"])
 @pytest.mark.parametrize("family", ["transformer", "dynamicconv"])
-def test_train_then_generate(joined_bin, tmp_path, family, tying, rule):
+def test_train_then_generate(joined_bin, tmp_path, family, tying, output_layer):
     arch = f"{family}_{TYING_ARCH[tying]}"
     proc = run_cli("fairseq-train", *train_args(joined_bin, tmp_path, arch, "--tying", tying,
-                                                 "--output-layer", rule))
+                                                 "--output-layer", output_layer))
     log = proc.stdout + proc.stderr
     assert last_updates(log) == 4 and "wnorm_mean" in log
     assert re.search(r"train \| epoch 001 \| loss (\d+\.\d+)", log)
     ckpt = tmp_path / "checkpoint_last.pt"
     state = torch.load(ckpt, weights_only=True)  # the plugin's allowlist is active here
-    assert state["cfg"]["model"].output_layer == rule and state["cfg"]["model"].tying == tying
-    if tying != "three_way" or family == "dynamicconv" and rule not in ("dot", "l2norm"):
+    assert (
+        state["cfg"]["model"].output_layer == output_layer and state["cfg"]["model"].tying == tying
+    )
+    if tying != "three_way" or family == "dynamicconv" and output_layer not in ("dot", "l2norm"):
         return  # generation from every checkpoint would triple the run time; one per rule suffices
-    gen = run_cli("fairseq-generate", str(joined_bin), "--user-dir", "fairseq_tying",
-                  "--path", str(ckpt), "--beam", "4", "--batch-size", "8", "--cpu",
-                  "--required-batch-size-multiple", "1")  # else fairseq drops a short last batch
+    gen = run_cli(
+        "fairseq-generate",
+        str(joined_bin),
+        "--user-dir",
+        "fairseq_tying",
+        "--path",
+        str(ckpt),
+        "--beam",
+        "4",
+        "--batch-size",
+        "8",
+        "--cpu",
+        "--required-batch-size-multiple",
+        "1",
+    )  # else fairseq drops a short last batch
     assert len(re.findall(r"^H-\d+\t", gen.stdout, re.M)) == 20
 
 
 def test_resume_from_checkpoint_last_continues_the_update_count(joined_bin, tmp_path):
-    args = train_args(joined_bin, tmp_path, "transformer_twwt", "--output-layer", "distance",
-                      "--tied-projection")
+    args = train_args(
+        joined_bin, tmp_path, "transformer_twwt", "--output-layer", "distance", "--tied-projection"
+    )
     run_cli("fairseq-train", *args)
     resumed = run_cli("fairseq-train", *args, "--max-update", "9")
     log = resumed.stdout + resumed.stderr
@@ -59,16 +74,41 @@ def test_resume_from_checkpoint_last_continues_the_update_count(joined_bin, tmp_
 
 
 def test_validate_and_interactive_load_plugin_checkpoints(joined_bin, tmp_path):
-    run_cli("fairseq-train", *train_args(joined_bin, tmp_path, "dynamicconv_twwt",
-                                         "--output-layer", "cosine"))
+    run_cli(
+        "fairseq-train",
+        *train_args(joined_bin, tmp_path, "dynamicconv_twwt", "--output-layer", "cosine"),
+    )
     ckpt = str(tmp_path / "checkpoint_last.pt")
-    val = run_cli("fairseq-validate", str(joined_bin), "--task", "translation",
-                  "--user-dir", "fairseq_tying",
-                  "--path", ckpt, "--cpu", "--max-tokens", "600")
+    val = run_cli(
+        "fairseq-validate",
+        str(joined_bin),
+        "--task",
+        "translation",
+        "--user-dir",
+        "fairseq_tying",
+        "--path",
+        ckpt,
+        "--cpu",
+        "--max-tokens",
+        "600",
+    )
     assert re.search(r"valid on 'valid' subset \| loss \d", val.stdout + val.stderr)
-    inter = subprocess_input("fairseq-interactive", "w1 w2 w3\n", str(joined_bin),
-                             "--user-dir", "fairseq_tying", "--path", ckpt, "--cpu",
-                             "--source-lang", "src", "--target-lang", "tgt", "--beam", "2")
+    inter = subprocess_input(
+        "fairseq-interactive",
+        "w1 w2 w3\n",
+        str(joined_bin),
+        "--user-dir",
+        "fairseq_tying",
+        "--path",
+        ckpt,
+        "--cpu",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--beam",
+        "2",
+    )
     assert re.search(r"^H-0\t", inter, re.M)
 
 
@@ -79,17 +119,32 @@ def subprocess_input(tool: str, text: str, *args: str) -> str:
     from tests.conftest import REPO, cli_env
 
     exe = str(Path(sys.executable).parent / tool)
-    proc = subprocess.run([exe, *args], input=text, capture_output=True, text=True,
-                          env=cli_env(), cwd=REPO, check=True)
+    proc = subprocess.run(
+        [exe, *args],
+        input=text,
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+        check=True,
+    )
     return proc.stdout
 
 
-@pytest.mark.parametrize("rule", scoring.RULES)
-def test_half_precision_training_through_the_cli(joined_bin, tmp_path, rule):
+@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+def test_half_precision_training_through_the_cli(joined_bin, tmp_path, output_layer):
     """--memory-efficient-fp16 on CPU keeps parameters and activations in real fp16."""
-    proc = run_cli("fairseq-train", *train_args(joined_bin, tmp_path, "transformer_twwt",
-                                                 "--output-layer", rule,
-                                                 "--memory-efficient-fp16"))
+    proc = run_cli(
+        "fairseq-train",
+        *train_args(
+            joined_bin,
+            tmp_path,
+            "transformer_twwt",
+            "--output-layer",
+            output_layer,
+            "--memory-efficient-fp16",
+        ),
+    )
     log = proc.stdout + proc.stderr
     assert "loss_scale" in log and last_updates(log) == 4
     losses = [float(x) for x in re.findall(r"\| loss (\S+) \|", log)]
@@ -97,6 +152,7 @@ def test_half_precision_training_through_the_cli(joined_bin, tmp_path, rule):
 
 
 # --- bad input ------------------------------------------------------------------------------
+
 
 def _train_error(data: Path, tmp_path: Path, arch: str, *flags: str) -> str:
     proc = run_cli("fairseq-train", *train_args(data, tmp_path, arch, *flags), check=False)
@@ -119,14 +175,20 @@ def test_hidden_size_differs_without_projection(joined_bin, tmp_path):
 def test_unknown_output_layer_lists_the_choices(joined_bin, tmp_path):
     err = _train_error(joined_bin, tmp_path, "transformer_twwt", "--output-layer", "softmax")
     assert "--output-layer" in err and "invalid choice: 'softmax'" in err
-    for rule in scoring.RULES:
-        assert rule in err
+    for output_layer in scoring.OUTPUT_LAYERS:
+        assert output_layer in err
 
 
 def test_checkpoint_without_user_dir_fails_loudly(joined_bin, tmp_path):
     """Without --user-dir fairseq never imports the plugin, so it cannot phrase this error: torch
     refuses the checkpoint's argparse.Namespace (the README shows the fix, --user-dir)."""
     run_cli("fairseq-train", *train_args(joined_bin, tmp_path, "transformer_twwt"))
-    proc = run_cli("fairseq-generate", str(joined_bin), "--path",
-                   str(tmp_path / "checkpoint_last.pt"), "--cpu", check=False)
+    proc = run_cli(
+        "fairseq-generate",
+        str(joined_bin),
+        "--path",
+        str(tmp_path / "checkpoint_last.pt"),
+        "--cpu",
+        check=False,
+    )
     assert proc.returncode != 0 and "argparse.Namespace" in proc.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_tying import scoring
+from fairseq_tying.core import scoring
 from tests.conftest import REPO, build_model, cli_env, run_cli
 from tests.test_core_cli import last_updates, train_args
 from tests.test_core_models import _arch
@@ -48,7 +48,7 @@ def _dictionary(data: Path, lang: str):
 
 SRC_TOKENS = ["w1", "w2", "w3", "w5", "<pad>", "not-in-the-dictionary"]
 TGT_TOKENS = ["W1", "W2", "W4", "W7", "<pad>"]
-PRETRAINED_CASES = [  # family, tying, rule, D, which files, frozen
+PRETRAINED_CASES = [  # family, tying, output_layer, D, which files, frozen
     ("transformer", "three_way", "dot", 16, "encoder", True),
     ("transformer", "three_way", "l2norm", 8, "decoder", True),
     ("dynamicconv", "decoder", "cosine", 8, "both", False),
@@ -57,9 +57,12 @@ PRETRAINED_CASES = [  # family, tying, rule, D, which files, frozen
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "tying", "rule", "dim", "files", "frozen"), PRETRAINED_CASES)
-def test_pretrained_vectors_are_in_the_trained_matrix(joined_bin, tmp_path, family, tying, rule,
-                                                      dim, files, frozen):
+@pytest.mark.parametrize(
+    ("family", "tying", "output_layer", "dim", "files", "frozen"), PRETRAINED_CASES
+)
+def test_pretrained_vectors_are_in_the_trained_matrix(
+    joined_bin, tmp_path, family, tying, output_layer, dim, files, frozen
+):
     narrow = ["--tied-embed-dim", str(dim), "--tied-projection"] if dim != 16 else []
     if tying == "three_way" and dim != 16:
         narrow += ["--encoder-embed-dim", str(dim)]  # the encoder works at D
@@ -67,17 +70,39 @@ def test_pretrained_vectors_are_in_the_trained_matrix(joined_bin, tmp_path, fami
     tokens = SRC_TOKENS + TGT_TOKENS if tying == "three_way" else SRC_TOKENS
     enc = write_vectors(tmp_path / "enc.txt", tokens, enc_dim, seed=1)
     dec = write_vectors(tmp_path / "dec.txt", TGT_TOKENS, dim, seed=2)
-    paths = {"encoder": ["--encoder-embed-path", str(tmp_path / "enc.txt")],
-             "decoder": ["--decoder-embed-path", str(tmp_path / "enc.txt")],
-             "both": ["--encoder-embed-path", str(tmp_path / "enc.txt"),
-                      "--decoder-embed-path", str(tmp_path / "dec.txt")]}[files]
-    proc = run_cli("fairseq-train", *train_args(
-        joined_bin, tmp_path, _arch(family, tying), "--tying", tying, "--output-layer", rule,
-        *narrow, *paths, *(["--freeze-embeddings"] if frozen else []),
-        "--save-interval-updates", "1", updates=3))
+    paths = {
+        "encoder": ["--encoder-embed-path", str(tmp_path / "enc.txt")],
+        "decoder": ["--decoder-embed-path", str(tmp_path / "enc.txt")],
+        "both": [
+            "--encoder-embed-path",
+            str(tmp_path / "enc.txt"),
+            "--decoder-embed-path",
+            str(tmp_path / "dec.txt"),
+        ],
+    }[files]
+    proc = run_cli(
+        "fairseq-train",
+        *train_args(
+            joined_bin,
+            tmp_path,
+            _arch(family, tying),
+            "--tying",
+            tying,
+            "--output-layer",
+            output_layer,
+            *narrow,
+            *paths,
+            *(["--freeze-embeddings"] if frozen else []),
+            "--save-interval-updates",
+            "1",
+            updates=3,
+        ),
+    )
     log = proc.stdout + proc.stderr
-    first, last = _model_state(tmp_path / "checkpoint_1_1.pt"), _model_state(
-        tmp_path / "checkpoint_last.pt")
+    first, last = (
+        _model_state(tmp_path / "checkpoint_1_1.pt"),
+        _model_state(tmp_path / "checkpoint_last.pt"),
+    )
     d = _dictionary(joined_bin, "src")  # joined: one dictionary for both sides
     in_dict = len([t for t in tokens if t in d.indices and t != "<pad>"])
     assert f"{in_dict} of {len(d)} dictionary entries got a {enc_dim}-d vector" in log
@@ -85,8 +110,10 @@ def test_pretrained_vectors_are_in_the_trained_matrix(joined_bin, tmp_path, fami
         n_dec = len([t for t in TGT_TOKENS if t != "<pad>"])
         assert f"--decoder-embed-path {tmp_path / 'dec.txt'}: {n_dec} of {len(d)}" in log
 
-    matrices = {"encoder.embed_tokens.weight": enc,
-                "decoder.embed_tokens.weight": enc if tying == "three_way" else dec}
+    matrices = {
+        "encoder.embed_tokens.weight": enc,
+        "decoder.embed_tokens.weight": enc if tying == "three_way" else dec,
+    }
     for key, vectors in matrices.items():
         if files == "encoder" and key.startswith("decoder") and tying != "three_way":
             continue
@@ -107,9 +134,19 @@ def test_pretrained_vectors_are_in_the_trained_matrix(joined_bin, tmp_path, fami
     if family == "transformer" and tying == "three_way" and dim == 16:
         # the stock export holds the vectors and must not make stock fairseq read the file
         out = tmp_path / "stock.pt"
-        proc = subprocess.run([sys.executable, "-m", "fairseq_tying.export",
-                               str(tmp_path / "checkpoint_last.pt"), str(out)],
-                              capture_output=True, text=True, env=cli_env(), cwd=REPO)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fairseq_tying.export",
+                str(tmp_path / "checkpoint_last.pt"),
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            cwd=REPO,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         cfg = torch.load(out, weights_only=True)["cfg"]["model"]
         assert cfg["encoder_embed_path"] is None and cfg["decoder_embed_path"] is None
@@ -121,14 +158,26 @@ def test_embedding_file_errors_name_the_flag(joined_bin, tmp_path, case):
     write_vectors(tmp_path / "v8.txt", ["w1", "W1"], 8, seed=0)
     write_vectors(tmp_path / "v16.txt", ["w1", "W1"], 16, seed=0)
     arch, flags, expected = {
-        "size": ("transformer_dwt", ["--decoder-embed-path", str(tmp_path / "v8.txt")],
-                 ["--decoder-embed-path", "D=8", "16 columns",
-                  "--tied-embed-dim 8 --tied-projection"]),
-        "two_files": ("transformer_twwt", ["--encoder-embed-path", str(tmp_path / "v16.txt"),
-                                           "--decoder-embed-path", str(tmp_path / "v8.txt")],
-                      ["three_way", "two files", "v16.txt", "v8.txt"]),
-        "missing": ("dynamicconv_twwt", ["--encoder-embed-path", str(tmp_path / "nope.txt")],
-                    ["--encoder-embed-path", "nope.txt", "no such file"]),
+        "size": (
+            "transformer_dwt",
+            ["--decoder-embed-path", str(tmp_path / "v8.txt")],
+            ["--decoder-embed-path", "D=8", "16 columns", "--tied-embed-dim 8 --tied-projection"],
+        ),
+        "two_files": (
+            "transformer_twwt",
+            [
+                "--encoder-embed-path",
+                str(tmp_path / "v16.txt"),
+                "--decoder-embed-path",
+                str(tmp_path / "v8.txt"),
+            ],
+            ["three_way", "two files", "v16.txt", "v8.txt"],
+        ),
+        "missing": (
+            "dynamicconv_twwt",
+            ["--encoder-embed-path", str(tmp_path / "nope.txt")],
+            ["--encoder-embed-path", "nope.txt", "no such file"],
+        ),
     }[case]
     proc = run_cli("fairseq-train", *train_args(joined_bin, tmp_path, arch, *flags), check=False)
     assert proc.returncode != 0
@@ -140,50 +189,74 @@ def test_embedding_file_errors_name_the_flag(joined_bin, tmp_path, case):
 
 # --- the output bias b₂ ---------------------------------------------------------------------
 
-def _independent_scores(rule: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+
+def _independent_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The rules written out directly (all rows have ‖w_i‖ > 0 here)."""
     norms = w.norm(dim=1)
-    return {"dot": h @ w.T, "l2norm": h @ (w / norms[:, None]).T,
-            "cosine": h @ (w / norms[:, None]).T, "sqnorm": h @ (w / norms[:, None] ** 2).T,
-            "distance": h @ w.T - 0.5 * norms**2}[rule]
+    return {
+        "dot": h @ w.T,
+        "l2norm": h @ (w / norms[:, None]).T,
+        "cosine": h @ (w / norms[:, None]).T,
+        "sqnorm": h @ (w / norms[:, None] ** 2).T,
+        "distance": h @ w.T - 0.5 * norms**2,
+    }[output_layer]
 
 
-@pytest.mark.parametrize("rule", scoring.RULES)
+@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
 @pytest.mark.parametrize("tying", ["none", "decoder", "three_way"])
-def test_output_bias_adds_to_every_rule(joined_bin, tying, rule):
+def test_output_bias_adds_to_every_rule(joined_bin, tying, output_layer):
     torch.manual_seed(0)
     family = "transformer" if tying != "decoder" else "dynamicconv"
-    plain, _ = build_model(joined_bin, _arch(family, tying), "--tying", tying,
-                           "--output-layer", rule, "--tied-projection")
-    model, _ = build_model(joined_bin, _arch(family, tying), "--tying", tying,
-                           "--output-layer", rule, "--tied-projection", "--output-bias")
+    plain, _ = build_model(
+        joined_bin,
+        _arch(family, tying),
+        "--tying",
+        tying,
+        "--output-layer",
+        output_layer,
+        "--tied-projection",
+    )
+    model, _ = build_model(
+        joined_bin,
+        _arch(family, tying),
+        "--tying",
+        tying,
+        "--output-layer",
+        output_layer,
+        "--tied-projection",
+        "--output-bias",
+    )
     scorer = model.decoder.scorer
     vocab = scorer.weight.shape[0]
-    assert sum(p.numel() for p in model.parameters()) - sum(
-        p.numel() for p in plain.parameters()) == vocab
+    assert (
+        sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in plain.parameters())
+        == vocab
+    )
     assert not scorer.bias.any()  # zero init: the same scores as without the bias
     with torch.no_grad():
         scorer.weight[model.decoder.embed_tokens.padding_idx].normal_()  # no zero row here
         scorer.bias.normal_()
     h = torch.randn(3, 16)
-    want = _independent_scores(rule, scorer.projection(h), scorer.weight) + scorer.bias
+    want = _independent_scores(output_layer, scorer.projection(h), scorer.weight) + scorer.bias
     torch.testing.assert_close(model.decoder.output_layer(h), want, rtol=1e-5, atol=1e-5)
     model.eval()
     with torch.no_grad():  # the cached inference path, and the affine map an exporter reads
         torch.testing.assert_close(model.decoder.output_layer(h), want, rtol=1e-5, atol=1e-5)
         w_out, b = scorer.output_matrix_and_bias()
-        torch.testing.assert_close(torch.nn.functional.linear(scorer.projection(h), w_out, b),
-                                   want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            torch.nn.functional.linear(scorer.projection(h), w_out, b), want, rtol=1e-5, atol=1e-5
+        )
     scores = model.decoder.output_layer(h)
     scores.logsumexp(-1).sum().backward()
     assert scorer.bias.grad is not None and scorer.bias.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("rule", scoring.RULES)
-def test_incremental_decoding_with_output_bias(joined_bin, rule):
+@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+def test_incremental_decoding_with_output_bias(joined_bin, output_layer):
     torch.manual_seed(0)
-    model, task = build_model(joined_bin, "transformer_twwt", "--output-layer", rule,
-                              "--output-bias")
+    model, task = build_model(
+        joined_bin, "transformer_twwt", "--output-layer", output_layer, "--output-bias"
+    )
     with torch.no_grad():
         model.decoder.scorer.bias.normal_()
     model.eval()
@@ -195,19 +268,22 @@ def test_incremental_decoding_with_output_bias(joined_bin, rule):
         full, _ = model.decoder(prev, encoder_out=enc)
         without, _ = model.decoder(prev, encoder_out=enc, features_only=True)
         state: dict = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-                 for t in range(prev.shape[1])]
+        steps = [
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+            for t in range(prev.shape[1])
+        ]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-5)
-    shifted = scoring.scores(rule, without, model.decoder.scorer.weight)
-    torch.testing.assert_close(full - shifted, model.decoder.scorer.bias.expand_as(full),
-                               rtol=1e-4, atol=1e-5)
+    shifted = scoring.scores(output_layer, without, model.decoder.scorer.weight)
+    torch.testing.assert_close(
+        full - shifted, model.decoder.scorer.bias.expand_as(full), rtol=1e-4, atol=1e-5
+    )
 
 
-@pytest.mark.parametrize("rule", scoring.RULES)
-def test_output_bias_is_saved_and_loaded(joined_bin, tmp_path, rule):
+@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+def test_output_bias_is_saved_and_loaded(joined_bin, tmp_path, output_layer):
     """A state dict written to disk and loaded by fairseq's ``load_state_dict`` (the path of
     every fairseq tool) into a freshly built model, for every rule."""
-    flags = ("--output-layer", rule, "--output-bias")
+    flags = ("--output-layer", output_layer, "--output-bias")
     model, _ = build_model(joined_bin, "transformer_twwt", *flags)
     with torch.no_grad():
         model.decoder.scorer.bias.normal_()
@@ -221,39 +297,83 @@ def test_output_bias_is_saved_and_loaded(joined_bin, tmp_path, rule):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule", ["dot", "distance"])
-def test_output_bias_survives_resuming(joined_bin, tmp_path, rule):
+@pytest.mark.parametrize("output_layer", ["dot", "distance"])
+def test_output_bias_survives_resuming(joined_bin, tmp_path, output_layer):
     """Resumed from update 2, the run ends where the uninterrupted run is at update 3
     (``dot``: the bias alone; ``distance``: added to the rule's own bias)."""
-    flags = ("--output-layer", rule, "--output-bias", "--tied-projection")
+    flags = ("--output-layer", output_layer, "--output-bias", "--tied-projection")
     straight = tmp_path / "straight"
-    run_cli("fairseq-train", *train_args(joined_bin, straight, "transformer_twwt", *flags,
-                                         "--save-interval-updates", "1", updates=3))
+    run_cli(
+        "fairseq-train",
+        *train_args(
+            joined_bin,
+            straight,
+            "transformer_twwt",
+            *flags,
+            "--save-interval-updates",
+            "1",
+            updates=3,
+        ),
+    )
     resumed = tmp_path / "resumed"
-    proc = run_cli("fairseq-train", *train_args(
-        joined_bin, resumed, "transformer_twwt", *flags, updates=3,
-    ), "--restore-file", str(straight / "checkpoint_1_2.pt"))
+    proc = run_cli(
+        "fairseq-train",
+        *train_args(
+            joined_bin,
+            resumed,
+            "transformer_twwt",
+            *flags,
+            updates=3,
+        ),
+        "--restore-file",
+        str(straight / "checkpoint_1_2.pt"),
+    )
     log = proc.stdout + proc.stderr
     assert re.search(r"Loaded checkpoint .*checkpoint_1_2\.pt \(epoch \d+ @ 2 updates\)", log)
     assert last_updates(log) == 3
-    want, got = _model_state(straight / "checkpoint_1_3.pt"), _model_state(
-        resumed / "checkpoint_last.pt")
+    want, got = (
+        _model_state(straight / "checkpoint_1_3.pt"),
+        _model_state(resumed / "checkpoint_last.pt"),
+    )
     bias = "decoder.scorer.bias"
     assert want[bias].abs().min() > 0  # trained away from its zero start, every token
     torch.testing.assert_close(got[bias], want[bias], rtol=0, atol=1e-6)
-    torch.testing.assert_close(got["decoder.scorer.weight"], want["decoder.scorer.weight"],
-                               rtol=0, atol=1e-6)
-    if rule == "dot":  # stock fairseq has no output bias: the export refuses it
+    torch.testing.assert_close(
+        got["decoder.scorer.weight"], want["decoder.scorer.weight"], rtol=0, atol=1e-6
+    )
+    if output_layer == "dot":  # stock fairseq has no output bias: the export refuses it
         out = tmp_path / "stock.pt"
-        proc = subprocess.run([sys.executable, "-m", "fairseq_tying.export",
-                               str(resumed / "checkpoint_last.pt"), str(out)],
-                              capture_output=True, text=True, env=cli_env(), cwd=REPO)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fairseq_tying.export",
+                str(resumed / "checkpoint_last.pt"),
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            cwd=REPO,
+        )
         assert proc.returncode == 2 and "--output-bias" in proc.stderr and not out.exists()
-    if rule != "distance":
+    if output_layer != "distance":
         return
-    gen = run_cli("fairseq-generate", str(joined_bin), "--user-dir", "fairseq_tying",
-                  "--path", str(resumed / "checkpoint_last.pt"), "--beam", "3",
-                  "--batch-size", "8", "--cpu", "--required-batch-size-multiple", "1")
+    gen = run_cli(
+        "fairseq-generate",
+        str(joined_bin),
+        "--user-dir",
+        "fairseq_tying",
+        "--path",
+        str(resumed / "checkpoint_last.pt"),
+        "--beam",
+        "3",
+        "--batch-size",
+        "8",
+        "--cpu",
+        "--required-batch-size-multiple",
+        "1",
+    )
     assert len(re.findall(r"^H-\d+\t", gen.stdout, re.M)) == 20
 
 
@@ -265,17 +385,22 @@ BASE = ("--output-layer", "dot", "--tied-projection")
 @pytest.fixture(scope="module")
 def trained_dir(joined_bin, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("guarded")
-    run_cli("fairseq-train", *train_args(joined_bin, folder, "transformer_twwt", *BASE,
-                                         updates=2))
+    run_cli("fairseq-train", *train_args(joined_bin, folder, "transformer_twwt", *BASE, updates=2))
     return folder
 
 
 CHANGES = {  # flag: (the resumed run's flags, value in the checkpoint, value asked for)
-    "--output-layer": (["--output-layer", "cosine", "--tied-projection"],
-                       "--output-layer dot", "--output-layer cosine"),
+    "--output-layer": (
+        ["--output-layer", "cosine", "--tied-projection"],
+        "--output-layer dot",
+        "--output-layer cosine",
+    ),
     "--tying": ([*BASE, "--tying", "decoder"], "--tying three_way", "--tying decoder"),
-    "--tied-embed-dim": ([*BASE, "--tied-embed-dim", "8", "--encoder-embed-dim", "8"],
-                         "--tied-embed-dim 16", "--tied-embed-dim 8"),
+    "--tied-embed-dim": (
+        [*BASE, "--tied-embed-dim", "8", "--encoder-embed-dim", "8"],
+        "--tied-embed-dim 16",
+        "--tied-embed-dim 8",
+    ),
     "--tied-projection": (["--output-layer", "dot"], "--tied-projection", "no --tied-projection"),
     "--output-bias": ([*BASE, "--output-bias"], "no --output-bias", "--output-bias"),
 }
@@ -307,14 +432,25 @@ def test_starting_from_a_checkpoint_on_purpose(joined_bin, trained_dir, tmp_path
     # --reset-optimizer in the same --save-dir: the new output bias starts at zero
     copy = tmp_path / "reset"
     shutil.copytree(trained_dir, copy)
-    proc = run_cli("fairseq-train", *_resume_args(joined_bin, copy, *BASE, "--output-bias",
-                                                  "--reset-optimizer"))
+    proc = run_cli(
+        "fairseq-train",
+        *_resume_args(joined_bin, copy, *BASE, "--output-bias", "--reset-optimizer"),
+    )
     assert "has no decoder.scorer.bias: it starts at zero" in proc.stdout + proc.stderr
     assert "decoder.scorer.bias" in _model_state(copy / "checkpoint_last.pt")
     # --finetune-from-model into a new --save-dir with another rule
-    proc = run_cli("fairseq-train", *_resume_args(joined_bin, tmp_path / "ft", "--output-layer",
-                                                  "cosine", "--tied-projection",
-                                                  "--finetune-from-model", str(ckpt)))
+    proc = run_cli(
+        "fairseq-train",
+        *_resume_args(
+            joined_bin,
+            tmp_path / "ft",
+            "--output-layer",
+            "cosine",
+            "--tied-projection",
+            "--finetune-from-model",
+            str(ckpt),
+        ),
+    )
     assert last_updates(proc.stdout + proc.stderr) == 4
     cfg = torch.load(tmp_path / "ft" / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]
     assert cfg.output_layer == "cosine"
@@ -329,11 +465,26 @@ def test_non_finite_embedding_rows_are_named(joined_bin, trained_dir, tmp_path):
     state["model"]["decoder.scorer.weight"][rows[1], 2] = float("inf")
     broken = tmp_path / "broken.pt"
     torch.save(state, broken)
-    proc = run_cli("fairseq-generate", str(joined_bin), "--user-dir", "fairseq_tying",
-                   "--path", str(broken), "--beam", "2", "--cpu", check=False)
+    proc = run_cli(
+        "fairseq-generate",
+        str(joined_bin),
+        "--user-dir",
+        "fairseq_tying",
+        "--path",
+        str(broken),
+        "--beam",
+        "2",
+        "--cpu",
+        check=False,
+    )
     assert proc.returncode != 0
     message = proc.stderr.strip().splitlines()[-1]
     # three-way tying: one storage under three keys, all named
-    for part in ("encoder.embed_tokens.weight", "decoder output embedding", "2 of",
-                 f"{rows[0]} ('w3')", f"{rows[1]} ('W5')"):
+    for part in (
+        "encoder.embed_tokens.weight",
+        "decoder output embedding",
+        "2 of",
+        f"{rows[0]} ('w3')",
+        f"{rows[1]} ('W5')",
+    ):
         assert part in message, message

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairseq_tying import scoring
+from fairseq_tying.core import scoring
 from tests.conftest import build_model
 
 FAMILIES = ["transformer", "dynamicconv"]
@@ -15,9 +15,9 @@ def _arch(family: str, tying: str) -> str:
     return f"{family}_{'twwt' if tying == 'three_way' else 'dwt'}"
 
 
-def _model(data, family, tying="three_way", rule="dot", *flags):
+def _model(data, family, tying="three_way", output_layer="dot", *flags):
     model, task = build_model(data, _arch(family, tying), "--tying", tying,
-                              "--output-layer", rule, *flags)
+                              "--output-layer", output_layer, *flags)
     return model, task
 
 
@@ -71,9 +71,9 @@ def test_twwt_has_exactly_the_parameters_of_fairseqs_shared_transformer(joined_b
     assert _n_params(ours) == _n_params(stock)
 
 
-@pytest.mark.parametrize("rule", scoring.RULES)
-def test_gradients_reach_the_shared_matrix_from_both_roles(joined_bin, rule):
-    model, task = _model(joined_bin, "transformer", "three_way", rule)
+@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+def test_gradients_reach_the_shared_matrix_from_both_roles(joined_bin, output_layer):
+    model, task = _model(joined_bin, "transformer", "three_way", output_layer)
     weight = model.decoder.scorer.weight
     src = torch.tensor([[5, 6, 7, task.source_dictionary.eos()]])
     encoded = model.encoder(src, src_lengths=torch.tensor([4]))["encoder_out"][0]
@@ -86,11 +86,11 @@ def test_gradients_reach_the_shared_matrix_from_both_roles(joined_bin, rule):
     assert weight.grad[8:].abs().sum() > 0  # rows never looked up learn through the output
 
 
-@pytest.mark.parametrize("rule", scoring.RULES)
+@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_incremental_decoding_equals_full_forward(joined_bin, family, rule):
+def test_incremental_decoding_equals_full_forward(joined_bin, family, output_layer):
     torch.manual_seed(0)
-    model, task = _model(joined_bin, family, "three_way", rule, "--tied-projection")
+    model, task = _model(joined_bin, family, "three_way", output_layer, "--tied-projection")
     model.eval()
     d = task.target_dictionary
     src = torch.randint(d.nspecial, len(d), (2, 6))
@@ -128,12 +128,12 @@ class TestCache:
     """In eval mode (no autograd) the normalized matrix is computed once and reused; it must
     never be used after the weights could have changed."""
 
-    def _scorer(self, joined_bin, rule="l2norm"):
-        model, _ = _model(joined_bin, "transformer", "three_way", rule)
+    def _scorer(self, joined_bin, output_layer="l2norm"):
+        model, _ = _model(joined_bin, "transformer", "three_way", output_layer)
         return model, model.decoder.scorer
 
     def _fresh(self, scorer, h):
-        return scoring.scores(scorer.rule, h, scorer.weight)
+        return scoring.scores(scorer.output_layer, h, scorer.weight)
 
     def test_cached_once_in_eval(self, joined_bin):
         model, scorer = self._scorer(joined_bin)

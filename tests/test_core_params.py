@@ -1,11 +1,11 @@
-"""python -m fairseq_tying.params against the analytic counts and a really built model."""
+"""python -m fairseq_tying.core.params against the analytic counts and a really built model."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from fairseq_tying.params import _Task, count, dummy_dictionary
+from fairseq_tying.core.params import _Task, count, dummy_dictionary
 from tests.conftest import TINY_MODEL, build_model
 
 
@@ -19,7 +19,7 @@ def test_counts_match_the_built_model_and_the_formula(joined_bin):
 
 
 def test_big_transformer_table_from_the_command_line():
-    out = subprocess.run([sys.executable, "-m", "fairseq_tying.params", "--arch",
+    out = subprocess.run([sys.executable, "-m", "fairseq_tying.core.params", "--arch",
                           "transformer_twwt_wmt_en_de_big", "--src-vocab", "32000",
                           "--tgt-vocab", "32000"], capture_output=True, text=True, check=True)
     rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines()

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from fairseq_tying import scoring
+from fairseq_tying.core import scoring
 
 
-def reference_scores(rule: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The formulas written out row by row in float64."""
     h, w = h.double(), w.double()
     out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float64)
@@ -24,28 +24,28 @@ def reference_scores(rule: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tenso
             "cosine": dot / norm,
             "sqnorm": dot / norm**2,
             "distance": dot - 0.5 * norm**2,
-        }[rule]
+        }[output_layer]
     return out
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("rule", scoring.RULES)
-def test_scores_match_formula(rule, dtype, tol):
+@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+def test_scores_match_formula(output_layer, dtype, tol):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(50, 8, generator=g) * torch.rand(50, 1, generator=g) * 3
     h = torch.randn(6, 8, generator=g)
-    got = scoring.scores(rule, h.to(dtype), w.to(dtype))
+    got = scoring.scores(output_layer, h.to(dtype), w.to(dtype))
     assert got.dtype == dtype
-    want = reference_scores(rule, h.to(dtype), w.to(dtype))
+    want = reference_scores(output_layer, h.to(dtype), w.to(dtype))
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
-@pytest.mark.parametrize("rule", scoring.RULES)
-def test_zero_padding_row_scores_zero_without_nan_or_huge_gradient(rule):
+@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+def test_zero_padding_row_scores_zero_without_nan_or_huge_gradient(output_layer):
     w = torch.randn(10, 4)
     w[1] = 0
     w.requires_grad_(True)
-    s = scoring.scores(rule, torch.randn(3, 4), w)
+    s = scoring.scores(output_layer, torch.randn(3, 4), w)
     assert torch.isfinite(s).all() and (s[:, 1] == 0).all()
     s.sum().backward()
     assert torch.isfinite(w.grad).all()
@@ -55,10 +55,10 @@ def test_zero_padding_row_scores_zero_without_nan_or_huge_gradient(rule):
 def test_norms_in_fp32_keep_half_precision_finite():
     w = torch.randn(20, 16) * 120  # ‖w‖ ≈ 480, ‖w‖² ≈ 2.3e5 > fp16 max (65504)
     h = torch.randn(4, 16) * 100
-    for rule in ("sqnorm", "l2norm", "cosine"):
-        s = scoring.scores(rule, h.half(), w.half())
-        assert torch.isfinite(s).all(), rule
-        torch.testing.assert_close(s.double(), reference_scores(rule, h.half(), w.half()),
+    for output_layer in ("sqnorm", "l2norm", "cosine"):
+        s = scoring.scores(output_layer, h.half(), w.half())
+        assert torch.isfinite(s).all(), output_layer
+        torch.testing.assert_close(s.double(), reference_scores(output_layer, h.half(), w.half()),
                                    rtol=2e-2, atol=0.5)
 
 
@@ -74,11 +74,11 @@ def _varied_rows(seed: int, n: int = 200, d: int = 16) -> torch.Tensor:
     return torch.randn(n, d, generator=g) * (0.2 + 3 * torch.rand(n, 1, generator=g))
 
 
-@pytest.mark.parametrize("rule", ["l2norm", "cosine", "distance"])
-def test_identity_holds_for_any_row_norms(rule):
+@pytest.mark.parametrize("output_layer", ["l2norm", "cosine", "distance"])
+def test_identity_holds_for_any_row_norms(output_layer):
     w = _varied_rows(1)
-    h = scoring.unit_rows(w) if rule == "l2norm" else w  # l2norm: inputs are normalized too
-    assert torch.equal(scoring.scores(rule, h, w).argmax(-1), torch.arange(len(w)))
+    h = scoring.unit_rows(w) if output_layer == "l2norm" else w  # l2norm: inputs are normalized too
+    assert torch.equal(scoring.scores(output_layer, h, w).argmax(-1), torch.arange(len(w)))
 
 
 def test_identity_for_sqnorm_holds_on_rows_of_equal_norm_and_can_fail_otherwise():
@@ -110,14 +110,14 @@ def test_normality_of_l2norm():
 
 # --- unbiasedness: with random unit h, no token wins more often because of its norm ----------
 
-def _argmax_counts(rule: str, seed: int = 4, n_rows: int = 20, trials: int = 20000):
+def _argmax_counts(output_layer: str, seed: int = 4, n_rows: int = 20, trials: int = 20000):
     """Rows with norms 0.3 … 3 and fresh random directions each trial; h a random unit vector.
     An unbiased rule picks every row equally often, whatever its norm."""
     g = torch.Generator().manual_seed(seed)
     norms = torch.linspace(0.3, 3.0, n_rows).view(1, n_rows, 1)
     w = scoring.unit_rows(torch.randn(trials, n_rows, 8, generator=g)) * norms
     h = scoring.unit_rows(torch.randn(trials, 1, 8, generator=g))
-    w_out, bias = scoring.output_matrix_and_bias(rule, w)
+    w_out, bias = scoring.output_matrix_and_bias(output_layer, w)
     s = (h * w_out).sum(-1) + (0 if bias is None else bias)
     return torch.bincount(s.argmax(-1), minlength=n_rows).double()
 

@@ -43,7 +43,10 @@ def _assert_same(ct2: dict[int, str], fairseq: dict[int, str]) -> None:
 UPDATES = 150  # enough for varied multi-token hypotheses on the toy task
 
 CT2_CASES = [  # (--tying, --output-layer, --tied-projection)
-    *[("three_way", rule, False) for rule in ("dot", "l2norm", "sqnorm", "distance")],
+    *[
+        ("three_way", output_layer, False)
+        for output_layer in ("dot", "l2norm", "sqnorm", "distance")
+    ],
     ("three_way", "cosine", True),
     ("none", "l2norm", False),
     ("decoder", "l2norm", False),
@@ -62,29 +65,43 @@ def trained(joined_bin, tmp_path_factory):
     made once per session."""
     cache: dict[tuple, Trained] = {}
 
-    def get(arch: str, tying: str, rule: str, projection: bool,
-            extra: tuple[str, ...] = ()) -> Trained:
-        key = (arch, tying, rule, projection, *extra)
+    def get(
+        arch: str, tying: str, output_layer: str, projection: bool, extra: tuple[str, ...] = ()
+    ) -> Trained:
+        key = (arch, tying, output_layer, projection, *extra)
         if key not in cache:
             folder = tmp_path_factory.mktemp("-".join(map(str, key[:4])))
-            ckpt = _train(joined_bin, folder, arch, tying, rule, projection, UPDATES, extra)
-            cache[key] = Trained(ckpt, *_generate(joined_bin, ckpt, "--user-dir",
-                                                  "fairseq_tying"))
+            ckpt = _train(joined_bin, folder, arch, tying, output_layer, projection, UPDATES, extra)
+            cache[key] = Trained(ckpt, *_generate(joined_bin, ckpt, "--user-dir", "fairseq_tying"))
         return cache[key]
 
     return get
 
 
 def _module(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", name, *args], capture_output=True, text=True,
-                          env=cli_env(), cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", name, *args], capture_output=True, text=True, env=cli_env(), cwd=REPO
+    )
 
 
 def _generate(data: Path, ckpt: Path, *extra: str) -> tuple[dict, dict]:
     """(sources, best hypotheses) of fairseq-generate, by sentence id."""
-    proc = run_cli("fairseq-generate", str(data), "--path", str(ckpt), "--beam", str(BEAM),
-                   "--lenpen", str(LENPEN), "--batch-size", "8", "--max-len-b", str(MAX_LEN),
-                   "--cpu", *extra)
+    proc = run_cli(
+        "fairseq-generate",
+        str(data),
+        "--path",
+        str(ckpt),
+        "--beam",
+        str(BEAM),
+        "--lenpen",
+        str(LENPEN),
+        "--batch-size",
+        "8",
+        "--max-len-b",
+        str(MAX_LEN),
+        "--cpu",
+        *extra,
+    )
     sources = {int(i): s.split() for i, s in re.findall(r"^S-(\d+)\t(.*)$", proc.stdout, re.M)}
     hyps = {int(i): h for i, h in re.findall(r"^H-(\d+)\t\S+\t(.*)$", proc.stdout, re.M)}
     assert sources and sources.keys() == hyps.keys(), proc.stdout[-2000:]
@@ -102,14 +119,18 @@ def _ct2_hypotheses(model: Path, sources: dict[int, list[str]], **kw) -> dict[in
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("tying", "rule", "projection"), CT2_CASES)
-def test_ctranslate2_reproduces_fairseq_generate(trained, tmp_path, tying, rule, projection):
-    run = trained("transformer_twwt", tying, rule, projection)
+@pytest.mark.parametrize(("tying", "output_layer", "projection"), CT2_CASES)
+def test_ctranslate2_reproduces_fairseq_generate(
+    trained, tmp_path, tying, output_layer, projection
+):
+    run = trained("transformer_twwt", tying, output_layer, projection)
     out = tmp_path / "ct2"
     meta = export_ct2(run.ckpt, out, subword=Subword("none"))
     assert json.loads((out / "fairseq_tying.json").read_text()) == meta
-    assert meta["output_layer"] == rule and meta["subword"] == "none"
-    assert meta["output_bias"] is (rule == "distance")  # −½‖w_i‖² is CTranslate2's output bias
+    assert meta["output_layer"] == output_layer and meta["subword"] == "none"
+    assert meta["output_bias"] is (
+        output_layer == "distance"
+    )  # −½‖w_i‖² is CTranslate2's output bias
     assert len(set(run.hypotheses.values())) > 3  # a model that says something
     _assert_same(_ct2_hypotheses(out, run.sources), run.hypotheses)
 
@@ -118,17 +139,41 @@ def test_ctranslate2_reproduces_fairseq_generate(trained, tmp_path, tying, rule,
 def test_int8_export_and_translate_command(joined_bin, trained, tmp_path):
     run = trained("transformer_twwt", "three_way", "dot", False)
     out = tmp_path / "ct2-int8"
-    proc = _module("fairseq_tying.export", str(run.ckpt), str(out), "--format", "ctranslate2",
-                   "--no-subword", "--quantization", "int8")
+    proc = _module(
+        "fairseq_tying.export",
+        str(run.ckpt),
+        str(out),
+        "--format",
+        "ctranslate2",
+        "--no-subword",
+        "--quantization",
+        "int8",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "fairseq_tying.json").read_text())["quantization"] == "int8"
     sources = run.sources
     src = tmp_path / "src.txt"
     ids = sorted(sources)
     src.write_text("".join(" ".join(sources[i]) + "\n" for i in ids))
-    proc = _module("fairseq_tying.translate", "--model", str(out), "--input", str(src),
-                   "--output", str(tmp_path / "hyp.txt"), "--beam", str(BEAM), "--lenpen",
-                   str(LENPEN), "--max-len-b", str(MAX_LEN), "--batch-size", "3", "--threads", "1")
+    proc = _module(
+        "fairseq_tying.translate",
+        "--model",
+        str(out),
+        "--input",
+        str(src),
+        "--output",
+        str(tmp_path / "hyp.txt"),
+        "--beam",
+        str(BEAM),
+        "--lenpen",
+        str(LENPEN),
+        "--max-len-b",
+        str(MAX_LEN),
+        "--batch-size",
+        "3",
+        "--threads",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "translate: 100%" in proc.stderr  # the progress bar
     lines = (tmp_path / "hyp.txt").read_text().splitlines()
@@ -139,15 +184,29 @@ def test_int8_export_and_translate_command(joined_bin, trained, tmp_path):
 def test_stock_export_converts_with_ct2_fairseq_converter(joined_bin, trained, tmp_path):
     run = trained("transformer_twwt", "three_way", "sqnorm", False)
     stock = tmp_path / "stock.pt"
-    proc = _module("fairseq_tying.export", str(run.ckpt), str(stock), "--config-format",
-                   "namespace")
+    proc = _module(
+        "fairseq_tying.export", str(run.ckpt), str(stock), "--config-format", "namespace"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "converted"
     # CTranslate2's own converter; --user_dir only allowlists argparse.Namespace for torch.load.
-    conv = subprocess.run([str(BIN / "ct2-fairseq-converter"), "--model_path", str(stock),
-                           "--data_dir", str(joined_bin), "--user_dir", "fairseq_tying",
-                           "--output_dir", str(out)],
-                          capture_output=True, text=True, env=cli_env(), cwd=REPO)
+    conv = subprocess.run(
+        [
+            str(BIN / "ct2-fairseq-converter"),
+            "--model_path",
+            str(stock),
+            "--data_dir",
+            str(joined_bin),
+            "--user_dir",
+            "fairseq_tying",
+            "--output_dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+    )
     assert conv.returncode == 0, conv.stderr[-3000:]
     # the stock export gives the plugin's hypotheses (tests/test_export.py), so must the converted
     _assert_same(_ct2_hypotheses(out, run.sources), run.hypotheses)
@@ -156,8 +215,13 @@ def test_stock_export_converts_with_ct2_fairseq_converter(joined_bin, trained, t
 @pytest.mark.slow
 def test_dynamicconv_exports_to_stock_lightconv(joined_bin, trained, tmp_path):
     # two blocks each: fairseq's lightconv cannot read a one-entry kernel list from a dict config
-    run = trained("dynamicconv_twwt", "three_way", "l2norm", True,
-                  ("--encoder-layers", "2", "--decoder-layers", "2"))
+    run = trained(
+        "dynamicconv_twwt",
+        "three_way",
+        "l2norm",
+        True,
+        ("--encoder-layers", "2", "--decoder-layers", "2"),
+    )
     out = tmp_path / "lightconv.pt"
     proc = _module("fairseq_tying.export", str(run.ckpt), str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -173,8 +237,8 @@ def test_dynamicconv_exports_to_stock_lightconv(joined_bin, trained, tmp_path):
 def test_dynamicconv_rules_lightconv_cannot_express_are_refused_by_name():
     import fairseq_tying  # noqa: F401  (registers the archs)
 
-    for rule in ("dot", "l2norm", "cosine", "sqnorm"):
-        assert stock_arch(_args(arch="dynamicconv_twwt", output_layer=rule)) == "lightconv"
+    for output_layer in ("dot", "l2norm", "cosine", "sqnorm"):
+        assert stock_arch(_args(arch="dynamicconv_twwt", output_layer=output_layer)) == "lightconv"
     with pytest.raises(ExportError, match="--output-layer distance.*lightconv"):
         stock_arch(_args(arch="dynamicconv_dwt", output_layer="distance"))
     with pytest.raises(ExportError, match="--tied-embed-dim 8"):
@@ -209,9 +273,14 @@ def test_subword_round_trip(tiny_corpus, tmp_path, kind):
     if kind == "sentencepiece":
         import sentencepiece as spm
 
-        spm.SentencePieceTrainer.train(input=str(tiny_corpus / "train.src"),
-                                       model_prefix=str(tmp_path / "spm"), vocab_size=60,
-                                       hard_vocab_limit=False, minloglevel=2, num_threads=1)
+        spm.SentencePieceTrainer.train(
+            input=str(tiny_corpus / "train.src"),
+            model_prefix=str(tmp_path / "spm"),
+            vocab_size=60,
+            hard_vocab_limit=False,
+            minloglevel=2,
+            num_threads=1,
+        )
         name = "spm.model"
     else:
         from subword_nmt.learn_bpe import learn_bpe
@@ -219,8 +288,13 @@ def test_subword_round_trip(tiny_corpus, tmp_path, kind):
         with open(tmp_path / "bpe.codes", "w", encoding="utf-8") as f:
             learn_bpe(lines, f, 30)
         name = "bpe.codes"
-    meta = {"subword": kind, "subword_model": name, "source_lang": "en", "target_lang": "en",
-            "detokenizer": "moses" if kind == "subword_nmt" else None}
+    meta = {
+        "subword": kind,
+        "subword_model": name,
+        "source_lang": "en",
+        "target_lang": "en",
+        "detokenizer": "moses" if kind == "subword_nmt" else None,
+    }
     encode, decode = translate.text_processors(tmp_path, meta)
     text = "w1 w22, w3 (w39)."
     tokens = encode(text)
@@ -234,10 +308,30 @@ def test_serve_bench_compares_fairseq_and_ctranslate2(tiny_corpus, joined_bin, t
 
     run = trained("transformer_twwt", "three_way", "distance", False)
     out = tmp_path / "serve.json"
-    report = bench.main(["--mode", "serve", "--checkpoint", str(run.ckpt), "--data",
-                         str(joined_bin), "--beam", str(BEAM), "--lenpen", str(LENPEN),
-                         "--max-len-b", str(MAX_LEN), "--batch-size", "8", "--clock", "cpu",
-                         "--refs", str(tiny_corpus / "test.tgt"), "--out", str(out)])
+    report = bench.main(
+        [
+            "--mode",
+            "serve",
+            "--checkpoint",
+            str(run.ckpt),
+            "--data",
+            str(joined_bin),
+            "--beam",
+            str(BEAM),
+            "--lenpen",
+            str(LENPEN),
+            "--max-len-b",
+            str(MAX_LEN),
+            "--batch-size",
+            "8",
+            "--clock",
+            "cpu",
+            "--refs",
+            str(tiny_corpus / "test.tgt"),
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text())["results"].keys() == {"fairseq", "ct2_float32", "ct2_int8"}
     rows = report["results"]
     n_test = len((tiny_corpus / "test.src").read_text().splitlines())

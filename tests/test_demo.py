@@ -35,9 +35,9 @@ def test_demo_pipeline_with_a_tiny_budget(tmp_path):
     assert "transformer_twwt:dot" in table and "transformer_twwt:l2norm" in table
     for png in ("bleu.png", "norms.png"):
         assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for rule in ("dot", "l2norm"):
-        record = json.loads((out / "runs" / f"transformer_twwt-{rule}-seed1" / "eval.json")
+    for output_layer in ("dot", "l2norm"):
+        record = json.loads((out / "runs" / f"transformer_twwt-{output_layer}-seed1" / "eval.json")
                             .read_text())
-        assert record["run"]["output_layer"] == rule and record["subset"] == "test"
-        hyps = (out / "runs" / f"transformer_twwt-{rule}-seed1" / record["hypotheses"])
+        assert record["run"]["output_layer"] == output_layer and record["subset"] == "test"
+        hyps = (out / "runs" / f"transformer_twwt-{output_layer}-seed1" / record["hypotheses"])
         assert len(hyps.read_text().splitlines()) == 12

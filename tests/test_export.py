@@ -16,17 +16,17 @@ from fairseq_tying import export
 from tests.conftest import REPO, TINY_MODEL, cli_env, run_cli
 
 CASES = [  # (arch, --tying, --output-layer, --tied-projection)
-    *[("transformer_twwt", "three_way", rule, proj)
-      for rule in ("dot", "l2norm", "cosine", "sqnorm") for proj in (False, True)],
+    *[("transformer_twwt", "three_way", output_layer, proj)
+      for output_layer in ("dot", "l2norm", "cosine", "sqnorm") for proj in (False, True)],
     ("transformer_dwt", "decoder", "l2norm", False),
     ("transformer_dwt", "none", "sqnorm", False),
 ]
 
 
-def _train(data: Path, save_dir: Path, arch: str, tying: str, rule: str, projection: bool,
+def _train(data: Path, save_dir: Path, arch: str, tying: str, output_layer: str, projection: bool,
            updates: int = 25, extra: tuple[str, ...] = ()) -> Path:
     run_cli("fairseq-train", str(data), "--user-dir", "fairseq_tying", "--arch", arch,
-            *TINY_MODEL, *extra, "--tying", tying, "--output-layer", rule,
+            *TINY_MODEL, *extra, "--tying", tying, "--output-layer", output_layer,
             *(["--tied-projection"] if projection else []),
             "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
             "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600",
@@ -48,10 +48,11 @@ def _export(ckpt: Path, out: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=cli_env(), cwd=REPO)
 
 
-@pytest.mark.parametrize(("arch", "tying", "rule", "projection"), CASES)
-def test_stock_fairseq_generate_reproduces_the_plugin(joined_bin, tmp_path, arch, tying, rule,
-                                                      projection):
-    ckpt = _train(joined_bin, tmp_path / "ckpt", arch, tying, rule, projection)
+@pytest.mark.parametrize(("arch", "tying", "output_layer", "projection"), CASES)
+def test_stock_fairseq_generate_reproduces_the_plugin(
+    joined_bin, tmp_path, arch, tying, output_layer, projection
+):
+    ckpt = _train(joined_bin, tmp_path / "ckpt", arch, tying, output_layer, projection)
     out = tmp_path / "stock" / "model.pt"
     proc = _export(ckpt, out)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -62,11 +63,11 @@ def test_stock_fairseq_generate_reproduces_the_plugin(joined_bin, tmp_path, arch
     assert model_cfg["user_dir"] is None and state["cfg"]["common"]["user_dir"] is None
     assert "output_layer" not in model_cfg and "last_optimizer_state" not in state
     assert state["cfg"]["criterion"]["_name"] == "label_smoothed_cross_entropy"
-    tied = not projection and rule in ("dot", "l2norm") and tying != "none"
+    tied = not projection and output_layer in ("dot", "l2norm") and tying != "none"
     assert model_cfg["share_decoder_input_output_embed"] is tied
     assert model_cfg["share_all_embeddings"] is (tied and tying == "three_way")
     assert not any(k.startswith("decoder.scorer") for k in state["model"])
-    if rule == "l2norm":  # normalized rows baked into the input embedding
+    if output_layer == "l2norm":  # normalized rows baked into the input embedding
         norms = state["model"]["decoder.embed_tokens.weight"][4:].norm(dim=-1)
         torch.testing.assert_close(norms, torch.ones_like(norms))
 
@@ -78,8 +79,9 @@ def test_stock_fairseq_generate_reproduces_the_plugin(joined_bin, tmp_path, arch
 
 
 def test_distance_is_refused_and_nothing_is_written(joined_bin, tmp_path):
-    ckpt = _train(joined_bin, tmp_path / "ckpt", "transformer_twwt", "three_way", "distance",
-                  False, updates=2)
+    ckpt = _train(
+        joined_bin, tmp_path / "ckpt", "transformer_twwt", "three_way", "distance", False, updates=2
+    )
     out = tmp_path / "stock" / "model.pt"
     proc = _export(ckpt, out)
     assert proc.returncode == 2
@@ -94,8 +96,14 @@ def test_missing_checkpoint_is_named(tmp_path):
 
 
 def _args(**kw) -> Namespace:
-    base = {"arch": "transformer_twwt", "output_layer": "cosine", "tying": "three_way",
-            "tied_projection": True, "tied_embed_dim": None, "decoder_embed_dim": 16}
+    base = {
+        "arch": "transformer_twwt",
+        "output_layer": "cosine",
+        "tying": "three_way",
+        "tied_projection": True,
+        "tied_embed_dim": None,
+        "decoder_embed_dim": 16,
+    }
     return Namespace(**{**base, **kw})
 
 
@@ -114,8 +122,12 @@ def test_projection_is_folded_into_the_output_matrix():
 
     g = torch.Generator().manual_seed(0)
     w, proj = torch.randn(10, 4, generator=g), torch.randn(4, 6, generator=g)
-    state = {"encoder.embed_tokens.weight": w, "decoder.embed_tokens.weight": w,
-             "decoder.scorer.weight": w, "decoder.scorer.projection.weight": proj}
+    state = {
+        "encoder.embed_tokens.weight": w,
+        "decoder.embed_tokens.weight": w,
+        "decoder.scorer.weight": w,
+        "decoder.scorer.projection.weight": proj,
+    }
     new, flags = export.bake(state, _args(output_layer="sqnorm"))
     h = torch.randn(3, 6, generator=g)
     want = (h @ proj.T) @ (w / w.norm(dim=-1, keepdim=True).square()).T

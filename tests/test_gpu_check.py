@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_tying import gpu_check
+from fairseq_tying.bench import gpu_check
 from tests.conftest import TINY_MODEL, run_cli
 
 
@@ -27,7 +27,7 @@ def test_flags_are_checked():
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--output-layer", "softmax"])
     opts = gpu_check.parse_args(["--output-layer", "l2norm", "distance", "--no-bench"])
-    assert opts.rules == ["l2norm", "distance"] and opts.updates == 300 and opts.no_bench
+    assert opts.output_layers == ["l2norm", "distance"] and opts.updates == 300 and opts.no_bench
 
 
 @pytest.mark.slow
@@ -52,4 +52,5 @@ def test_log_checks_on_a_real_fp16_training_log(joined_bin, tmp_path):
 
 def test_makefile_target_runs_the_check():
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
-    assert "gpu-check: setup\n\t$(PY) -m fairseq_tying.gpu_check --out work/gpu_check" in makefile
+    line = "$(PY) -m fairseq_tying.bench --mode gpu-check --out work/gpu_check"
+    assert f"gpu-check: setup\n\t{line}" in makefile

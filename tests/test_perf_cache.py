@@ -12,24 +12,24 @@ import weakref
 import pytest
 import torch
 
-from fairseq_tying import output_layer, scoring
+from fairseq_tying.core import modules, scoring
 from tests.conftest import REPO, build_model, cli_env
 
 
-def _model(data, rule: str):
-    model, task = build_model(data, "transformer_twwt", "--output-layer", rule)
+def _model(data, output_layer: str):
+    model, task = build_model(data, "transformer_twwt", "--output-layer", output_layer)
     return model.eval(), task
 
 
 def _fresh(scorer, h):
-    return scoring.scores(scorer.rule, h, scorer.weight)
+    return scoring.scores(scorer.output_layer, h, scorer.weight)
 
 
-@pytest.mark.parametrize("rule", ["sqnorm", "distance"])
-def test_a_reused_storage_address_is_not_taken_for_the_cached_weight(joined_bin, rule):
+@pytest.mark.parametrize("output_layer", ["sqnorm", "distance"])
+def test_a_reused_storage_address_is_not_taken_for_the_cached_weight(joined_bin, output_layer):
     """``param.data = ...`` keeps the version counter; the new storage may land at the freed
     address of the old one. The cache pins the old storage, so the address cannot repeat."""
-    model, _ = _model(joined_bin, rule)
+    model, _ = _model(joined_bin, output_layer)
     scorer, h = model.decoder.scorer, torch.randn(2, 16)
     with torch.no_grad():
         scorer(h)
@@ -39,9 +39,9 @@ def test_a_reused_storage_address_is_not_taken_for_the_cached_weight(joined_bin,
         torch.testing.assert_close(scorer(h), _fresh(scorer, h), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("rule", ["l2norm", "cosine", "sqnorm", "distance"])
-def test_dtype_round_trips_never_reuse_the_cache(joined_bin, rule):
-    model, _ = _model(joined_bin, rule)
+@pytest.mark.parametrize("output_layer", ["l2norm", "cosine", "sqnorm", "distance"])
+def test_dtype_round_trips_never_reuse_the_cache(joined_bin, output_layer):
+    model, _ = _model(joined_bin, output_layer)
     scorer, h = model.decoder.scorer, torch.randn(2, 16)
     with torch.no_grad():
         scorer(h)
@@ -61,7 +61,7 @@ def test_l2norm_lookups_share_the_scorers_cached_matrix(joined_bin):
     with torch.no_grad():
         looked_up = embed(tokens)
         w_out, _ = scorer.output_matrix_and_bias()
-        unit, _ = output_layer.cached_output_matrix_and_bias("l2norm", embed.weight)
+        unit, _ = modules.cached_output_matrix_and_bias("l2norm", embed.weight)
         torch.testing.assert_close(looked_up, scoring.unit_rows(embed.weight[tokens]))
         assert unit is w_out  # one extra V x D buffer, not one per role
         assert looked_up[0, 2].abs().sum() == 0  # the padding row stays zero
@@ -74,15 +74,15 @@ def test_train_releases_the_cached_matrices(joined_bin):
     weight = model.decoder.scorer.weight
     with torch.no_grad():
         model.decoder.scorer(torch.randn(2, 16))
-    assert (id(weight), "cosine") in output_layer._entries
+    assert (id(weight), "cosine") in modules._entries
     model.train()
-    assert (id(weight), "cosine") not in output_layer._entries
+    assert (id(weight), "cosine") not in modules._entries
     assert model.decoder.scorer._cache is None
 
 
-@pytest.mark.parametrize("rule", ["l2norm", "distance"])
-def test_a_deleted_model_takes_its_cache_with_it(joined_bin, rule):
-    model, _ = _model(joined_bin, rule)
+@pytest.mark.parametrize("output_layer", ["l2norm", "distance"])
+def test_a_deleted_model_takes_its_cache_with_it(joined_bin, output_layer):
+    model, _ = _model(joined_bin, output_layer)
     weight_id = id(model.decoder.scorer.weight)
     with torch.no_grad():
         model.decoder.scorer(torch.randn(2, 16))
@@ -90,7 +90,7 @@ def test_a_deleted_model_takes_its_cache_with_it(joined_bin, rule):
     del model
     gc.collect()
     assert alive() is None  # the cache does not keep the weight alive (distance: W_out is W)
-    assert all(key[0] != weight_id for key in output_layer._entries)
+    assert all(key[0] != weight_id for key in modules._entries)
 
 
 def test_cached_scoring_is_one_matrix_product_over_all_positions(joined_bin):
@@ -125,7 +125,7 @@ def test_benchmark_runs_end_to_end_at_the_tiny_preset(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "bench.json").read_text())
     res = report["results"]["64"]
-    assert set(res["train"]) == {"builtin", *scoring.RULES}
+    assert set(res["train"]) == {"builtin", *scoring.OUTPUT_LAYERS}
     for kind in ("train", "generate"):
         assert res[kind]["builtin"]["ratio"]["median"] == 1.0
         for stats in res[kind].values():
@@ -137,7 +137,7 @@ def test_benchmark_runs_end_to_end_at_the_tiny_preset(tmp_path):
     assert estimate["dot"] == 1.0 and all(estimate[r] > 1.0 for r in ("l2norm", "distance"))
     memory = res["memory"]
     assert memory["builtin"]["train"]["extra_over_builtin"] == 0
-    assert all(memory[r]["train"]["bytes"] > 0 for r in scoring.RULES)
+    assert all(memory[r]["train"]["bytes"] > 0 for r in scoring.OUTPUT_LAYERS)
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "builtin" in proc.stdout and "l2norm" in proc.stdout
     assert not list(out.glob("*.tmp*"))

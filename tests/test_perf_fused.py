@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairseq_tying import scoring
+from fairseq_tying.core import scoring
 
 
 def _reference(weight: torch.Tensor, power: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from fairseq_tying.atomic import replace_dir
+from fairseq_tying.common.atomic import replace_dir
 
 IWSLT_URLS = {
     "de-en": "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",

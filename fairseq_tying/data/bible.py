@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairseq_tying.atomic import replace_dir, write_lines
+from fairseq_tying.common.atomic import replace_dir, write_lines
 from fairseq_tying.data.align import Group, align_book, length_stats, length_z
 from fairseq_tying.data.osis import clean_osis, parse_imp
 from fairseq_tying.data.recase import undo_drop_caps, word_case_counts

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from fairseq_tying.atomic import replace_dir
+from fairseq_tying.common.atomic import replace_dir
 from fairseq_tying.data import bible
 
 SPLITS = ("train", "valid", "test")

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from fairseq_tying.atomic import atomic_write
+from fairseq_tying.common.atomic import atomic_write
 from fairseq_tying.evaluation import checkpoints
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fairseq_tying import checkpoint_compat
+from fairseq_tying.core import checkpoint_compat
 
 checkpoint_compat.allow_fairseq_checkpoints()
 

@@ -7,7 +7,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from fairseq_tying.atomic import read_lines
+from fairseq_tying.common.atomic import read_lines
 from fairseq_tying.evaluation.presets import PRESET_CHOICES
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fairseq_tying.atomic import read_lines, write_json, write_text
+from fairseq_tying.common.atomic import read_lines, write_json, write_text
 from fairseq_tying.evaluation.plots import MethodPoints, plot_bleu
 from fairseq_tying.evaluation.records import RunRecord, read_run_json
 from fairseq_tying.evaluation.significance import paired_bootstrap

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.atomic import read_lines, write_json, write_lines, write_text
+from fairseq_tying.common.atomic import read_lines, write_json, write_lines, write_text
 from fairseq_tying.evaluation import average, checkpoints, scoring
 from fairseq_tying.evaluation.generate import generate
 from fairseq_tying.evaluation.presets import resolve_preset

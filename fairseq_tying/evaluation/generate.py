@@ -11,14 +11,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from fairseq_tying.reproducible import pinned_env
+from fairseq_tying.common import PLUGIN_DIR
+from fairseq_tying.common.reproducible import pinned_env
 
 _DETOK_LINE = re.compile(r"^D-(\d+)\t[^\t]*\t?(.*)$")
-
-
-def plugin_dir() -> str:
-    """The fairseq_tying package folder (this module's parent's parent)."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def fairseq_generate_exe() -> str:
@@ -51,7 +47,7 @@ def generate_command(
 ) -> list[str]:
     cmd = [
         fairseq_generate_exe(), str(bin_dir),
-        "--user-dir", user_dir or plugin_dir(),
+        "--user-dir", user_dir or PLUGIN_DIR,
         "--path", str(checkpoint),
         "--source-lang", src, "--target-lang", tgt,
         "--gen-subset", subset,

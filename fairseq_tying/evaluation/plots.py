@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from fairseq_tying.atomic import atomic_write  # noqa: E402
+from fairseq_tying.common.atomic import atomic_write  # noqa: E402
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fairseq_tying.atomic import write_json, write_text
+from fairseq_tying.common.atomic import write_json, write_text
 from fairseq_tying.evaluation import study_records
 from fairseq_tying.evaluation.plots import (
     MethodPoints,

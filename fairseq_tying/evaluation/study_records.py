@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.atomic import atomic_write, write_json
+from fairseq_tying.common.atomic import atomic_write, write_json
 from fairseq_tying.evaluation import norms
 from fairseq_tying.evaluation.records import read_run_json
 from fairseq_tying.launch import plateau

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from fairseq_tying.atomic import replace_dir
+from fairseq_tying.common.atomic import replace_dir
 from fairseq_tying.export.stock import ExportError, stock_arch
 
 QUANTIZATIONS = ("none", "int8", "int8_float16", "float16")

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from fairseq_tying import scoring
-from fairseq_tying.atomic import atomic_write
+from fairseq_tying.common.atomic import atomic_write
+from fairseq_tying.core import scoring
 
 PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim", "output_bias",
                      "freeze_embeddings")
@@ -65,8 +65,8 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
     bias, fairseq's models have none), and a tied matrix narrower than the decoder."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from fairseq_tying.models.dynamicconv_tying import DynamicConvModel
-    from fairseq_tying.models.transformer_tying import TiedTransformerModel
+    from fairseq_tying.core.models.dynamicconv_tying import DynamicConvModel
+    from fairseq_tying.core.models.transformer_tying import TiedTransformerModel
 
     arch = getattr(args, "arch", None)
     family = {TiedTransformerModel: "transformer", DynamicConvModel: "lightconv"}.get(
@@ -75,8 +75,8 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
         plugin = " or ".join(f"{STOCK_FAMILIES[f]}_{{dwt,twwt}}*" for f in formats)
         raise ExportError(f"--arch {arch} is not one of the plugin's {plugin} architectures: "
                           f"only those are exported to {' / '.join(formats)}")
-    rule = args.output_layer
-    if rule == "distance" and not allow_bias:
+    output_layer = args.output_layer
+    if output_layer == "distance" and not allow_bias:
         raise ExportError(f"--output-layer distance adds a per-token bias −½‖w_i‖² to the "
                           f"scores, which fairseq's {family} (a bias-free output projection) "
                           "cannot express; keep using this checkpoint with --user-dir "
@@ -113,19 +113,19 @@ def _check(args: Namespace) -> str:
 
 def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], dict]:
     """The stock state dict and the sharing flags for a plugin transformer's state dict."""
-    rule, tying = args.output_layer, args.tying
+    output_layer, tying = args.output_layer, args.tying
     weight = model["decoder.scorer.weight"]
     projection = model.get("decoder.scorer.projection.weight")
-    w_out, bias = scoring.output_matrix_and_bias(rule, weight)
-    assert bias is None, rule  # rules with a bias were refused by stock_arch
+    w_out, bias = scoring.output_matrix_and_bias(output_layer, weight)
+    assert bias is None, output_layer  # rules with a bias were refused by stock_arch
     if projection is not None:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ
         w_out = (w_out.float() @ projection.float()).to(weight.dtype)
-    normalize_inputs = tying != "none" and rule in scoring.NORMALIZED_INPUT_RULES
+    normalize_inputs = tying != "none" and output_layer in scoring.NORMALIZED_INPUT_LAYERS
     decoder_in = model["decoder.embed_tokens.weight"]
     if normalize_inputs:
         decoder_in = scoring.unit_rows(decoder_in)
     encoder_in = decoder_in if tying == "three_way" else model["encoder.embed_tokens.weight"]
-    tied_output = tying != "none" and projection is None and rule in ("dot", "l2norm")
+    tied_output = tying != "none" and projection is None and output_layer in ("dot", "l2norm")
     new = {k: v for k, v in model.items() if not k.startswith("decoder.scorer.")}
     new["encoder.embed_tokens.weight"] = encoder_in.clone()
     new["decoder.embed_tokens.weight"] = decoder_in.clone()

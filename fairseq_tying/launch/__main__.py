@@ -9,9 +9,9 @@ import os
 import sys
 from pathlib import Path
 
+from fairseq_tying.common.reproducible import pinned_env
 from fairseq_tying.launch.config import SweepError, load_sweep
 from fairseq_tying.launch.submit import dry_run, record, run_local, submit_slurm
-from fairseq_tying.reproducible import pinned_env
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,9 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import fairseq_tying
-
-USER_DIR = os.path.dirname(fairseq_tying.__file__)
+from fairseq_tying.common import PLUGIN_DIR
 
 
 def _cli(args: list[str]) -> None:
@@ -30,7 +28,7 @@ def evaluate_run(run_dir: Path, extra_args: list[str] | None = None, cpu: bool =
     """``python -m fairseq_tying.evaluation evaluate RUN_DIR`` (data dir from RUN/run.json);
     with ``--tag TAG`` among the arguments it writes ``RUN/eval.TAG.json``."""
     out = run_dir / (f"eval.{tag}.json" if tag else "eval.json")
-    _cli(["evaluate", str(run_dir), "--user-dir", USER_DIR, *(["--cpu"] if cpu else []),
+    _cli(["evaluate", str(run_dir), "--user-dir", PLUGIN_DIR, *(["--cpu"] if cpu else []),
           *(extra_args or [])])
     if not out.exists():
         raise RuntimeError(f"evaluation of {run_dir} wrote no {out.name}")

@@ -23,7 +23,7 @@ from typing import Any
 
 import submitit
 
-from fairseq_tying import atomic
+from fairseq_tying.common import atomic
 from fairseq_tying.launch import evaluate as eval_adapter
 from fairseq_tying.launch import plateau
 

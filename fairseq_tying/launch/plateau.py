@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.atomic import write_json
+from fairseq_tying.common.atomic import write_json
 
 HISTORY = "valid_history.json"
 KEYS = {"patience", "min_gain", "min_epoch", "max_epoch"}

@@ -14,7 +14,7 @@ import submitit
 from submitit.slurm.slurm import _make_sbatch_string
 from tqdm import tqdm
 
-from fairseq_tying.launch import evaluate as eval_adapter
+from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
 
@@ -84,7 +84,7 @@ def prepare_run_dir(sweep: Sweep, run: Run) -> None:
     config = {**run.describe(), "sweep": sweep.name, "sweep_file": str(sweep.path),
               "resources": vars(run.resources), "update_freq": sweep.update_freq}
     write_json(run.run_dir / "run.json", config)
-    cmd = TrainJob(run.describe(), eval_adapter.USER_DIR).command()
+    cmd = TrainJob(run.describe(), PLUGIN_DIR).command()
     (run.run_dir / ".command.sh.tmp").write_text(
         "# per-rank distributed flags are added in the job (see command.json)\n"
         + shlex.join(cmd) + "\n")
@@ -101,7 +101,7 @@ def dry_run(sweep: Sweep, runs: list[Run]) -> None:
     print(_make_sbatch_string(command="<python -m submitit.core._submit FOLDER>",
                               folder=folder, **params))
     for run in runs:
-        cmd = TrainJob(run.describe(), eval_adapter.USER_DIR).command()
+        cmd = TrainJob(run.describe(), PLUGIN_DIR).command()
         print(f"# {run.name}\n{shlex.join(cmd)}")
     if sweep.eval_enabled:
         params = eval_params(sweep, f"{sweep.name}-eval")
@@ -128,7 +128,7 @@ def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
         ex.update_parameters(**train_params(sweep, f"{sweep.name}-train"))
         with ex.batch():
             for run in to_train:
-                out.train[run.name] = ex.submit(TrainJob(run.describe(), eval_adapter.USER_DIR))
+                out.train[run.name] = ex.submit(TrainJob(run.describe(), PLUGIN_DIR))
     if not sweep.eval_enabled:
         return out
     to_eval = [r for r in runs if not (r.run_dir / "eval.json").exists()]
@@ -169,7 +169,7 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted) -> None:
     else:
         prepare_run_dir(sweep, run)
         ex = _local_executor(sweep, res.world_size, res.gpus_per_node * res.nodes)
-        job = ex.submit(TrainJob(run.describe(), eval_adapter.USER_DIR))
+        job = ex.submit(TrainJob(run.describe(), PLUGIN_DIR))
         tqdm.write(f"training {run.name} (local job {job.job_id}, log "
                    f"{run.run_dir / 'logs' / 'train.rank0.log'})", file=sys.stderr)
         job.results()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fairseq_tying.launch.localcluster import LocalCluster, missing_requirements
+from tests.slurm.localcluster import LocalCluster, missing_requirements
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tinydata import build_tiny_data  # noqa: E402

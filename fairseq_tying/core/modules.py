@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from fairseq_tying import scoring
+from fairseq_tying.core import scoring
 
 # Bumped after every optimizer step (torch's global hook): a cached output matrix keyed on it can
 # never outlive a weight update, even one written through ``param.data`` (fp16 master copies).
@@ -35,17 +35,17 @@ def _key(weight: Tensor) -> tuple:
     return (weight.data_ptr(), weight._version, weight.dtype, weight.device, _optimizer_steps[0])
 
 
-def cached_output_matrix_and_bias(rule: str, weight: Tensor) -> scoring.Affine:
+def cached_output_matrix_and_bias(output_layer: str, weight: Tensor) -> scoring.Affine:
     """``scoring.output_matrix_and_bias(rule, weight)``, computed once until the weight changes
     (storage, in-place version, dtype, device, or any optimizer step). Inference only."""
-    entry = _entries.get((id(weight), rule))
+    entry = _entries.get((id(weight), output_layer))
     key = _key(weight)
     if entry is None or entry[1] != key or entry[0].data_ptr() != key[0]:
-        w_out, bias = scoring.output_matrix_and_bias(rule, weight)
+        w_out, bias = scoring.output_matrix_and_bias(output_layer, weight)
         # detached: a value that is the weight itself (distance) must not keep it alive
         value = (w_out.detach(), None if bias is None else bias.detach())
         entry = (weight.detach(), key, value)
-        _entries[(id(weight), rule)] = entry
+        _entries[(id(weight), output_layer)] = entry
         if id(weight) not in _watched:
             _watched.add(id(weight))
             weakref.finalize(weight, evict, id(weight))
@@ -54,8 +54,8 @@ def cached_output_matrix_and_bias(rule: str, weight: Tensor) -> scoring.Affine:
 
 def evict(weight_id: int) -> None:
     """Drop the cached matrices of the weight with this ``id``."""
-    for rule in scoring.RULES:
-        _entries.pop((weight_id, rule), None)
+    for output_layer in scoring.OUTPUT_LAYERS:
+        _entries.pop((weight_id, output_layer), None)
     _watched.discard(weight_id)
 
 
@@ -87,7 +87,7 @@ def _inference() -> bool:
 
 class TiedEmbedding(_Evicting, nn.Embedding):
     """fairseq's token embedding (N(0, d^-1/2) init, zero padding row) whose lookups can use
-    the row-normalized matrix w_i/‖w_i‖ (the ``l2norm`` rule). fairseq's √d scaling stays
+    the row-normalized matrix w_i/‖w_i‖ (the ``l2norm`` output layer). fairseq's √d scaling stays
     in the encoder/decoder, applied after the lookup. In eval mode without autograd the
     normalized matrix is cached (shared with an ``l2norm`` scorer over the same weight)."""
 
@@ -117,13 +117,14 @@ class OutputScorer(_Evicting):
     optimizer step count changes. b₂ is added to the cached b at each call (V additions).
     """
 
-    def __init__(self, weight: nn.Parameter, rule: str, projection: nn.Linear | None = None,
+    def __init__(self, weight: nn.Parameter, output_layer: str, projection: nn.Linear | None = None,
                  output_bias: bool = False):
         super().__init__()
-        if rule not in scoring.RULES:
-            raise ValueError(f"unknown output layer {rule!r}; choose from {scoring.RULES}")
+        if output_layer not in scoring.OUTPUT_LAYERS:
+            raise ValueError(f"unknown output layer {output_layer!r}; "
+                             f"choose from {scoring.OUTPUT_LAYERS}")
         self.weight = weight
-        self.rule = rule
+        self.output_layer = output_layer
         self.projection = projection
         # b₂: a learned score offset per token (zero at the start), added to the rule's bias
         self.bias = nn.Parameter(weight.new_zeros(weight.shape[0])) if output_bias else None
@@ -141,12 +142,12 @@ class OutputScorer(_Evicting):
 
     def output_matrix_and_bias(self) -> scoring.Affine:
         """(W_out, b) of the scores s = (L·h)·W_outᵀ + b; b includes the output bias b₂."""
-        if self.rule == "dot":
+        if self.output_layer == "dot":
             return self.weight, self.bias
         if self.training or not _inference():
             self._cache = None  # gradients must flow through the normalization
-            return scoring.output_matrix_and_bias(self.rule, self.weight, self.bias)
-        w_out, bias = cached_output_matrix_and_bias(self.rule, self.weight)
+            return scoring.output_matrix_and_bias(self.output_layer, self.weight, self.bias)
+        w_out, bias = cached_output_matrix_and_bias(self.output_layer, self.weight)
         self._cache = (w_out, scoring.add_output_bias(bias, self.bias))
         return self._cache
 
@@ -155,5 +156,8 @@ class OutputScorer(_Evicting):
         super()._evict()
 
     def extra_repr(self) -> str:
-        return (f"rule={self.rule}, vocab={self.weight.shape[0]}, dim={self.weight.shape[1]}, "
-                f"output_bias={self.bias is not None}")
+        return (
+            f"output_layer={self.output_layer}, vocab={self.weight.shape[0]}, "
+            f"dim={self.weight.shape[1]}, "
+            f"output_bias={self.bias is not None}"
+        )

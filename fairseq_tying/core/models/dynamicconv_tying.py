@@ -12,7 +12,7 @@ from fairseq.models.lightconv import (
 )
 from fairseq.models.lightconv import base_architecture as lightconv_base
 
-from fairseq_tying.models.tying import (
+from fairseq_tying.core.models.tying import (
     CheckedLoadMixin,
     ScorerDecoderMixin,
     add_tying_args,

@@ -17,7 +17,7 @@ and quartiles. Results go to a table (stdout), a JSON file and a PNG plot of rat
 
 ``python -m fairseq_tying.bench --mode serve --checkpoint CKPT`` instead measures a trained
 model's decoding speed: fairseq-generate against CTranslate2 float32 and int8
-(``fairseq_tying/serve_bench.py``).
+(``fairseq_tying/bench/serve.py``).
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ from pathlib import Path
 
 import torch
 
-from fairseq_tying import atomic, scoring
+from fairseq_tying.bench import MODES
+from fairseq_tying.common import PLUGIN_DIR, atomic
+from fairseq_tying.core import scoring
 
-PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 BUILTIN = "builtin"
-MODELS = (BUILTIN, *scoring.RULES)
+MODELS = (BUILTIN, *scoring.OUTPUT_LAYERS)
 TARGETS = {"train": {"dot": 1.01, "*": 1.02}, "generate": {"*": 1.005}}
 
 
@@ -340,14 +341,14 @@ def run_vocab(vocab: int, preset: Preset, opts, progress) -> dict:
     bench = Bench(vocab, preset, opts.device, opts.fp16)
     builtin = bench.build(BUILTIN)
     models = {BUILTIN: builtin}
-    for name in scoring.RULES:
+    for name in scoring.OUTPUT_LAYERS:
         models[name] = bench.build(name, reference=builtin)
     train = interleaved({n: bench.trainer(m) for n, m in models.items()}, bench.device,
                         opts.reps, opts.train_steps, opts.warmup, progress)
     isolated = {name: 1 + extra_work(models[name], name, bench.device, opts.reps)
-                / min(train[BUILTIN]) for name in scoring.RULES}
+                / min(train[BUILTIN]) for name in scoring.OUTPUT_LAYERS}
     # Generation starts from identical parameters again: training moved them apart.
-    for name in scoring.RULES:
+    for name in scoring.OUTPUT_LAYERS:
         state = dict(builtin.state_dict())
         state["decoder.scorer.weight"] = state.pop("decoder.output_projection.weight")
         models[name].load_state_dict(state)
@@ -366,18 +367,18 @@ def run_vocab(vocab: int, preset: Preset, opts, progress) -> dict:
     return result
 
 
-def extra_work(model: torch.nn.Module, rule: str, device: torch.device, reps: int) -> float:
+def extra_work(model: torch.nn.Module, output_layer: str, device: torch.device, reps: int) -> float:
     """Seconds (fastest of ``reps``) of what ``rule`` adds to a training step: computing
     (W_out, b) from W and back-propagating through it. The fastest run is little disturbed by
     other processes, so 1 + this / (fastest built-in step) estimates the ratio steadily."""
-    if rule == "dot":
+    if output_layer == "dot":
         return 0.0
     weight = model.decoder.scorer.weight.detach().clone().requires_grad_()
-    w_out, bias = scoring.output_matrix_and_bias(rule, weight)
+    w_out, bias = scoring.output_matrix_and_bias(output_layer, weight)
     grads = [torch.randn_like(w_out), None if bias is None else torch.randn_like(bias)]
 
     def step() -> None:
-        outs = scoring.output_matrix_and_bias(rule, weight)
+        outs = scoring.output_matrix_and_bias(output_layer, weight)
         pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if o is not None]
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
@@ -424,7 +425,7 @@ def plot(results: dict, path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
     vocabs = sorted(int(v) for v in results)
     for ax, kind in zip(axes[0], kinds, strict=True):
-        for i, name in enumerate(scoring.RULES):
+        for i, name in enumerate(scoring.OUTPUT_LAYERS):
             color = f"C{i}"
             if kind == "memory":
                 for phase, style in (("train", "-"), ("generate", ":")):
@@ -472,9 +473,10 @@ def machine(device: str) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m fairseq_tying.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=("layers", "serve"), default="layers",
+    p.add_argument("--mode", choices=MODES, default="layers",
                    help="layers: this benchmark (default); serve: fairseq-generate vs "
-                        "CTranslate2 on a trained checkpoint (--mode serve --help)")
+                        "CTranslate2 on a trained checkpoint (--mode serve --help); gpu-check: "
+                        "the GPU acceptance run (--mode gpu-check --help)")
     p.add_argument("--preset", choices=PRESETS, default=None,
                    help="model and batch size (default: small on CPU, iwslt on CUDA)")
     p.add_argument("--vocab", type=int, nargs="+", default=[8000, 32000, 64000],
@@ -511,19 +513,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return opts
 
 
-def _mode(argv: list[str] | None) -> tuple[str, list[str]]:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--mode", choices=("layers", "serve"), default="layers")
-    known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
-    return known.mode, rest
-
-
 def main(argv: list[str] | None = None) -> dict | None:
-    mode, argv = _mode(argv)
-    if mode == "serve":
-        from fairseq_tying import serve_bench
-
-        return serve_bench.main(argv)
     opts = parse_args(argv)
     import fairseq_tying  # noqa: F401  (registers the models)
 
@@ -554,7 +544,3 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(table(report["results"]))
     print(f"wrote {opts.out / 'bench.json'} and {opts.out / 'bench.png'}")
     return report
-
-
-if __name__ == "__main__":
-    main()

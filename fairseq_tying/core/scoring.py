@@ -8,9 +8,9 @@ With h the decoder output, the score of token i is
     sqnorm    s_i = h·w_i / ‖w_i‖²
     distance  s_i = h·w_i − ½‖w_i‖²      (= −½‖h − w_i‖² up to a term constant in i)
 
-Each rule is an affine map ``s = h·W_outᵀ + b``; ``output_matrix_and_bias`` returns (W_out, b),
-so scoring is one ``F.linear`` whatever the rule. A learned per-token output bias b₂
-(``--output-bias``; s = V·P·h + b₂ in Press & Wolf's notation) is added to the rule's b.
+Each output layer is an affine map ``s = h·W_outᵀ + b``; ``output_matrix_and_bias`` returns
+(W_out, b), so scoring is one ``F.linear`` whatever the output layer. A learned per-token
+output bias b₂ (``--output-bias``; s = V·P·h + b₂ in Press & Wolf's notation) is added to b.
 Norms are computed in fp32, so ‖w‖² cannot overflow in half precision. A row with
 ‖w‖ < ``EPS`` (fairseq's all-zero padding row) is scaled by 0, not by 1/EPS: it scores 0
 and gets no gradient, instead of NaN or a huge one.
@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 EPS = 1e-6
-RULES = ("dot", "l2norm", "sqnorm", "distance", "cosine")
-NORMALIZED_INPUT_RULES = frozenset({"l2norm"})
+OUTPUT_LAYERS = ("dot", "l2norm", "sqnorm", "distance", "cosine")
+NORMALIZED_INPUT_LAYERS = frozenset({"l2norm"})
 
 
 def row_norms(weight: Tensor) -> Tensor:
@@ -97,7 +97,7 @@ class _SquaredNorms(torch.autograd.Function):
 
 Affine = tuple[Tensor, Tensor | None]
 
-_RULES: dict[str, Callable[[Tensor], Affine]] = {
+_AFFINE_MAPS: dict[str, Callable[[Tensor], Affine]] = {
     "dot": lambda w: (w, None),
     "l2norm": lambda w: (unit_rows(w), None),
     "cosine": lambda w: (unit_rows(w), None),
@@ -106,10 +106,12 @@ _RULES: dict[str, Callable[[Tensor], Affine]] = {
 }
 
 
-def output_matrix_and_bias(rule: str, weight: Tensor, output_bias: Tensor | None = None) -> Affine:
+def output_matrix_and_bias(
+    output_layer: str, weight: Tensor, output_bias: Tensor | None = None
+) -> Affine:
     """(W_out, b) such that the scores of ``rule`` are ``h @ W_out.T + b``; ``output_bias``
     (b₂, one value per token) is added to the rule's own bias."""
-    w_out, bias = _RULES[rule](weight)
+    w_out, bias = _AFFINE_MAPS[output_layer](weight)
     return w_out, add_output_bias(bias, output_bias)
 
 
@@ -120,7 +122,9 @@ def add_output_bias(bias: Tensor | None, output_bias: Tensor | None) -> Tensor |
     return output_bias if bias is None else bias + output_bias.to(bias.dtype)
 
 
-def scores(rule: str, hidden: Tensor, weight: Tensor, output_bias: Tensor | None = None) -> Tensor:
+def scores(
+    output_layer: str, hidden: Tensor, weight: Tensor, output_bias: Tensor | None = None
+) -> Tensor:
     """Scores of every token for decoder outputs ``hidden`` (…, D) under ``rule``."""
-    w_out, bias = output_matrix_and_bias(rule, weight, output_bias)
+    w_out, bias = output_matrix_and_bias(output_layer, weight, output_bias)
     return torch.nn.functional.linear(hidden, w_out, bias)

@@ -13,7 +13,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_wmt_en_de_big,
 )
 
-from fairseq_tying.models.tying import (
+from fairseq_tying.core.models.tying import (
     CheckedLoadMixin,
     ScorerDecoderMixin,
     add_tying_args,

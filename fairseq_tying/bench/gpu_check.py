@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-from fairseq_tying import atomic, scoring
+from fairseq_tying.common import PLUGIN_DIR, atomic
+from fairseq_tying.core import scoring
 
-PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 BIN = Path(sys.executable).parent
 OVERFLOW = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: "
                       r"([\d.e+-]+)")
@@ -97,9 +97,9 @@ def prepare_data(out: Path) -> Path:
     return data
 
 
-def train(data: Path, rule: str, run_dir: Path, opts: argparse.Namespace) -> dict:
+def train(data: Path, output_layer: str, run_dir: Path, opts: argparse.Namespace) -> dict:
     log = run([str(BIN / "fairseq-train"), str(data / "bin"), "--user-dir", PLUGIN_DIR,
-               "--arch", "transformer_twwt_iwslt_de_en", "--output-layer", rule, "--fp16",
+               "--arch", "transformer_twwt_iwslt_de_en", "--output-layer", output_layer, "--fp16",
                "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
                "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
                "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--clip-norm", "1.0",
@@ -143,9 +143,9 @@ def ct2_fp16(data: Path, run_dir: Path, reference: dict[int, str]) -> dict:
             "sentences_per_s": len(hyps) / seconds, "same_as_fairseq_fp16": same / len(hyps)}
 
 
-def check_rule(data: Path, rule: str, out: Path, opts: argparse.Namespace) -> dict:
-    run_dir = out / "runs" / rule
-    result = {"train": train(data, rule, run_dir, opts)}
+def check_output_layer(data: Path, output_layer: str, out: Path, opts: argparse.Namespace) -> dict:
+    run_dir = out / "runs" / output_layer
+    result = {"train": train(data, output_layer, run_dir, opts)}
     gen = generate(data, run_dir)
     hyps = gen.pop("hypotheses")
     result["generate"] = gen
@@ -155,11 +155,17 @@ def check_rule(data: Path, rule: str, out: Path, opts: argparse.Namespace) -> di
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m fairseq_tying.gpu_check", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m fairseq_tying.bench --mode gpu-check",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("work/gpu_check"))
-    p.add_argument("--output-layer", nargs="+", choices=scoring.RULES, default=list(scoring.RULES),
-                   dest="rules")
+    p.add_argument(
+        "--output-layer",
+        nargs="+",
+        choices=scoring.OUTPUT_LAYERS,
+        default=list(scoring.OUTPUT_LAYERS),
+        dest="output_layers",
+    )
     p.add_argument("--updates", type=int, default=300, help="training updates per output layer")
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--no-bench", action="store_true", help="skip bench --device cuda --fp16")
@@ -176,24 +182,37 @@ def main(argv: list[str] | None = None) -> int:
     except GpuCheckError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary: dict = {"gpu": gpu, "config": {k: str(v) for k, v in vars(opts).items()},
-                     "rules": {}}
+    summary: dict = {
+        "gpu": gpu,
+        "config": {k: str(v) for k, v in vars(opts).items()},
+        "output_layers": {},
+    }
     data = prepare_data(opts.out)
-    for rule in opts.rules:
-        print(f"[gpu-check] {rule}: fp16 training, fairseq-generate, CTranslate2 float16",
-              file=sys.stderr)
-        summary["rules"][rule] = check_rule(data, rule, opts.out, opts)
+    for output_layer in opts.output_layers:
+        print(
+            f"[gpu-check] {output_layer}: fp16 training, fairseq-generate, CTranslate2 float16",
+            file=sys.stderr,
+        )
+        summary["output_layers"][output_layer] = check_output_layer(
+            data, output_layer, opts.out, opts
+        )
     if not opts.no_bench:
         bench_dir = opts.out / "bench"
-        run([sys.executable, "-m", "fairseq_tying.bench", "--device", "cuda", "--fp16",
-             "--out", str(bench_dir)], opts.out / "logs" / "bench.log")
+        run(
+            [
+                sys.executable,
+                "-m",
+                "fairseq_tying.bench",
+                "--device",
+                "cuda",
+                "--fp16",
+                "--out",
+                str(bench_dir),
+            ],
+            opts.out / "logs" / "bench.log",
+        )
         summary["bench"] = str(bench_dir / "bench.json")
-    summary["passed"] = all(r["passed"] for r in summary["rules"].values())
+    summary["passed"] = all(r["passed"] for r in summary["output_layers"].values())
     atomic.write_json(opts.out / "gpu_check.json", summary)
-    print(f"wrote {opts.out / 'gpu_check.json'}: "
-          f"{'PASSED' if summary['passed'] else 'FAILED'}")
+    print(f"wrote {opts.out / 'gpu_check.json'}: {'PASSED' if summary['passed'] else 'FAILED'}")
     return 0 if summary["passed"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """Parameter counts per tying mode, like Press & Wolf (2017), Table 8.
 
-    python -m fairseq_tying.params --arch transformer_twwt_wmt_en_de_big --src-vocab 32000 \
+    python -m fairseq_tying.core.params --arch transformer_twwt_wmt_en_de_big --src-vocab 32000 \
         --tgt-vocab 32000 [model flags]
-    python -m fairseq_tying.params --arch dynamicconv_dwt_iwslt_de_en --data data-bin/iwslt14
+    python -m fairseq_tying.core.params --arch dynamicconv_dwt_iwslt_de_en --data data-bin/iwslt14
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 import fairseq_tying  # noqa: F401  (registration)
-from fairseq_tying.models.tying import TYING_MODES
+from fairseq_tying.core.models.tying import TYING_MODES
 
 
 class _Task:
@@ -78,7 +78,8 @@ def table(arch: str, model_argv: list[str], task: _Task) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fairseq_tying.params", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m fairseq_tying.core.params",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", required=True, choices=sorted(
         a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("fairseq_tying")))

@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fairseq_tying import atomic, translate
+from fairseq_tying import translate
+from fairseq_tying.common import atomic
 from fairseq_tying.export.ct2 import ExportError, Subword, export_ct2, find_subword
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from fairseq.models import register_model_architecture
 from torch import nn
 
-from fairseq_tying import scoring
-from fairseq_tying.models import guards, pretrained
-from fairseq_tying.output_layer import OutputScorer, TiedEmbedding
+from fairseq_tying.core import scoring
+from fairseq_tying.core.models import guards, pretrained
+from fairseq_tying.core.modules import OutputScorer, TiedEmbedding
 
 TYING_MODES = ("none", "decoder", "three_way")
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def add_tying_args(parser: ArgumentParser) -> None:
     # No defaults here: fairseq's architecture functions fill them in (see ``tying_defaults``).
     parser.add_argument("--tying", choices=TYING_MODES,
                         help="which embeddings share one matrix (default: set by the --arch)")
-    parser.add_argument("--output-layer", choices=scoring.RULES,
+    parser.add_argument("--output-layer", choices=scoring.OUTPUT_LAYERS,
                         help="scoring rule over the tied matrix (default: dot)")
     parser.add_argument("--tied-projection", action="store_true",
                         help="learned linear map from the decoder output (size H) to the "
@@ -71,7 +71,7 @@ def register_archs(model: str, family: str, presets: dict[str, Callable[[Namespa
 @dataclass(frozen=True)
 class TyingSpec:
     mode: str
-    rule: str
+    output_layer: str
     embed_dim: int  # D, columns of the decoder's embedding matrix
     hidden_dim: int  # H, size of the decoder output fed to the output layer
     projection: bool
@@ -104,7 +104,7 @@ class TyingSpec:
 
     @property
     def normalize_inputs(self) -> bool:
-        return self.mode != "none" and self.rule in scoring.NORMALIZED_INPUT_RULES
+        return self.mode != "none" and self.output_layer in scoring.NORMALIZED_INPUT_LAYERS
 
 
 def prepare_model(args: Namespace, task, max_positions: int):
@@ -150,7 +150,7 @@ def attach_scorer(decoder: nn.Module, spec: TyingSpec) -> None:
     if spec.projection:
         projection = nn.Linear(spec.hidden_dim, weight.shape[1], bias=False)
         nn.init.normal_(projection.weight, mean=0, std=spec.hidden_dim**-0.5)
-    decoder.scorer = OutputScorer(weight, spec.rule, projection, spec.output_bias)
+    decoder.scorer = OutputScorer(weight, spec.output_layer, projection, spec.output_bias)
     decoder.output_projection = nn.Identity()
 
 

@@ -1,0 +1,30 @@
+"""What the output layers cost: ``python -m fairseq_tying.bench [--mode MODE] ...``.
+
+- ``layers`` (default, ``layers.py``): training step, beam search and memory of every output
+  layer against fairseq's built-in tied Transformer, in one process, as ratios.
+- ``serve`` (``serve.py``): a trained checkpoint decoded by fairseq-generate and by CTranslate2
+  (float32, int8): speed, agreement and BLEU.
+- ``gpu-check`` (``gpu_check.py``): the acceptance run on one CUDA GPU (fp16 training,
+  fairseq-generate, CTranslate2 float16, ``layers`` on CUDA); ``make gpu-check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+MODES = ("layers", "serve", "gpu-check")
+
+
+def main(argv: list[str] | None = None):
+    """Dispatch on ``--mode``; the chosen mode parses the remaining arguments."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--mode", choices=MODES, default="layers")
+    known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if known.mode == "serve":
+        from fairseq_tying.bench import serve as mode
+    elif known.mode == "gpu-check":
+        from fairseq_tying.bench import gpu_check as mode
+    else:
+        from fairseq_tying.bench import layers as mode
+    return mode.main(rest)

@@ -1,0 +1,6 @@
+"""What the tools share: atomic file writes, pinned CPU kernels, the plugin's location."""
+
+from pathlib import Path
+
+# The folder to pass as fairseq's --user-dir.
+PLUGIN_DIR = str(Path(__file__).resolve().parents[1])

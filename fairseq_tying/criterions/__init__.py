@@ -1,3 +1,0 @@
-"""Criterions registered with fairseq."""
-
-from fairseq_tying.criterions import label_smoothed_cross_entropy_pr  # noqa: F401

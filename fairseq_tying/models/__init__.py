@@ -1,3 +1,0 @@
-"""Models and architectures registered with fairseq."""
-
-from fairseq_tying.models import dynamicconv_tying, transformer_tying  # noqa: F401
