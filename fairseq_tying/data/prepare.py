@@ -71,11 +71,16 @@ def _write(path: Path, lines: list[str]) -> None:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
+def _train_text(data: dict, langs: tuple[str, ...]) -> list[str]:
+    """The training lines the subword model learns from: every language's, each once."""
+    return [line for lang in dict.fromkeys(langs) for line in data[("train", lang)]]
+
+
 def _sentencepiece(work: Path, data: dict, langs: tuple[str, str], args) -> dict:
     import sentencepiece as spm
 
     train = work / "spm.train.txt"
-    _write(train, data[("train", langs[0])] + data[("train", langs[1])])
+    _write(train, _train_text(data, langs))
     spm.SentencePieceTrainer.train(
         input=str(train),
         model_prefix=str(work / "spm"),
@@ -119,7 +124,7 @@ def _subword_nmt(work: Path, data: dict, langs: tuple[str, str], args) -> dict:
     }
     codes = work / "bpe.codes"
     with open(codes, "w", encoding="utf-8") as f:
-        learn_bpe(tok[("train", langs[0])] + tok[("train", langs[1])], f, args.vocab_size)
+        learn_bpe(_train_text(tok, langs), f, args.vocab_size)
     with open(codes, encoding="utf-8") as f:
         bpe = BPE(f)
     return {
@@ -222,9 +227,13 @@ def parser() -> argparse.ArgumentParser:
         help="'bible' (the embedded es-en corpus) or a directory holding "
         "{train,valid,test}.{SRC,TGT} plain text",
     )
-    p.add_argument("--src", required=True, help="source language code, e.g. es")
-    p.add_argument("--tgt", required=True, help="target language code, e.g. en")
-    p.add_argument("--subword", choices=SUBWORDS, default="sentencepiece")
+    p.add_argument("--src", help="source language code, e.g. es")
+    p.add_argument("--tgt", help="target language code, e.g. en")
+    p.add_argument("--lm", metavar="LANG",
+                   help="a language-modelling set of this language instead of a translation "
+                        "pair (fairseq's language_modeling task; see fairseq_tying/data/lm.py)")
+    p.add_argument("--subword", choices=(*SUBWORDS, "word"), default="sentencepiece",
+                   help="word (--lm only): Moses tokens, lower case, --vocab-size words + <unk>")
     p.add_argument(
         "--spm-type", choices=("unigram", "bpe"), default="unigram", help="sentencepiece model type"
     )
@@ -232,7 +241,8 @@ def parser() -> argparse.ArgumentParser:
         "--vocab-size",
         type=int,
         required=True,
-        help="sentencepiece vocabulary size, or the number of subword-nmt merges",
+        help="sentencepiece vocabulary size, the number of subword-nmt merges, or (word) "
+        "the number of words kept",
     )
     p.add_argument(
         "--train-limit",
@@ -253,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
             raise PrepareError(f"--vocab-size {args.vocab_size} is too small (use >= 10)")
         if args.train_limit is not None and args.train_limit < 1:
             raise PrepareError(f"--train-limit {args.train_limit} must be positive")
+        if args.lm:
+            return _main_lm(args)
+        if not (args.src and args.tgt):
+            raise PrepareError("--src and --tgt are required (or --lm LANG for a language model)")
+        if args.subword == "word":
+            raise PrepareError("--subword word is for language models (--lm LANG); translation "
+                               "uses sentencepiece or subword_nmt")
         if args.src == args.tgt:
             raise PrepareError("--src and --tgt must differ")
         out, built = prepare(args)
@@ -265,6 +282,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{out}: {state} ({prep['subword']}, dictionary of {prep['dict_size']} types, "
         f"pairs {prep['pairs']})"
     )
+    return 0
+
+
+def _main_lm(args) -> int:
+    from fairseq_tying.data.lm import prepare_lm as build
+
+    if args.src or args.tgt:
+        raise PrepareError(f"--lm {args.lm} prepares one language: drop --src/--tgt")
+    out, built = build(args)
+    prep = json.loads((out / "prep.json").read_text())
+    state = "prepared" if built else "already prepared, skipped"
+    print(f"{out}: {state} (language model, {prep['subword']}, dictionary of "
+          f"{prep['dict_size']} types, sentences {prep['sentences']})")
     return 0
 
 
