@@ -143,7 +143,12 @@ class TestCache:
             b = scorer.output_matrix_and_bias()[0]
         assert a is b
         model.train()
-        assert scorer._cache is None
+        with torch.no_grad():
+            assert scorer.output_matrix_and_bias()[0] is not a  # training: computed afresh
+            model.eval()
+            c = scorer.output_matrix_and_bias()[0]
+        assert c is not a  # train() dropped the cache
+        torch.testing.assert_close(c, a, rtol=0, atol=0)
 
     def test_in_place_update_invalidates(self, joined_bin):
         model, scorer = self._scorer(joined_bin, "sqnorm")

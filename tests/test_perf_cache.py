@@ -73,11 +73,12 @@ def test_train_releases_the_cached_matrices(joined_bin):
     model, _ = _model(joined_bin, "cosine")
     weight = model.decoder.scorer.weight
     with torch.no_grad():
-        model.decoder.scorer(torch.randn(2, 16))
-    assert (id(weight), "cosine") in modules._entries
+        cached = weakref.ref(model.decoder.scorer.output_matrix_and_bias()[0])
+    assert cached() is not None and (id(weight), "cosine") in modules._entries
     model.train()
+    gc.collect()
     assert (id(weight), "cosine") not in modules._entries
-    assert model.decoder.scorer._cache is None
+    assert cached() is None  # nothing (the scorer included) holds the V x D matrix any more
 
 
 @pytest.mark.parametrize("output_layer", ["l2norm", "distance"])
@@ -110,10 +111,14 @@ def test_grad_mode_eval_is_not_cached(joined_bin):
     """Eval mode with autograd on (e.g. computing gradients of a score) must not use a cache
     that would cut the gradient through the normalization."""
     model, _ = _model(joined_bin, "sqnorm")
-    scorer = model.decoder.scorer
-    scorer(torch.randn(2, 16)).sum().backward()
-    assert scorer.weight.grad is not None and scorer.weight.grad.abs().sum() > 0
-    assert scorer._cache is None
+    scorer, h = model.decoder.scorer, torch.randn(2, 16)
+    with torch.no_grad():
+        scorer(h)  # a cached W_out exists: it must not be used with autograd on
+    scorer(h).sum().backward()
+    weight = scorer.weight.detach().clone().requires_grad_()
+    scoring.scores("sqnorm", h, weight).sum().backward()
+    assert scorer.weight.grad.abs().sum() > 0
+    torch.testing.assert_close(scorer.weight.grad, weight.grad)
 
 
 def test_benchmark_runs_end_to_end_at_the_tiny_preset(tmp_path):

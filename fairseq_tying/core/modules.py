@@ -128,7 +128,6 @@ class OutputScorer(_Evicting):
         self.projection = projection
         # b₂: a learned score offset per token (zero at the start), added to the rule's bias
         self.bias = nn.Parameter(weight.new_zeros(weight.shape[0])) if output_bias else None
-        self._cache: scoring.Affine | None = None  # the last (W_out, b) used in inference
 
     def forward(self, features: Tensor) -> Tensor:
         if self.projection is not None:
@@ -145,15 +144,10 @@ class OutputScorer(_Evicting):
         if self.output_layer == "dot":
             return self.weight, self.bias
         if self.training or not _inference():
-            self._cache = None  # gradients must flow through the normalization
+            # gradients must flow through the normalization
             return scoring.output_matrix_and_bias(self.output_layer, self.weight, self.bias)
         w_out, bias = cached_output_matrix_and_bias(self.output_layer, self.weight)
-        self._cache = (w_out, scoring.add_output_bias(bias, self.bias))
-        return self._cache
-
-    def _evict(self) -> None:
-        self._cache = None
-        super()._evict()
+        return w_out, scoring.add_output_bias(bias, self.bias)
 
     def extra_repr(self) -> str:
         return (

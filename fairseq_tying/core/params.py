@@ -15,7 +15,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-import fairseq_tying  # noqa: F401  (registration)
+import fairseq_tying.core  # noqa: F401  (registration)
 from fairseq_tying.core.models.tying import TYING_MODES
 
 

@@ -33,12 +33,8 @@ def row_norms(weight: Tensor) -> Tensor:
     return torch.linalg.vector_norm(weight.float(), dim=-1)
 
 
-def inverse_norms(weight: Tensor, power: int = 1) -> Tensor:
-    """1/‖w_i‖^power, and 0 for rows with ‖w_i‖ < EPS."""
-    return _inverse(row_norms(weight), power)
-
-
 def _inverse(norms: Tensor, power: int) -> Tensor:
+    """1/‖w_i‖^power from the row norms, and 0 for rows with ‖w_i‖ < EPS."""
     return torch.where(norms < EPS, 0.0, norms.clamp_min(EPS).pow(-power))
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import html
 import re
-import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -19,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from fairseq_tying.common.atomic import replace_dir
+from fairseq_tying.common.atomic import building_dir
 
 IWSLT_URLS = {
     "de-en": "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",
@@ -228,16 +226,10 @@ def build_wmt16_en_de(root: Path) -> Pairs:
 def write_pairs(pairs: Pairs, out: Path, src: str, tgt: str) -> Path:
     """Write ``out/{split}.{src,tgt}`` (a corpus directory for ``prepare --corpus``) atomically."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with building_dir(out) as tmp:
         for split, (s, t) in pairs.items():
             for lang, lines in ((src, s), (tgt, t)):
                 (tmp / f"{split}.{lang}").write_text(
                     "".join(x + "\n" for x in lines), encoding="utf-8"
                 )
-        tmp.chmod(0o755)
-        replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

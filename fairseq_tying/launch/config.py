@@ -10,12 +10,15 @@ import itertools
 import math
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from fairseq_tying.core.models.tying import TYING_MODES
+from fairseq_tying.core.scoring import OUTPUT_LAYERS
 from fairseq_tying.launch import plateau
 
 TOP_KEYS = {"name", "output_dir", "datasets", "grid", "fairseq", "batch", "resources",
@@ -31,8 +34,6 @@ OWNED_FLAGS = {"arch", "tying", "output_layer", "seed", "save_dir", "update_freq
                "fp16", "cpu", "user_dir", "log_file", "distributed_world_size",
                "distributed_rank", "distributed_init_method", "distributed_backend",
                "distributed_no_spawn", "distributed_port", "device_id"}
-TYING = {"none", "decoder", "three_way"}
-OUTPUT_LAYERS = {"dot", "l2norm", "sqnorm", "distance", "cosine"}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -259,7 +260,8 @@ def parse_stopping(raw: Any, fairseq: Any) -> dict[str, Any] | None:
     return out
 
 
-def _grid_values(grid: dict, key: str, allowed: set[str] | None, where: str = "grid") -> list:
+def _grid_values(grid: dict, key: str, allowed: Collection[str] | None,
+                 where: str = "grid") -> list:
     values = grid.get(key)
     if values is None:
         raise SweepError(f"{where}.{key}: missing (a list of values)")
@@ -294,7 +296,7 @@ def expand_grid(raw: Any, block: int, blocks: int,
             close = sorted(a for a in known if a.split("_")[0] == str(arch).split("_")[0])[:8]
             raise SweepError(f"{where}.arch: unknown architecture {arch!r} (not in fairseq's "
                              f"ARCH_MODEL_REGISTRY; similar: {close})")
-    tyings = _grid_values(grid, "tying", TYING, where) if "tying" in grid else [None]
+    tyings = _grid_values(grid, "tying", TYING_MODES, where) if "tying" in grid else [None]
     layers = _grid_values(grid, "output_layer", OUTPUT_LAYERS, where) \
         if "output_layer" in grid else [None]
     seeds = _grid_values(grid, "seed", None, where)
@@ -306,7 +308,25 @@ def expand_grid(raw: Any, block: int, blocks: int,
 
 def load_sweep(path: str | Path, output_dir: str | Path | None = None,
                check_data: bool = True) -> Sweep:
+    """Read and validate a sweep file and expand its grid into runs (nothing is submitted)."""
     path = Path(path)
+    raw = _read_sweep_file(path)
+    name = _sweep_name(raw, path)
+    data_dirs = _data_dirs(raw["datasets"], check_data)
+    points = _grid_points(raw["grid"], data_dirs)
+    res = parse_resources(raw.get("resources"))
+    common, update_freq, stopping = _train_flags(raw, res)
+    evaluation = _evaluation(raw.get("evaluation"), res)
+    out = output_dir or raw.get("output_dir") or f"runs/{name}"
+    out = Path(expand_vars(str(out), "output_dir")).expanduser().resolve()
+    sweep = Sweep(name=name, path=path.resolve(), output_dir=out, resources=res,
+                  update_freq=update_freq, **evaluation)
+    sweep.runs = _runs(points, data_dirs, out, common, res, stopping)
+    return sweep
+
+
+def _read_sweep_file(path: Path) -> dict:
+    """The file's top-level mapping, with its keys checked and the required sections present."""
     if not path.exists():
         raise SweepError(f"sweep file {path} does not exist")
     try:
@@ -317,11 +337,19 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
     for key in ("datasets", "grid"):
         if key not in raw:
             raise SweepError(f"{key}: missing required section")
+    return raw
+
+
+def _sweep_name(raw: dict, path: Path) -> str:
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not re.fullmatch(r"[\w.-]+", name):
         raise SweepError(f"name: {name!r} must be a simple name (letters, digits, _ . -)")
+    return name
 
-    datasets = raw["datasets"]
+
+def _data_dirs(datasets: Any, check_data: bool) -> dict[str, Path]:
+    """``datasets: {name: dir}`` -> resolved dirs (``${VAR}`` expanded), checked to hold
+    binarized data unless ``check_data`` is off (dry runs)."""
     datasets = _check_keys(datasets, set(datasets) if isinstance(datasets, dict) else set(),
                            "datasets")
     data_dirs: dict[str, Path] = {}
@@ -333,13 +361,20 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
             raise SweepError(f"datasets.{dname}: data dir {d} does not exist or holds no "
                              "binarized data (expected D/bin/dict.*.txt from fairseq-preprocess)")
         data_dirs[dname] = d
+    return data_dirs
 
-    grids = raw["grid"] if isinstance(raw["grid"], list) else [raw["grid"]]
+
+def _grid_points(raw: Any, data_dirs: dict[str, Path]) -> list[tuple]:
+    """The points of ``grid``: one mapping, or a list of them in priority order."""
+    grids = raw if isinstance(raw, list) else [raw]
     if not grids:
         raise SweepError("grid: empty list (give a mapping, or a list of them in priority order)")
-    points = [p for i, g in enumerate(grids) for p in expand_grid(g, i, len(grids), data_dirs)]
+    return [p for i, g in enumerate(grids) for p in expand_grid(g, i, len(grids), data_dirs)]
 
-    res = parse_resources(raw.get("resources"))
+
+def _train_flags(raw: dict, res: Resources) -> tuple[list[str], int, dict[str, Any] | None]:
+    """The fairseq-train flags every run shares (``fairseq``, ``batch``, the device and the
+    ``stopping`` rule's epoch budget), the update frequency, and the stopping rule."""
     batch = _check_keys(raw.get("batch"), BATCH_KEYS, "batch")
     update_freq = _update_freq(batch, res)
     fp16 = batch.get("fp16", res.gpu)
@@ -358,8 +393,12 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
             # fairseq otherwise freezes the batches of the epoch it starts in: a run resumed at
             # an epoch boundary would see other batches than an uninterrupted one
             common += ["--update-epoch-batch-itr", "True"]
+    return common, update_freq, stopping
 
-    ev = _check_keys(raw.get("evaluation"), EVAL_KEYS, "evaluation")
+
+def _evaluation(raw: Any, res: Resources) -> dict[str, Any]:
+    """The ``evaluation`` section as the ``eval_*`` fields of :class:`Sweep`."""
+    ev = _check_keys(raw, EVAL_KEYS, "evaluation")
     eval_args = ev.get("args", [])
     if not isinstance(eval_args, list):
         raise SweepError("evaluation.args: expected a list of command-line arguments")
@@ -369,28 +408,31 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
             raise SweepError(f"evaluation.also.{tag}: expected a lower-case name mapped to a "
                              "list of evaluation arguments, e.g. best: [--checkpoint, "
                              "checkpoint_best.pt]")
-    out = output_dir or raw.get("output_dir") or f"runs/{name}"
-    out = Path(expand_vars(str(out), "output_dir")).expanduser().resolve()
-    sweep = Sweep(name=name, path=path.resolve(), output_dir=out, resources=res,
-                  eval_enabled=bool(ev.get("enabled", True)),
-                  eval_args=[str(a) for a in eval_args],
-                  eval_also={t: [str(a) for a in args] for t, args in also.items()},
-                  eval_time_min=parse_time(ev.get("time", 60), "evaluation.time"),
-                  eval_cpus=_int(ev, "cpus_per_task", "evaluation", res.cpus_per_task, 1),
-                  eval_mem_gb=ev.get("mem_gb", res.mem_gb), update_freq=update_freq)
+    return {"eval_enabled": bool(ev.get("enabled", True)),
+            "eval_args": [str(a) for a in eval_args],
+            "eval_also": {t: [str(a) for a in args] for t, args in also.items()},
+            "eval_time_min": parse_time(ev.get("time", 60), "evaluation.time"),
+            "eval_cpus": _int(ev, "cpus_per_task", "evaluation", res.cpus_per_task, 1),
+            "eval_mem_gb": ev.get("mem_gb", res.mem_gb)}
+
+
+def _runs(points: list[tuple], data_dirs: dict[str, Path], out: Path, common: list[str],
+          res: Resources, stopping: dict[str, Any] | None) -> list[Run]:
+    """One :class:`Run` per grid point, named ``dataset.arch[.tying][.output_layer].sSEED``."""
+    runs: list[Run] = []
     for block, d, arch, tying, layer, seed in points:
         parts = [d, arch, tying, layer, f"s{seed}"]
         rname = ".".join(str(p) for p in parts if p is not None)
-        if any(r.name == rname for r in sweep.runs):
+        if any(r.name == rname for r in runs):
             raise SweepError(f"grid: run {rname} appears in two grids")
         args = ["--arch", arch, "--seed", str(seed)]
         args += ["--tying", tying] if tying is not None else []
         args += ["--output-layer", layer] if layer is not None else []
-        sweep.runs.append(Run(name=rname, run_dir=out / rname, data_dir=data_dirs[d], dataset=d,
-                              arch=arch, tying=tying, output_layer=layer, seed=seed,
-                              train_args=args + common, resources=res, stopping=stopping,
-                              block=block))
-    return sweep
+        runs.append(Run(name=rname, run_dir=out / rname, data_dir=data_dirs[d], dataset=d,
+                        arch=arch, tying=tying, output_layer=layer, seed=seed,
+                        train_args=args + common, resources=res, stopping=stopping,
+                        block=block))
+    return runs
 
 
 def _update_freq(batch: dict, res: Resources) -> int:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,11 +91,7 @@ class _StopFlag:
 def _atomic_copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
     """fairseq copies checkpoint_last.pt from the epoch checkpoint in place: a process killed
     mid-copy would leave a truncated file to resume from. Copy beside it, then rename."""
-    import shutil
-
-    tmp = f"{dst_path}.tmp{os.getpid()}"
-    shutil.copyfile(src_path, tmp)
-    os.replace(tmp, dst_path)
+    atomic.atomic_write(dst_path, lambda tmp: shutil.copyfile(src_path, tmp))
     return True
 
 

@@ -14,7 +14,7 @@ import submitit
 from submitit.slurm.slurm import _make_sbatch_string
 from tqdm import tqdm
 
-from fairseq_tying.common import PLUGIN_DIR
+from fairseq_tying.common import PLUGIN_DIR, atomic
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
 
@@ -85,10 +85,9 @@ def prepare_run_dir(sweep: Sweep, run: Run) -> None:
               "resources": vars(run.resources), "update_freq": sweep.update_freq}
     write_json(run.run_dir / "run.json", config)
     cmd = TrainJob(run.describe(), PLUGIN_DIR).command()
-    (run.run_dir / ".command.sh.tmp").write_text(
-        "# per-rank distributed flags are added in the job (see command.json)\n"
-        + shlex.join(cmd) + "\n")
-    (run.run_dir / ".command.sh.tmp").replace(run.run_dir / "command.sh")
+    atomic.write_text(run.run_dir / "command.sh",
+                      "# per-rank distributed flags are added in the job (see command.json)\n"
+                      + shlex.join(cmd) + "\n")
 
 
 def dry_run(sweep: Sweep, runs: list[Run]) -> None:

@@ -259,10 +259,6 @@ StorageLoc=slurm_acct_db
         _wait(lambda: _run(["sacct", "-n", "-X"], env=self.env).returncode == 0, "accounting")
 
     # -- queries ----------------------------------------------------------------------------
-    def node_addr(self, node: str) -> str:
-        out = _run(["scontrol", "-o", "show", "node", node], env=self.env).stdout
-        return next(f.split("=", 1)[1] for f in out.split() if f.startswith("NodeAddr="))
-
     def jobs(self) -> list[str]:
         out = _run(["squeue", "-h", "-o", "%i"], env=self.env).stdout
         return [j for j in out.split() if j]

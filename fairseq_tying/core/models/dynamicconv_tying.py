@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fairseq.models import register_model
+from fairseq.models import register_model, register_model_architecture
 from fairseq.models.lightconv import (
     LightConvDecoder,
     LightConvEncoder,
@@ -18,7 +18,7 @@ from fairseq_tying.core.models.tying import (
     add_tying_args,
     attach_scorer,
     prepare_model,
-    register_archs,
+    tying_defaults,
 )
 
 # fairseq's default kernel sizes per block (7 encoder blocks, 6 decoder blocks).
@@ -82,8 +82,46 @@ def dynamic_defaults(args) -> None:
         args, "decoder_kernel_size_list", _kernel_sizes(args.decoder_layers))
 
 
-register_archs("dynamicconv_tying", "dynamicconv", {
-    "": lightconv_base,
-    "_iwslt_de_en": lightconv_iwslt_de_en,
-    "_wmt_en_de_big": lightconv_wmt_en_de_big,
-}, setup=dynamic_defaults)
+# The architectures: a tying default (--tying, overridable), the dynamic-convolution
+# defaults, then fairseq's lightconv preset.
+
+@register_model_architecture("dynamicconv_tying", "dynamicconv_dwt")
+def dynamicconv_dwt(args) -> None:
+    tying_defaults(args, "decoder")
+    dynamic_defaults(args)
+    lightconv_base(args)
+
+
+@register_model_architecture("dynamicconv_tying", "dynamicconv_twwt")
+def dynamicconv_twwt(args) -> None:
+    tying_defaults(args, "three_way")
+    dynamic_defaults(args)
+    lightconv_base(args)
+
+
+@register_model_architecture("dynamicconv_tying", "dynamicconv_dwt_iwslt_de_en")
+def dynamicconv_dwt_iwslt_de_en(args) -> None:
+    tying_defaults(args, "decoder")
+    dynamic_defaults(args)
+    lightconv_iwslt_de_en(args)
+
+
+@register_model_architecture("dynamicconv_tying", "dynamicconv_twwt_iwslt_de_en")
+def dynamicconv_twwt_iwslt_de_en(args) -> None:
+    tying_defaults(args, "three_way")
+    dynamic_defaults(args)
+    lightconv_iwslt_de_en(args)
+
+
+@register_model_architecture("dynamicconv_tying", "dynamicconv_dwt_wmt_en_de_big")
+def dynamicconv_dwt_wmt_en_de_big(args) -> None:
+    tying_defaults(args, "decoder")
+    dynamic_defaults(args)
+    lightconv_wmt_en_de_big(args)
+
+
+@register_model_architecture("dynamicconv_tying", "dynamicconv_twwt_wmt_en_de_big")
+def dynamicconv_twwt_wmt_en_de_big(args) -> None:
+    tying_defaults(args, "three_way")
+    dynamic_defaults(args)
+    lightconv_wmt_en_de_big(args)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fairseq.models import register_model
+from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder, TransformerModel
 from fairseq.models.transformer.transformer_config import (
     DEFAULT_MAX_SOURCE_POSITIONS as DEFAULT_MAX_POSITIONS,
@@ -19,7 +19,7 @@ from fairseq_tying.core.models.tying import (
     add_tying_args,
     attach_scorer,
     prepare_model,
-    register_archs,
+    tying_defaults,
 )
 
 
@@ -44,8 +44,39 @@ class TiedTransformerModel(CheckedLoadMixin, TransformerModel):
         return cls(args, encoder, decoder)
 
 
-register_archs("transformer_tying", "transformer", {
-    "": base_architecture,
-    "_iwslt_de_en": transformer_iwslt_de_en,
-    "_wmt_en_de_big": transformer_wmt_en_de_big,
-})
+# The architectures: a tying default (--tying, overridable), then fairseq's preset.
+
+@register_model_architecture("transformer_tying", "transformer_dwt")
+def transformer_dwt(args) -> None:
+    tying_defaults(args, "decoder")
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_tying", "transformer_twwt")
+def transformer_twwt(args) -> None:
+    tying_defaults(args, "three_way")
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_tying", "transformer_dwt_iwslt_de_en")
+def transformer_dwt_iwslt_de_en(args) -> None:
+    tying_defaults(args, "decoder")
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("transformer_tying", "transformer_twwt_iwslt_de_en")
+def transformer_twwt_iwslt_de_en(args) -> None:
+    tying_defaults(args, "three_way")
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("transformer_tying", "transformer_dwt_wmt_en_de_big")
+def transformer_dwt_wmt_en_de_big(args) -> None:
+    tying_defaults(args, "decoder")
+    transformer_wmt_en_de_big(args)
+
+
+@register_model_architecture("transformer_tying", "transformer_twwt_wmt_en_de_big")
+def transformer_twwt_wmt_en_de_big(args) -> None:
+    tying_defaults(args, "three_way")
+    transformer_wmt_en_de_big(args)

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import logging
 from argparse import ArgumentParser, Namespace
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from fairseq.models import register_model_architecture
 from torch import nn
 
 from fairseq_tying.core import scoring
@@ -45,27 +43,13 @@ def add_tying_args(parser: ArgumentParser) -> None:
 
 
 def tying_defaults(args: Namespace, tying: str) -> None:
+    """The tying flags' defaults of an architecture whose default mode is ``tying``."""
     args.tying = getattr(args, "tying", None) or tying
     args.output_layer = getattr(args, "output_layer", None) or "dot"
     args.tied_projection = getattr(args, "tied_projection", False)
     args.tied_embed_dim = getattr(args, "tied_embed_dim", None)
     args.output_bias = getattr(args, "output_bias", False)
     args.freeze_embeddings = getattr(args, "freeze_embeddings", False)
-
-
-def register_archs(model: str, family: str, presets: dict[str, Callable[[Namespace], None]],
-                   setup: Callable[[Namespace], None] | None = None) -> None:
-    """Register ``{family}_dwt{suffix}`` and ``{family}_twwt{suffix}`` for each fairseq preset:
-    the tying default, then ``setup`` (family-specific defaults), then the preset."""
-    for suffix, preset in presets.items():
-        for short, tying in (("dwt", "decoder"), ("twwt", "three_way")):
-            def architecture(args: Namespace, preset=preset, tying=tying) -> None:
-                tying_defaults(args, tying)
-                if setup is not None:
-                    setup(args)
-                preset(args)
-
-            register_model_architecture(model, f"{family}_{short}{suffix}")(architecture)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,69 @@
+"""The plugin's architectures: the registered names and their key defaults, pinned against a
+literal table written here (not derived from the code under test)."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+
+import pytest
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+import fairseq_tying  # noqa: F401  (registration)
+
+# arch -> (model, default tying, embed dim, ffn dim, attention heads, encoder layers, dropout)
+ARCHS = {
+    "transformer_dwt": ("transformer_tying", "decoder", 512, 2048, 8, 6, 0.1),
+    "transformer_twwt": ("transformer_tying", "three_way", 512, 2048, 8, 6, 0.1),
+    "transformer_dwt_iwslt_de_en": ("transformer_tying", "decoder", 512, 1024, 4, 6, 0.1),
+    "transformer_twwt_iwslt_de_en": ("transformer_tying", "three_way", 512, 1024, 4, 6, 0.1),
+    "transformer_dwt_wmt_en_de_big": ("transformer_tying", "decoder", 1024, 4096, 16, 6, 0.3),
+    "transformer_twwt_wmt_en_de_big": ("transformer_tying", "three_way", 1024, 4096, 16, 6, 0.3),
+    "dynamicconv_dwt": ("dynamicconv_tying", "decoder", 512, 2048, 8, 7, 0.1),
+    "dynamicconv_twwt": ("dynamicconv_tying", "three_way", 512, 2048, 8, 7, 0.1),
+    "dynamicconv_dwt_iwslt_de_en": ("dynamicconv_tying", "decoder", 512, 1024, 4, 7, 0.1),
+    "dynamicconv_twwt_iwslt_de_en": ("dynamicconv_tying", "three_way", 512, 1024, 4, 7, 0.1),
+    "dynamicconv_dwt_wmt_en_de_big": ("dynamicconv_tying", "decoder", 1024, 4096, 16, 7, 0.3),
+    "dynamicconv_twwt_wmt_en_de_big": ("dynamicconv_tying", "three_way", 1024, 4096, 16, 7,
+                                       0.3),
+}
+
+
+def _defaults(arch: str, **given) -> Namespace:
+    args = Namespace(**given)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return args
+
+
+def test_the_registered_architectures_are_exactly_the_twelve():
+    ours = {arch for arch, model in ARCH_MODEL_REGISTRY.items()
+            if model.__module__.startswith("fairseq_tying")}
+    assert ours == set(ARCHS)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_each_architecture_has_its_defaults(arch):
+    model, tying, dim, ffn, heads, encoder_layers, dropout = ARCHS[arch]
+    args = _defaults(arch)
+    assert ARCH_MODEL_REGISTRY[arch] is MODEL_REGISTRY[model]
+    assert (args.tying, args.output_layer) == (tying, "dot")
+    assert (args.encoder_embed_dim, args.decoder_embed_dim) == (dim, dim)
+    assert (args.encoder_ffn_embed_dim, args.decoder_ffn_embed_dim) == (ffn, ffn)
+    assert (args.encoder_attention_heads, args.decoder_attention_heads) == (heads, heads)
+    assert (args.encoder_layers, args.decoder_layers) == (encoder_layers, 6)
+    assert args.dropout == dropout
+    assert not (args.tied_projection or args.output_bias or args.freeze_embeddings)
+    assert args.tied_embed_dim is None
+    if model == "dynamicconv_tying":
+        assert (args.encoder_conv_type, args.decoder_conv_type) == ("dynamic", "dynamic")
+        assert args.encoder_kernel_size_list == [3, 7, 15, 31, 31, 31, 31]
+        assert args.decoder_kernel_size_list == [3, 7, 15, 31, 31, 31]
+
+
+@pytest.mark.parametrize("arch", ["transformer_twwt", "dynamicconv_dwt_iwslt_de_en"])
+def test_flags_given_on_the_command_line_win_over_the_defaults(arch):
+    args = _defaults(arch, tying="none", output_layer="l2norm", encoder_layers=3,
+                     encoder_embed_dim=64)
+    assert (args.tying, args.output_layer) == ("none", "l2norm")
+    assert (args.encoder_layers, args.encoder_embed_dim) == (3, 64)
+    if arch.startswith("dynamicconv"):
+        assert args.encoder_kernel_size_list == [3, 7, 15]  # follows the layer count
