@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from argparse import Namespace
 from pathlib import Path
 
-from fairseq_tying.common.atomic import replace_dir
+from fairseq_tying.common.atomic import building_dir
 from fairseq_tying.data import bible
 from fairseq_tying.data.prepare import (
     SPLITS,
@@ -111,10 +109,7 @@ def prepare_lm(args: Namespace) -> tuple[Path, bool]:
         raise PrepareError(f"--out {out} exists but was not prepared with these settings; "
                            "choose another --out or pass --force to replace it")
     data = read_side(args.corpus, args.lm, args.train_limit)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        work.chmod(0o755)
+    with building_dir(out) as work:
         for folder, texts in (("raw", data), ("subword", segment(work, data, args))):
             (work / folder).mkdir()
             for (s, lang), lines in texts.items():
@@ -124,7 +119,4 @@ def prepare_lm(args: Namespace) -> tuple[Path, bool]:
         record["sentences"] = {s: len(data[(s, args.lm)]) for s in SPLITS}
         record["dict_size"] = len((work / "bin/dict.txt").read_text().splitlines())
         (work / "prep.json").write_text(json.dumps(record, indent=2) + "\n")
-        replace_dir(work, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return out, True
