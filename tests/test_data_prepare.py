@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_tying.common import moses
 from fairseq_tying.data import bible, prepare
 
 LIMIT = 200
@@ -103,9 +104,9 @@ def test_subword_nmt_round_trip(prepared):
     raw = (d / "raw" / "test.es").read_text(encoding="utf-8").splitlines()
     assert "@@ " in bpe[0]
     merged = [line.replace("@@ ", "") for line in bpe]
-    assert merged == prepare.moses_tokenize(raw, "es")
+    assert merged == moses.moses_tokenize(raw, "es")
     # detokenizing the merged text gives the references back for nearly every line
-    detok = prepare.moses_detokenize(merged, "es")
+    detok = moses.moses_detokenize(merged, "es")
     assert sum(a == b for a, b in zip(detok, raw, strict=True)) >= 0.95 * len(raw)
     merges = (d / "bpe.codes").read_text().splitlines()
     assert len([m for m in merges if not m.startswith("#")]) == 400

@@ -15,10 +15,12 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 from tqdm import tqdm
 
+from fairseq_tying.common import moses
 from fairseq_tying.common.atomic import replace_dir
 
 IWSLT_URLS = {
@@ -154,13 +156,6 @@ def every_nth(lines: list[str], n: int) -> tuple[list[str], list[str]]:
     return kept, held
 
 
-def moses_tokenizer(lang: str) -> Callable[[str], list[str]]:
-    from sacremoses import MosesTokenizer
-
-    tok = MosesTokenizer(lang=lang)
-    return lambda text: tok.tokenize(text, escape=False)
-
-
 def _read(path: Path) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the extracted archive")
@@ -174,7 +169,8 @@ def build_iwslt14(root: Path, pair: str, lowercase: bool = True) -> Pairs:
     train = {lang: iwslt_train_lines(_read(d / f"train.tags.{pair}.{lang}")) for lang in (src, tgt)}
     # The recipe cleans after Moses tokenization: count Moses tokens.
     tr_s, tr_t = clean_pairs(
-        train[src], train[tgt], 1.5, 1, 175, moses_tokenizer(src), moses_tokenizer(tgt)
+        train[src], train[tgt], 1.5, 1, 175,
+        partial(moses.tokens, lang=src), partial(moses.tokens, lang=tgt),
     )
     valid_sets, test_sets = IWSLT_SETS[pair]
 

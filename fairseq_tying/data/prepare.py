@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fairseq_tying.common.atomic import replace_dir
+from fairseq_tying.common.moses import moses_tokenize
 from fairseq_tying.data import bible
 
 SPLITS = ("train", "valid", "test")
@@ -92,21 +93,6 @@ def _sentencepiece(work: Path, data: dict, langs: tuple[str, str], args) -> dict
     for key, lines in tqdm(data.items(), desc="sentencepiece", unit="file"):
         out[key] = [" ".join(p) for p in sp.encode(lines, out_type=str)]
     return out
-
-
-def moses_tokenize(lines: list[str], lang: str) -> list[str]:
-    from sacremoses import MosesTokenizer
-
-    tok = MosesTokenizer(lang=lang)
-    return [tok.tokenize(line, escape=False, return_str=True) for line in lines]
-
-
-def moses_detokenize(lines: list[str], lang: str) -> list[str]:
-    """Inverse of :func:`moses_tokenize` (for ``"detokenizer": "moses"``)."""
-    from sacremoses import MosesDetokenizer
-
-    detok = MosesDetokenizer(lang=lang)
-    return [detok.detokenize(line.split()) for line in lines]
 
 
 def _subword_nmt(work: Path, data: dict, langs: tuple[str, str], args) -> dict:
