@@ -27,6 +27,7 @@ def last_updates(log: str) -> int:
     return int(re.findall(r"num_updates (\d+)", log)[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
 @pytest.mark.parametrize("tying", ["none", "decoder", "three_way"])
 @pytest.mark.parametrize("family", ["transformer", "dynamicconv"])
@@ -75,6 +76,7 @@ def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_last_continues_the_update_count(joined_bin, tmp_path):
     args = train_args(
         joined_bin, tmp_path, "transformer_twwt", "--output-layer", "distance", "--tied-projection",
@@ -97,6 +99,7 @@ def test_resume_from_checkpoint_last_continues_the_update_count(joined_bin, tmp_
     assert all(v > 0 for _, v in scalars["train/loss"])
 
 
+@pytest.mark.slow
 def test_validate_and_interactive_load_plugin_checkpoints(joined_bin, tmp_path):
     run_cli(
         "fairseq-train",
@@ -155,6 +158,7 @@ def subprocess_input(tool: str, text: str, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
 def test_half_precision_training_through_the_cli(joined_bin, tmp_path, output_layer):
     """--memory-efficient-fp16 on CPU keeps parameters and activations in real fp16."""
@@ -203,6 +207,7 @@ def test_unknown_output_layer_lists_the_choices(joined_bin, tmp_path):
         assert output_layer in err
 
 
+@pytest.mark.slow
 def test_checkpoint_without_user_dir_fails_loudly(joined_bin, tmp_path):
     """Without --user-dir fairseq never imports the plugin, so it cannot phrase this error: torch
     refuses the checkpoint's argparse.Namespace (the README shows the fix, --user-dir)."""

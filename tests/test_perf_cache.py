@@ -116,6 +116,7 @@ def test_grad_mode_eval_is_not_cached(joined_bin):
     assert scorer._cache is None
 
 
+@pytest.mark.slow
 def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(

@@ -414,11 +414,7 @@ def plot(results: dict, path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import logging
-
     import matplotlib.pyplot as plt
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
     kinds = ["train", "generate"] + (["memory"] if all("memory" in r for r in results.values())
                                      else [])
