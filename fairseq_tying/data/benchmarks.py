@@ -7,6 +7,7 @@ and binarization are then done by :mod:`fairseq_tying.data.prepare`.
 
 from __future__ import annotations
 
+import argparse
 import html
 import re
 import shutil
@@ -22,6 +23,7 @@ from tqdm import tqdm
 
 from fairseq_tying.common import moses
 from fairseq_tying.common.atomic import replace_dir
+from fairseq_tying.data import prepare
 
 IWSLT_URLS = {
     "de-en": "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",
@@ -237,3 +239,27 @@ def write_pairs(pairs: Pairs, out: Path, src: str, tgt: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def add_prepare_args(p: argparse.ArgumentParser, subword: str, spm_type: str, vocab_size: int,
+                     vocab_help: str) -> None:
+    """The flags a benchmark script passes on to :func:`prepare.run`, with its defaults."""
+    p.add_argument("--out", type=Path, required=True, help="the prepared data dir to create")
+    p.add_argument("--work", type=Path, help="downloads and plain-text corpus (default OUT.orig)")
+    p.add_argument("--subword", choices=prepare.SUBWORDS, default=subword)
+    p.add_argument("--spm-type", choices=("unigram", "bpe"), default=spm_type)
+    p.add_argument("--vocab-size", type=int, default=vocab_size, help=vocab_help)
+    p.add_argument("--force", action="store_true")
+
+
+def work_dir(args: argparse.Namespace) -> Path:
+    return args.work or args.out.with_name(args.out.name + ".orig")
+
+
+def prepare_pairs(pairs: Pairs, args: argparse.Namespace, src: str, tgt: str) -> int:
+    """Write the corpus under the work dir, then segment and binarize it into ``--out``."""
+    corpus = write_pairs(pairs, work_dir(args) / "corpus", src, tgt)
+    print(", ".join(f"{k} {len(s):,}" for k, (s, _) in pairs.items()) + f" pairs -> {corpus}")
+    return prepare.run(argparse.Namespace(
+        corpus=str(corpus), src=src, tgt=tgt, subword=args.subword, spm_type=args.spm_type,
+        vocab_size=args.vocab_size, train_limit=None, out=str(args.out), force=args.force))

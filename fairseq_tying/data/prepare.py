@@ -233,7 +233,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the settings, prepare, say what was done; 0, or 2 after an error message."""
     try:
         if args.vocab_size < 10:
             raise PrepareError(f"--vocab-size {args.vocab_size} is too small (use >= 10)")
