@@ -12,6 +12,8 @@ import torch
 from fairseq_tying.core import scoring
 from tests.conftest import TINY_MODEL, run_cli
 
+pytestmark = pytest.mark.slow  # every test runs fairseq's CLI
+
 TYING_ARCH = {"none": "dwt", "decoder": "dwt", "three_way": "twwt"}
 
 
@@ -27,7 +29,6 @@ def last_updates(log: str) -> int:
     return int(re.findall(r"num_updates (\d+)", log)[-1])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
 @pytest.mark.parametrize("tying", ["none", "decoder", "three_way"])
 @pytest.mark.parametrize("family", ["transformer", "dynamicconv"])
@@ -76,7 +77,6 @@ def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-@pytest.mark.slow
 def test_resume_from_checkpoint_last_continues_the_update_count(joined_bin, tmp_path):
     args = train_args(
         joined_bin, tmp_path, "transformer_twwt", "--output-layer", "distance", "--tied-projection",
@@ -99,7 +99,6 @@ def test_resume_from_checkpoint_last_continues_the_update_count(joined_bin, tmp_
     assert all(v > 0 for _, v in scalars["train/loss"])
 
 
-@pytest.mark.slow
 def test_validate_and_interactive_load_plugin_checkpoints(joined_bin, tmp_path):
     run_cli(
         "fairseq-train",
@@ -158,7 +157,6 @@ def subprocess_input(tool: str, text: str, *args: str) -> str:
     return proc.stdout
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
 def test_half_precision_training_through_the_cli(joined_bin, tmp_path, output_layer):
     """--memory-efficient-fp16 on CPU keeps parameters and activations in real fp16."""
@@ -207,7 +205,6 @@ def test_unknown_output_layer_lists_the_choices(joined_bin, tmp_path):
         assert output_layer in err
 
 
-@pytest.mark.slow
 def test_checkpoint_without_user_dir_fails_loudly(joined_bin, tmp_path):
     """Without --user-dir fairseq never imports the plugin, so it cannot phrase this error: torch
     refuses the checkpoint's argparse.Namespace (the README shows the fix, --user-dir)."""
