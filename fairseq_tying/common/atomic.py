@@ -9,7 +9,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,21 @@ def replace_dir(new: Path, dest: Path) -> None:
     os.replace(new, dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def building_dir(dest: str | os.PathLike) -> Iterator[Path]:
+    """An empty folder beside ``dest`` to fill: when the block ends without an error it replaces
+    ``dest`` (mode 0755, as ``mkdir`` gives); after an error it is removed and ``dest`` kept."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)  # mkdtemp creates 0700
+        replace_dir(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:

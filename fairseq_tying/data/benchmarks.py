@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import html
 import re
-import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -22,7 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fairseq_tying.common import moses
-from fairseq_tying.common.atomic import replace_dir
+from fairseq_tying.common.atomic import building_dir
 from fairseq_tying.data import prepare
 
 IWSLT_URLS = {
@@ -226,18 +224,12 @@ def build_wmt16_en_de(root: Path) -> Pairs:
 def write_pairs(pairs: Pairs, out: Path, src: str, tgt: str) -> Path:
     """Write ``out/{split}.{src,tgt}`` (a corpus directory for ``prepare --corpus``) atomically."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with building_dir(out) as tmp:
         for split, (s, t) in pairs.items():
             for lang, lines in ((src, s), (tgt, t)):
                 (tmp / f"{split}.{lang}").write_text(
                     "".join(x + "\n" for x in lines), encoding="utf-8"
                 )
-        tmp.chmod(0o755)
-        replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -14,12 +14,11 @@ import io
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairseq_tying.common.atomic import replace_dir, write_lines
+from fairseq_tying.common.atomic import building_dir, write_lines
 from fairseq_tying.data.align import Group, align_book, length_stats, length_z
 from fairseq_tying.data.osis import clean_osis, parse_imp
 from fairseq_tying.data.recase import undo_drop_caps, word_case_counts
@@ -214,11 +213,7 @@ def _gzip_bytes(lines: list[str]) -> bytes:
 
 def write_corpus(corpus: Corpus, out: Path, versions: dict[str, str | None]) -> None:
     """Write ``{split}.{es,en,ids}.gz`` and README.md into ``out``, replacing it atomically."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    tmp.chmod(0o755)
-    try:
+    with building_dir(out) as tmp:
         sums: dict[str, str] = {}
         for split in SPLITS:
             rows = corpus.pairs[split]
@@ -228,9 +223,6 @@ def write_corpus(corpus: Corpus, out: Path, versions: dict[str, str | None]) -> 
                 (tmp / name).write_bytes(data)
                 sums[name] = hashlib.sha256(data).hexdigest()
         (tmp / "README.md").write_text(provenance(corpus, sums, versions), encoding="utf-8")
-        replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def provenance(corpus: Corpus, sums: dict[str, str], versions: dict[str, str | None]) -> str:

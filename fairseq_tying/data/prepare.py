@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from tqdm import tqdm
 
-from fairseq_tying.common.atomic import replace_dir
+from fairseq_tying.common.atomic import building_dir
 from fairseq_tying.common.moses import moses_tokenize
 from fairseq_tying.data import bible
 
@@ -176,10 +174,7 @@ def prepare(args) -> tuple[Path, bool]:
         )
     data = read_corpus(args.corpus, args.src, args.tgt, args.train_limit)
     langs = (args.src, args.tgt)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        work.chmod(0o755)
+    with building_dir(out) as work:
         (work / "raw").mkdir()
         (work / "subword").mkdir()
         for (s, lang), lines in data.items():
@@ -192,9 +187,6 @@ def prepare(args) -> tuple[Path, bool]:
         dict_lines = (work / "bin" / f"dict.{args.src}.txt").read_text().splitlines()
         record["dict_size"] = len(dict_lines)
         (work / "prep.json").write_text(json.dumps(record, indent=2) + "\n")
-        replace_dir(work, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return out, True
 
 

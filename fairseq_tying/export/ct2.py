@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from fairseq_tying.common.atomic import replace_dir
+from fairseq_tying.common.atomic import building_dir
 from fairseq_tying.export.stock import ExportError, stock_arch
 
 QUANTIZATIONS = ("none", "int8", "int8_float16", "float16")
@@ -168,17 +167,11 @@ def export_ct2(ckpt: Path, out: Path, data: Path | None = None, quantization: st
             "output_layer": args.output_layer, "tied_projection": bool(args.tied_projection),
             "output_bias": has_bias, "quantization": quantization,
             "checkpoint": str(ckpt.resolve())}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        target = work / "model"
-        _SpecConverter().convert(str(target), quantization=None if quantization == "none"
-                                 else quantization)
+    with building_dir(out) as target:
+        # force: the converter refuses an existing folder, even the empty one it is given
+        _SpecConverter().convert(str(target), force=True,
+                                 quantization=None if quantization == "none" else quantization)
         if subword.model is not None:
             shutil.copyfile(subword.model, target / SUBWORD_FILES[subword.kind])
         (target / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        target.chmod(0o755)
-        replace_dir(target, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return meta
