@@ -11,7 +11,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/fairseq_tying/wheels
 PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 WHEEL_DIR := $(WHEEL_CACHE)/$(PY_TAG)-torch$(TORCH_VERSION)-numpy1-fairseq$(FAIRSEQ_VERSION)
 
-.PHONY: setup test lint demo study study-one-epoch gpu-check clean
+.PHONY: setup test test-fast lint demo study study-one-epoch gpu-check clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -29,6 +29,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 test: setup
 	$(PY) -m pytest -q
+
+# The unit tests only (formulas, properties, configs, errors): the edit-test loop.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
 
 # Trains and evaluates two small models on the embedded Bible corpus (about 20 min on 2 cores).
 demo: setup

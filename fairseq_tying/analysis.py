@@ -303,7 +303,6 @@ def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[st
     import matplotlib
 
     matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
 
     panels = [(r, m) for r in reports for m in r.matrices]
@@ -399,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", type=Path, help=f"Markdown file whose {BEGIN} … {END} block "
                                                 "gets the table (appended if missing)")
     opts = p.parse_args(argv)
-    # fairseq's text_to_speech task sets the root logger to DEBUG on import: gensim's noise
+    # the report is the output: fairseq's and gensim's INFO lines would bury it
     logging.basicConfig(level=logging.WARNING, force=True)
     missing = [c for c in opts.checkpoints if not os.path.isfile(c)]
     if missing:

@@ -58,20 +58,20 @@ def text_processors(model: Path, meta: dict) -> tuple[Callable[[str], list[str]]
         sp = spm.SentencePieceProcessor(model_file=str(model / meta["subword_model"]))
         return (lambda line: sp.encode(line, out_type=str)), sp.decode
     if kind == "subword_nmt":
-        from sacremoses import MosesDetokenizer, MosesTokenizer
         from subword_nmt.apply_bpe import BPE
+
+        from fairseq_tying.common import moses
 
         with open(model / meta["subword_model"], encoding="utf-8") as f:
             bpe = BPE(f)
-        tok = MosesTokenizer(lang=meta["source_lang"])
-        detok = MosesDetokenizer(lang=meta["target_lang"])
+        src, tgt = meta["source_lang"], meta["target_lang"]
 
         def encode(line: str) -> list[str]:
-            return bpe.segment(tok.tokenize(line, escape=False, return_str=True)).split()
+            return bpe.segment(moses.tokenize(line, src)).split()
 
         def decode(tokens: list[str]) -> str:
             words = " ".join(tokens).replace("@@ ", "").removesuffix("@@").split()
-            return detok.detokenize(words) if meta.get("detokenizer") == "moses" else " ".join(
+            return moses.detokenize(words, tgt) if meta.get("detokenizer") == "moses" else " ".join(
                 words)
 
         return encode, decode

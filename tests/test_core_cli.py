@@ -12,6 +12,8 @@ import torch
 from fairseq_tying.core import scoring
 from tests.conftest import TINY_MODEL, run_cli
 
+pytestmark = pytest.mark.slow  # every test runs fairseq's CLI
+
 TYING_ARCH = {"none": "dwt", "decoder": "dwt", "three_way": "twwt"}
 
 
@@ -62,15 +64,39 @@ def test_train_then_generate(joined_bin, tmp_path, family, tying, output_layer):
     assert len(re.findall(r"^H-\d+\t", gen.stdout, re.M)) == 20
 
 
+def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{"train/loss": [(update, value), ...], ...}`` read back with tensorboard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = {}
+    for run in sorted(p for p in logdir.iterdir() if p.is_dir()):
+        acc = EventAccumulator(str(run))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out[f"{run.name}/{tag}"] = [(e.step, e.value) for e in acc.Scalars(tag)]
+    return out
+
+
 def test_resume_from_checkpoint_last_continues_the_update_count(joined_bin, tmp_path):
     args = train_args(
-        joined_bin, tmp_path, "transformer_twwt", "--output-layer", "distance", "--tied-projection"
+        joined_bin, tmp_path, "transformer_twwt", "--output-layer", "distance", "--tied-projection",
+        "--tensorboard-logdir", str(tmp_path / "tb"),
     )
-    run_cli("fairseq-train", *args)
+    first = run_cli("fairseq-train", *args)
+    assert "tensorboard not found" not in first.stdout + first.stderr
     resumed = run_cli("fairseq-train", *args, "--max-update", "9")
     log = resumed.stdout + resumed.stderr
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 4 updates\)", log)
     assert last_updates(log) == 9
+    # --tensorboard-logdir: the losses fairseq logs, per update and per validation, as events
+    scalars = tensorboard_scalars(tmp_path / "tb")
+    assert [step for step, _ in scalars["train_inner/loss"]] == list(range(1, 10))
+    logged = re.findall(r"\| valid on 'valid' subset \| loss (\d+\.\d+) .*num_updates (\d+)", log)
+    valid = dict(scalars["valid/loss"])
+    assert logged and 9 in valid
+    for loss, step in logged:
+        assert valid[int(step)] == pytest.approx(float(loss), abs=1e-3)
+    assert all(v > 0 for _, v in scalars["train/loss"])
 
 
 def test_validate_and_interactive_load_plugin_checkpoints(joined_bin, tmp_path):

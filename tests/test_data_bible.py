@@ -275,6 +275,7 @@ def regenerated(tmp_path_factory) -> tuple[Path, bible.Corpus]:
     return out, bible.regenerate(out)
 
 
+@pytest.mark.slow
 def test_regeneration_is_byte_identical(regenerated):
     out, _ = regenerated
     names = sorted(p.name for p in out.iterdir())
@@ -283,6 +284,7 @@ def test_regeneration_is_byte_identical(regenerated):
         assert (out / name).read_bytes() == (COMMITTED / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_regeneration_alignment_statistics(regenerated):
     _, corpus = regenerated
     st = corpus.stats

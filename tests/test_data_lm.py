@@ -34,6 +34,7 @@ def _binarized_tokens(data: Path, split: str) -> list[list[str]]:
     return [d.string(ds[i]).split() for i in range(len(ds))]
 
 
+@pytest.mark.slow
 def test_word_level_keeps_the_most_frequent_words_and_unks_the_rest(word_lm):
     """Recomputed here: Moses tokens, lower case, the 500 most frequent training words
     (fairseq's 4 specials count in the 500; it pads the table to a multiple of 8 with unused
@@ -56,6 +57,7 @@ def test_word_level_keeps_the_most_frequent_words_and_unks_the_rest(word_lm):
     assert prep["task"] == "language_modeling" and prep["sentences"]["train"] == LIMIT
 
 
+@pytest.mark.slow
 def test_sentencepiece_lm_learns_from_one_language(tmp_path):
     out = tmp_path / "spm"
     assert _prepare(out, "sentencepiece", 300) == 0
@@ -69,6 +71,7 @@ def test_sentencepiece_lm_learns_from_one_language(tmp_path):
         "\n")[0].split()
 
 
+@pytest.mark.slow
 def test_rerun_is_skipped_and_other_settings_need_force(word_lm, capsys):
     assert _prepare(word_lm, "word", 500) == 0
     assert "already prepared, skipped" in capsys.readouterr().out

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_tying.common import moses
 from fairseq_tying.data import bible, prepare
 
 LIMIT = 200
@@ -54,6 +55,7 @@ def _dataset_sizes(bin_dir: Path, split: str, lang: str) -> int:
     return len(ds)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("subword", ["sentencepiece", "subword_nmt"])
 def test_data_dir_contract(prepared, subword):
     d = prepared[subword]
@@ -83,6 +85,7 @@ def test_data_dir_contract(prepared, subword):
         assert _dataset_sizes(d / "bin", split, "en") == n
 
 
+@pytest.mark.slow
 def test_sentencepiece_round_trip(prepared):
     import sentencepiece as spm
 
@@ -97,20 +100,22 @@ def test_sentencepiece_round_trip(prepared):
     assert {w for w in words if not w.startswith("madeupword")} <= vocab  # fairseq's padding
 
 
+@pytest.mark.slow
 def test_subword_nmt_round_trip(prepared):
     d = prepared["subword_nmt"]
     bpe = (d / "subword" / "test.es").read_text(encoding="utf-8").splitlines()
     raw = (d / "raw" / "test.es").read_text(encoding="utf-8").splitlines()
     assert "@@ " in bpe[0]
     merged = [line.replace("@@ ", "") for line in bpe]
-    assert merged == prepare.moses_tokenize(raw, "es")
+    assert merged == moses.moses_tokenize(raw, "es")
     # detokenizing the merged text gives the references back for nearly every line
-    detok = prepare.moses_detokenize(merged, "es")
+    detok = moses.moses_detokenize(merged, "es")
     assert sum(a == b for a, b in zip(detok, raw, strict=True)) >= 0.95 * len(raw)
     merges = (d / "bpe.codes").read_text().splitlines()
     assert len([m for m in merges if not m.startswith("#")]) == 400
 
 
+@pytest.mark.slow
 def test_rerun_is_skipped(prepared, capsys):
     d = prepared["sentencepiece"]
     before = (d / "prep.json").stat().st_mtime_ns
@@ -119,6 +124,7 @@ def test_rerun_is_skipped(prepared, capsys):
     assert (d / "prep.json").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow
 def test_other_settings_need_force(prepared, capsys):
     d = prepared["sentencepiece"]
     assert prepare.main(_args(d, "sentencepiece", 700)) == 2
@@ -181,6 +187,7 @@ def test_failed_preparation_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # neither the data dir nor its build dir
 
 
+@pytest.mark.slow
 def test_cli_module(tmp_path):
     proc = subprocess.run(
         [

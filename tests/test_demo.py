@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fairseq_tying.data import bible
 from tests.conftest import cli_env
 
@@ -19,6 +21,7 @@ def _slice(src: Path, dst: Path, sizes: dict[str, int]) -> None:
             (dst / f"{split}.{lang}").write_text("".join(lines))
 
 
+@pytest.mark.slow
 def test_demo_pipeline_with_a_tiny_budget(tmp_path):
     bible.extract(tmp_path / "full")
     _slice(tmp_path / "full", tmp_path / "corpus", {"train": 400, "valid": 20, "test": 12})

@@ -48,6 +48,7 @@ def _export(ckpt: Path, out: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=cli_env(), cwd=REPO)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("arch", "tying", "output_layer", "projection"), CASES)
 def test_stock_fairseq_generate_reproduces_the_plugin(
     joined_bin, tmp_path, arch, tying, output_layer, projection
@@ -78,6 +79,7 @@ def test_stock_fairseq_generate_reproduces_the_plugin(
         assert abs(stock[i][1] - score) < 1e-3
 
 
+@pytest.mark.slow
 def test_distance_is_refused_and_nothing_is_written(joined_bin, tmp_path):
     ckpt = _train(
         joined_bin, tmp_path / "ckpt", "transformer_twwt", "three_way", "distance", False, updates=2

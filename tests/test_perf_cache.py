@@ -1,5 +1,5 @@
 """Inference caches of the normalized matrices: never stale, shared, released; and the
-benchmark end to end at the tiny preset (not a timing test)."""
+benchmark end to end at the tiny size (not a timing test)."""
 
 from __future__ import annotations
 
@@ -121,10 +121,11 @@ def test_grad_mode_eval_is_not_cached(joined_bin):
     torch.testing.assert_close(scorer.weight.grad, weight.grad)
 
 
-def test_benchmark_runs_end_to_end_at_the_tiny_preset(tmp_path):
+@pytest.mark.slow
+def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_tying.bench", "--preset", "tiny", "--vocab", "64",
+        [sys.executable, "-m", "fairseq_tying.bench", "--size", "tiny", "--vocab", "64",
          "--reps", "2", "--warmup", "1", "--threads", "1", "--out", str(out)],
         capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS
 
@@ -21,6 +23,7 @@ def test_the_study_covers_the_grid_with_three_seeds():
         assert (r["eval"]["beam"], r["eval"]["lenpen"], r["eval"]["n_sentences"]) == (5, 1.0, 1434)
 
 
+@pytest.mark.slow
 def test_rebuilding_from_the_records_reproduces_the_report(tmp_path):
     report = tmp_path / "results.md"
     assert main(["study", "--records", str(RECORDS), "--report", str(report),

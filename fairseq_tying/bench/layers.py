@@ -49,7 +49,7 @@ TARGETS = {"train": {"dot": 1.01, "*": 1.02}, "generate": {"*": 1.005}}
 
 
 @dataclass(frozen=True)
-class Preset:
+class Size:
     layers: int
     dim: int
     ffn: int
@@ -60,15 +60,15 @@ class Preset:
     gen_len: int  # forced output length
 
 
-PRESETS = {
-    "tiny": Preset(1, 32, 64, 2, 256, 16, 4, 6),
-    "small": Preset(2, 128, 512, 4, 1024, 32, 8, 16),
-    "iwslt": Preset(6, 512, 1024, 4, 4096, 32, 32, 30),
-    "wmt_big": Preset(6, 1024, 4096, 16, 8192, 32, 64, 30),
+SIZES = {
+    "tiny": Size(1, 32, 64, 2, 256, 16, 4, 6),
+    "small": Size(2, 128, 512, 4, 1024, 32, 8, 16),
+    "iwslt": Size(6, 512, 1024, 4, 4096, 32, 32, 30),
+    "wmt_big": Size(6, 1024, 4096, 16, 8192, 32, 64, 30),
 }
 
 
-def model_flags(name: str, p: Preset) -> list[str]:
+def model_flags(name: str, p: Size) -> list[str]:
     dims = ["--encoder-layers", str(p.layers), "--decoder-layers", str(p.layers),
             "--encoder-embed-dim", str(p.dim), "--decoder-embed-dim", str(p.dim),
             "--encoder-ffn-embed-dim", str(p.ffn), "--decoder-ffn-embed-dim", str(p.ffn),
@@ -82,11 +82,11 @@ def model_flags(name: str, p: Preset) -> list[str]:
 class Bench:
     """The task, models and fixed inputs for one vocabulary size."""
 
-    def __init__(self, vocab: int, preset: Preset, device: str, fp16: bool, seed: int = 1):
+    def __init__(self, vocab: int, size: Size, device: str, fp16: bool, seed: int = 1):
         from fairseq.data import Dictionary
         from fairseq.tasks.translation import TranslationTask
 
-        self.preset, self.device, self.fp16, self.seed = preset, torch.device(device), fp16, seed
+        self.size, self.device, self.fp16, self.seed = size, torch.device(device), fp16, seed
         d = Dictionary()
         for i in range(vocab - len(d)):
             d.add_symbol(f"t{i}")
@@ -94,16 +94,16 @@ class Bench:
         self.args = self._args(BUILTIN)
         self.task = TranslationTask(self.args, d, d)
         g = torch.Generator().manual_seed(seed)
-        n_sents = max(1, preset.batch_tokens // preset.sent_len)
-        self.sample = self._batch(g, n_sents, preset.sent_len, with_target=True)
-        self.gen_sample = self._batch(g, preset.gen_sents, preset.sent_len, with_target=False)
+        n_sents = max(1, size.batch_tokens // size.sent_len)
+        self.sample = self._batch(g, n_sents, size.sent_len, with_target=True)
+        self.gen_sample = self._batch(g, size.gen_sents, size.sent_len, with_target=False)
 
     def _args(self, name: str) -> argparse.Namespace:
         from fairseq import options
 
         parser = options.get_training_parser()
         return options.parse_args_and_arch(parser, ["unused", "--user-dir", PLUGIN_DIR,
-                                                    *model_flags(name, self.preset)])
+                                                    *model_flags(name, self.size)])
 
     def _batch(self, g: torch.Generator, n: int, length: int, with_target: bool) -> dict:
         d = self.dict
@@ -159,7 +159,7 @@ class Bench:
         """Beam-5 decoding of the fixed sources, exactly ``gen_len`` steps for every model."""
         from fairseq.sequence_generator import SequenceGenerator
 
-        length = self.preset.gen_len
+        length = self.size.gen_len
         gen = SequenceGenerator([model], self.dict, beam_size=5, max_len_a=0, max_len_b=length,
                                 min_len=length)
 
@@ -280,7 +280,7 @@ class PeakMemory:
 def memory_worker(spec: dict) -> dict:
     """Peak memory (bytes over the memory before the model was built) of generation, then
     training, for one model; run in a fresh process."""
-    bench = Bench(spec["vocab"], Preset(**spec["preset"]), spec["device"], spec["fp16"])
+    bench = Bench(spec["vocab"], Size(**spec["size"]), spec["device"], spec["fp16"])
     cuda = bench.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
@@ -311,10 +311,10 @@ def memory_worker(spec: dict) -> dict:
     return result
 
 
-def measure_memory(vocab: int, preset: Preset, device: str, fp16: bool, progress) -> dict:
+def measure_memory(vocab: int, size: Size, device: str, fp16: bool, progress) -> dict:
     out = {}
     for name in MODELS:
-        spec = {"vocab": vocab, "preset": asdict(preset), "device": device, "fp16": fp16,
+        spec = {"vocab": vocab, "size": asdict(size), "device": device, "fp16": fp16,
                 "model": name}
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
         proc = subprocess.run([sys.executable, "-m", "fairseq_tying.bench", "--memory-worker",
@@ -325,7 +325,7 @@ def measure_memory(vocab: int, preset: Preset, device: str, fp16: bool, progress
         out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
         progress()
     elem = 2 if fp16 else 4
-    unit = vocab * preset.dim * elem  # bytes of one V x D buffer
+    unit = vocab * size.dim * elem  # bytes of one V x D buffer
     result = {}
     for name, peaks in out.items():
         result[name] = {phase: {"bytes": b, "extra_over_builtin": b - out[BUILTIN][phase],
@@ -337,8 +337,8 @@ def measure_memory(vocab: int, preset: Preset, device: str, fp16: bool, progress
 # ----------------------------------------------------------------------------------- driver
 
 
-def run_vocab(vocab: int, preset: Preset, opts, progress) -> dict:
-    bench = Bench(vocab, preset, opts.device, opts.fp16)
+def run_vocab(vocab: int, size: Size, opts, progress) -> dict:
+    bench = Bench(vocab, size, opts.device, opts.fp16)
     builtin = bench.build(BUILTIN)
     models = {BUILTIN: builtin}
     for name in scoring.OUTPUT_LAYERS:
@@ -363,7 +363,7 @@ def run_vocab(vocab: int, preset: Preset, opts, progress) -> dict:
               "dot_hypotheses_identical_to_builtin": same}
     del models, decoders, builtin
     if not opts.no_memory:
-        result["memory"] = measure_memory(vocab, preset, opts.device, opts.fp16, progress)
+        result["memory"] = measure_memory(vocab, size, opts.device, opts.fp16, progress)
     return result
 
 
@@ -414,11 +414,7 @@ def plot(results: dict, path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import logging
-
     import matplotlib.pyplot as plt
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
     kinds = ["train", "generate"] + (["memory"] if all("memory" in r for r in results.values())
                                      else [])
@@ -477,8 +473,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="layers: this benchmark (default); serve: fairseq-generate vs "
                         "CTranslate2 on a trained checkpoint (--mode serve --help); gpu-check: "
                         "the GPU acceptance run (--mode gpu-check --help)")
-    p.add_argument("--preset", choices=PRESETS, default=None,
+    p.add_argument("--size", choices=SIZES, default=None,
                    help="model and batch size (default: small on CPU, iwslt on CUDA)")
+    p.add_argument("--preset", choices=SIZES, default=None, dest="old_size",
+                   help="deprecated: the old name of --size")
     p.add_argument("--vocab", type=int, nargs="+", default=[8000, 32000, 64000],
                    help="vocabulary sizes V (default: 8000 32000 64000)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -509,7 +507,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--vocab: sizes must be at least 16")
     if opts.reps < 2:
         p.error("--reps: at least 2 repetitions are needed for a spread")
-    opts.preset = opts.preset or ("iwslt" if opts.device == "cuda" else "small")
+    if opts.old_size:
+        if opts.size and opts.size != opts.old_size:
+            p.error(f"--preset {opts.old_size} and --size {opts.size} disagree; give --size only")
+        print(f"{p.prog}: warning: --preset is deprecated, use --size {opts.old_size}",
+              file=sys.stderr)
+        opts.size = opts.old_size
+    del opts.old_size
+    opts.size = opts.size or ("iwslt" if opts.device == "cuda" else "small")
     return opts
 
 
@@ -525,20 +530,20 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     from tqdm import tqdm
 
-    preset = PRESETS[opts.preset]
+    size = SIZES[opts.size]
     n_models = len(MODELS)
     total = len(opts.vocab) * n_models * (2 * opts.reps + (0 if opts.no_memory else 1))
     report = {"config": {**{k: (str(v) if isinstance(v, Path) else v)
                             for k, v in vars(opts).items() if k != "memory_worker"},
-                         "preset_dims": asdict(preset)},
+                         "size_dims": asdict(size)},
               "machine": machine(opts.device), "results": {}}
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr) as bar:
         for vocab in opts.vocab:
-            report["results"][str(vocab)] = run_vocab(vocab, preset, opts, lambda: bar.update())
+            report["results"][str(vocab)] = run_vocab(vocab, size, opts, lambda: bar.update())
     report["machine"]["load_avg_end"] = os.getloadavg()
     opts.out.mkdir(parents=True, exist_ok=True)
     atomic.write_json(opts.out / "bench.json", report, indent=1, ensure_ascii=True)
-    title = (f"fairseq_tying output layers vs fairseq transformer ({opts.preset}, {opts.device}"
+    title = (f"fairseq_tying output layers vs fairseq transformer ({opts.size}, {opts.device}"
              f"{', fp16' if opts.fp16 else ''})")
     plot(report["results"], opts.out / "bench.png", title)
     print(table(report["results"]))

@@ -1,4 +1,5 @@
-"""What the tools share: atomic file writes, pinned CPU kernels, the plugin's location."""
+"""What the tools share: atomic file writes, pinned CPU kernels, Moses tokenization, and the
+plugin's location."""
 
 from pathlib import Path
 

@@ -7,17 +7,21 @@ and binarization are then done by :mod:`fairseq_tying.data.prepare`.
 
 from __future__ import annotations
 
+import argparse
 import html
 import re
 import tarfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 from tqdm import tqdm
 
+from fairseq_tying.common import moses
 from fairseq_tying.common.atomic import building_dir
+from fairseq_tying.data import prepare
 
 IWSLT_URLS = {
     "de-en": "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",
@@ -152,13 +156,6 @@ def every_nth(lines: list[str], n: int) -> tuple[list[str], list[str]]:
     return kept, held
 
 
-def moses_tokenizer(lang: str) -> Callable[[str], list[str]]:
-    from sacremoses import MosesTokenizer
-
-    tok = MosesTokenizer(lang=lang)
-    return lambda text: tok.tokenize(text, escape=False)
-
-
 def _read(path: Path) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the extracted archive")
@@ -172,7 +169,8 @@ def build_iwslt14(root: Path, pair: str, lowercase: bool = True) -> Pairs:
     train = {lang: iwslt_train_lines(_read(d / f"train.tags.{pair}.{lang}")) for lang in (src, tgt)}
     # The recipe cleans after Moses tokenization: count Moses tokens.
     tr_s, tr_t = clean_pairs(
-        train[src], train[tgt], 1.5, 1, 175, moses_tokenizer(src), moses_tokenizer(tgt)
+        train[src], train[tgt], 1.5, 1, 175,
+        partial(moses.tokens, lang=src), partial(moses.tokens, lang=tgt),
     )
     valid_sets, test_sets = IWSLT_SETS[pair]
 
@@ -233,3 +231,27 @@ def write_pairs(pairs: Pairs, out: Path, src: str, tgt: str) -> Path:
                     "".join(x + "\n" for x in lines), encoding="utf-8"
                 )
     return out
+
+
+def add_prepare_args(p: argparse.ArgumentParser, subword: str, spm_type: str, vocab_size: int,
+                     vocab_help: str) -> None:
+    """The flags a benchmark script passes on to :func:`prepare.run`, with its defaults."""
+    p.add_argument("--out", type=Path, required=True, help="the prepared data dir to create")
+    p.add_argument("--work", type=Path, help="downloads and plain-text corpus (default OUT.orig)")
+    p.add_argument("--subword", choices=prepare.SUBWORDS, default=subword)
+    p.add_argument("--spm-type", choices=("unigram", "bpe"), default=spm_type)
+    p.add_argument("--vocab-size", type=int, default=vocab_size, help=vocab_help)
+    p.add_argument("--force", action="store_true")
+
+
+def work_dir(args: argparse.Namespace) -> Path:
+    return args.work or args.out.with_name(args.out.name + ".orig")
+
+
+def prepare_pairs(pairs: Pairs, args: argparse.Namespace, src: str, tgt: str) -> int:
+    """Write the corpus under the work dir, then segment and binarize it into ``--out``."""
+    corpus = write_pairs(pairs, work_dir(args) / "corpus", src, tgt)
+    print(", ".join(f"{k} {len(s):,}" for k, (s, _) in pairs.items()) + f" pairs -> {corpus}")
+    return prepare.run(argparse.Namespace(
+        corpus=str(corpus), src=src, tgt=tgt, subword=args.subword, spm_type=args.spm_type,
+        vocab_size=args.vocab_size, train_limit=None, out=str(args.out), force=args.force))

@@ -24,6 +24,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from fairseq_tying.common.atomic import building_dir
+from fairseq_tying.common.moses import moses_tokenize
 from fairseq_tying.data import bible
 from fairseq_tying.data.prepare import (
     SPLITS,
@@ -31,7 +32,6 @@ from fairseq_tying.data.prepare import (
     _sentencepiece,
     _subword_nmt,
     _write,
-    moses_tokenize,
 )
 
 LM_SUBWORDS = ("sentencepiece", "subword_nmt", "word")

@@ -21,6 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fairseq_tying.common.atomic import building_dir
+from fairseq_tying.common.moses import moses_tokenize
 from fairseq_tying.data import bible
 
 SPLITS = ("train", "valid", "test")
@@ -95,21 +96,6 @@ def _sentencepiece(work: Path, data: dict, langs: tuple[str, str], args) -> dict
     for key, lines in tqdm(data.items(), desc="sentencepiece", unit="file"):
         out[key] = [" ".join(p) for p in sp.encode(lines, out_type=str)]
     return out
-
-
-def moses_tokenize(lines: list[str], lang: str) -> list[str]:
-    from sacremoses import MosesTokenizer
-
-    tok = MosesTokenizer(lang=lang)
-    return [tok.tokenize(line, escape=False, return_str=True) for line in lines]
-
-
-def moses_detokenize(lines: list[str], lang: str) -> list[str]:
-    """Inverse of :func:`moses_tokenize` (for ``"detokenizer": "moses"``)."""
-    from sacremoses import MosesDetokenizer
-
-    detok = MosesDetokenizer(lang=lang)
-    return [detok.detokenize(line.split()) for line in lines]
 
 
 def _subword_nmt(work: Path, data: dict, langs: tuple[str, str], args) -> dict:
@@ -249,7 +235,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the settings, prepare, say what was done; 0, or 2 after an error message."""
     try:
         if args.vocab_size < 10:
             raise PrepareError(f"--vocab-size {args.vocab_size} is too small (use >= 10)")

@@ -5,28 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 
 from sacrebleu.metrics import BLEU, CHRF
 
+# moses_detokenize is re-exported for the evaluation of Moses-tokenized data.
+from fairseq_tying.common.moses import moses_detokenize, moses_tokenize  # noqa: F401
+
 _COMPOUND = re.compile(r"(\S)-(\S)")
-
-
-@lru_cache(maxsize=8)
-def _moses(lang: str):
-    from sacremoses import MosesDetokenizer, MosesTokenizer
-
-    return MosesTokenizer(lang=lang), MosesDetokenizer(lang=lang)
-
-
-def moses_detokenize(lines: Sequence[str], lang: str) -> list[str]:
-    detok = _moses(lang)[1]
-    return [detok.detokenize(line.split()) for line in lines]
-
-
-def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
-    tok = _moses(lang)[0]
-    return [tok.tokenize(line, escape=False, return_str=True) for line in lines]
 
 
 def split_compounds(line: str) -> str:

@@ -168,9 +168,9 @@ def export_ct2(ckpt: Path, out: Path, data: Path | None = None, quantization: st
             "output_bias": has_bias, "quantization": quantization,
             "checkpoint": str(ckpt.resolve())}
     with building_dir(out) as target:
-        # the converter writes into a folder of its own making (force: ours is empty)
-        _SpecConverter().convert(str(target), quantization=None if quantization == "none"
-                                 else quantization, force=True)
+        # force: the converter refuses an existing folder, even the empty one it is given
+        _SpecConverter().convert(str(target), force=True,
+                                 quantization=None if quantization == "none" else quantization)
         if subword.model is not None:
             shutil.copyfile(subword.model, target / SUBWORD_FILES[subword.kind])
         (target / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")

@@ -66,6 +66,7 @@ def test_dry_run_of_the_fp16_gpu_sweep():
     assert not Path(REPO, "runs", "iwslt_transformer").exists()
 
 
+@pytest.mark.slow
 def test_only_filters_runs_and_rejects_no_match(tmp_path, tiny_data):
     sweep = write_sweep(tmp_path / "s.yaml", output_dir=str(tmp_path / "out"))
     proc = launch(str(sweep), "--dry-run", "--only", "*l2norm.s2", data=tiny_data)

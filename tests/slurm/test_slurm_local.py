@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import launch, write_sweep
+
+pytestmark = pytest.mark.slow
 
 
 def test_local_two_workers(tiny_data, tmp_path):

@@ -16,6 +16,8 @@ from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.significance import seed_paired_bootstrap
 from fairseq_tying.evaluation.study import BEGIN, END
 
+pytestmark = pytest.mark.slow
+
 GRID = {"tying": ["none", "three_way"], "output_layer": ["dot", "l2norm"], "seed": [1, 2]}
 
 
