@@ -41,8 +41,8 @@ import torch
 from fairseq.data import Dictionary
 from scipy.stats import spearmanr
 
+from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import atomic_write, write_json, write_text
-from fairseq_tying.evaluation import checkpoints
 
 ROLES = {  # state-dict key: (role, dictionary side)
     "encoder.embed_tokens.weight": ("encoder input", "source"),

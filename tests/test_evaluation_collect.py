@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from fairseq_tying.evaluation import scoring
+from fairseq_tying.evaluation import metrics
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.collect import collect
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
@@ -37,7 +37,7 @@ def _make_runs(root: Path) -> dict[str, list[float]]:
             run = root / "runs" / f"{method}-s{seed}"
             run.mkdir(parents=True)
             (run / "test.hyp.en").write_text("\n".join(hyps) + "\n")
-            s = scoring.score(hyps, refs, "es", "en")
+            s = metrics.score(hyps, refs, "es", "en")
             bleus.setdefault(method, []).append(s.bleu)
             (run / "eval.json").write_text(json.dumps({
                 "run": {"name": run.name, "method": method, "arch": "transformer_twwt",

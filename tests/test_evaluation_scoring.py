@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sacrebleu.metrics import BLEU
 
-from fairseq_tying.evaluation import scoring
+from fairseq_tying.evaluation import metrics
 from fairseq_tying.evaluation.generate import parse_hypotheses
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
 from fairseq_tying.evaluation.significance import paired_bootstrap, seed_paired_bootstrap
@@ -55,7 +55,7 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 def test_detokenized_bleu_and_chrf_match_sacrebleu_cli(files):
     ref, hyp = files
     bleu, chrf = _cli(ref, hyp, "-m", "bleu", "chrf")
-    s = scoring.score(HYPS, REFS, "es", "en")
+    s = metrics.score(HYPS, REFS, "es", "en")
     assert 0 < s.bleu < 100 and 0 < s.chrf < 100
     assert s.bleu == pytest.approx(bleu["score"], abs=1e-5)
     assert s.chrf == pytest.approx(chrf["score"], abs=1e-5)
@@ -66,13 +66,13 @@ def test_detokenized_bleu_and_chrf_match_sacrebleu_cli(files):
 
 def test_tokenized_bleu_matches_cli_on_moses_tokenized_text(files, tmp_path):
     tok_ref, tok_hyp = tmp_path / "ref.tok", tmp_path / "hyp.tok"
-    tok_ref.write_text("\n".join(scoring.tokenize_for_bleu(REFS, "en", False)) + "\n")
-    tok_hyp.write_text("\n".join(scoring.tokenize_for_bleu(HYPS, "en", False)) + "\n")
+    tok_ref.write_text("\n".join(metrics.tokenize_for_bleu(REFS, "en", False)) + "\n")
+    tok_hyp.write_text("\n".join(metrics.tokenize_for_bleu(HYPS, "en", False)) + "\n")
     # Moses tokenization as multi-bleu.perl expects it: punctuation split, nothing escaped.
     expected = '" Hello , " she said , ( quietly ) and left at 10 : 30 .'
     assert tok_ref.read_text().splitlines()[2] == expected
     [cli] = _cli(tok_ref, tok_hyp, "-m", "bleu", "--tokenize", "none")
-    s = scoring.score(HYPS, REFS, "es", "en")
+    s = metrics.score(HYPS, REFS, "es", "en")
     assert s.tok_bleu == pytest.approx(cli["score"], abs=1e-5)
     assert s.tok_bleu != pytest.approx(s.bleu, abs=1e-3)  # tokenization really differs
     assert "tok:none" in s.tok_bleu_signature and not s.compound_split
@@ -80,7 +80,7 @@ def test_tokenized_bleu_matches_cli_on_moses_tokenized_text(files, tmp_path):
 
 def test_compound_splitting_equals_fairseq_perl_one_liner():
     lines = ["state-of-the-art e-mail x - y", "Hof-Test a-b-c"]
-    ours = [scoring.split_compounds(x) for x in lines]
+    ours = [metrics.split_compounds(x) for x in lines]
     assert ours[0] == ("state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art "
                        "e ##AT##-##AT## mail x - y")
     assert ours[1] == "Hof ##AT##-##AT## Test a ##AT##-##AT## b-c"
@@ -92,8 +92,8 @@ def test_compound_splitting_equals_fairseq_perl_one_liner():
 
 
 def test_compound_splitting_only_for_english_german():
-    de = scoring.score(HYPS, REFS, "en", "de")
-    en = scoring.score(HYPS, REFS, "de", "en")
+    de = metrics.score(HYPS, REFS, "en", "de")
+    en = metrics.score(HYPS, REFS, "de", "en")
     assert de.compound_split and not en.compound_split
     assert de.tok_bleu != pytest.approx(en.tok_bleu, abs=1e-6)
     assert "compound" in de.tok_bleu_signature
@@ -101,19 +101,19 @@ def test_compound_splitting_only_for_english_german():
 
 def test_moses_detokenizer_for_moses_tokenized_data():
     tok = ["Hello , world ! It 's a \" test \" ( really ) .", "Das ist 3,5 % mehr ."]
-    assert scoring.moses_detokenize(tok[:1], "en") == ["Hello, world! It's a \"test\" (really)."]
-    assert scoring.moses_detokenize(tok[1:], "de") == ["Das ist 3,5% mehr."]
+    assert metrics.moses_detokenize(tok[:1], "en") == ["Hello, world! It's a \"test\" (really)."]
+    assert metrics.moses_detokenize(tok[1:], "de") == ["Das ist 3,5% mehr."]
 
 
 def test_identical_output_scores_100():
-    s = scoring.score(REFS, REFS, "es", "en")
+    s = metrics.score(REFS, REFS, "es", "en")
     assert s.bleu == pytest.approx(100) and s.tok_bleu == pytest.approx(100)
     assert s.chrf == pytest.approx(100)
 
 
 def test_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="4 hypotheses but 5 references"):
-        scoring.score(HYPS[:4], REFS, "es", "en")
+        metrics.score(HYPS[:4], REFS, "es", "en")
 
 
 def _corpus(seed: int = 0):

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import read_lines, write_json, write_lines, write_text
-from fairseq_tying.evaluation import average, checkpoints, scoring
+from fairseq_tying.evaluation import average, metrics
 from fairseq_tying.evaluation.generate import generate
 from fairseq_tying.evaluation.presets import resolve_preset
 from fairseq_tying.evaluation.records import read_run_json, record_for_run
@@ -149,8 +150,8 @@ def evaluate_run(
         expected=len(refs),
     )
     if data_dir.prep.get("detokenizer") == "moses":
-        hyps = scoring.moses_detokenize(hyps, data_dir.tgt)
-    scores = scoring.score(hyps, refs, data_dir.src, data_dir.tgt)
+        hyps = metrics.moses_detokenize(hyps, data_dir.tgt)
+    scores = metrics.score(hyps, refs, data_dir.src, data_dir.tgt)
 
     stem = f"{subset}.{tag}" if tag else subset
     hyp_name = f"{stem}.hyp.{data_dir.tgt}"
