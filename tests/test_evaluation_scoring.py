@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
 
 from fairseq_tying.evaluation import metrics
+from fairseq_tying.evaluation.aggregate import compare
 from fairseq_tying.evaluation.generate import parse_hypotheses
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
-from fairseq_tying.evaluation.significance import paired_bootstrap, seed_paired_bootstrap
+from fairseq_tying.evaluation.significance import seed_paired_bootstrap
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
@@ -128,17 +130,32 @@ def _corpus(seed: int = 0):
     return refs, corrupt(0.1), corrupt(0.4)
 
 
-def test_paired_bootstrap_better_and_identical_systems():
+def _sacrebleu_paired(base: list[str], system: list[str], refs: list[str], n: int) -> dict:
+    """sacrebleu's own paired bootstrap test (the reference implementation): p and score."""
+    test = PairedTest([("base", base), ("system", system)], {"BLEU": BLEU(), "chrF": CHRF()},
+                      [refs], test_type="bs", n_samples=n)
+    _, scores = test()
+    bleu, chrf = [k for k in scores if k != "System"]
+    return {"bleu": scores[bleu][1].score, "bleu_p": scores[bleu][1].p_value,
+            "chrf_p": scores[chrf][1].p_value}
+
+
+def test_compare_bleu_and_chrf_per_seed_are_sacrebleus_test():
     refs, good, bad = _corpus()
     near = list(good)
     near[3] = bad[3]
-    res = paired_bootstrap(("base", good), [("bad", bad), ("same", list(good)), ("near", near)],
-                           refs, n_samples=300)
-    assert res["bad"]["bleu_p"] < 0.05 and res["bad"]["chrf_p"] < 0.05
-    assert res["bad"]["bleu"] < res["same"]["bleu"]
-    assert res["same"]["bleu_p"] == 1.0 and res["same"]["identical_to_baseline"]
-    assert res["near"]["bleu_p"] > 0.05 and not res["near"]["identical_to_baseline"]
-    assert "bs:300" in res["bad"]["signatures"]["bleu"]
+    runs = {name: {"hypotheses": hyps} for name, hyps in
+            (("good", good), ("bad", bad), ("same", list(good)), ("near", near))}
+    pairs = [(name, runs[name], runs["good"]) for name in ("bad", "same", "near")]
+    bleu, chrf = (compare(pairs, refs, 300, metric) for metric in ("bleu", "chrf"))
+    for name in ("bad", "near"):
+        theirs = _sacrebleu_paired(good, runs[name]["hypotheses"], refs, 300)
+        assert bleu["per_seed_p"][name] == pytest.approx(theirs["bleu_p"])
+        assert chrf["per_seed_p"][name] == pytest.approx(theirs["chrf_p"])
+    assert bleu["per_seed_p"]["bad"] < 0.05 and chrf["per_seed_p"]["bad"] < 0.05
+    assert bleu["per_seed_p"]["same"] == 1.0 and bleu["per_seed_delta"]["same"] == 0
+    assert bleu["per_seed_p"]["near"] > 0.05
+    assert bleu["delta_bleu"] == pytest.approx(sum(bleu["per_seed_delta"].values()) / 3)
 
 
 def test_mean_ci_against_hand_computation():
@@ -180,7 +197,7 @@ def test_parse_hypotheses_restores_corpus_order_and_detects_gaps():
 def test_seed_paired_bootstrap_is_sacrebleus_test_for_one_seed():
     refs, good, bad = _corpus(2)
     mine = seed_paired_bootstrap([(bad, good)], refs, n_samples=300)
-    theirs = paired_bootstrap(("base", good), [("bad", bad)], refs, n_samples=300)["bad"]
+    theirs = _sacrebleu_paired(good, bad, refs, 300)
     assert mine["p"] == pytest.approx(theirs["bleu_p"])
     assert mine["delta_bleu"] == pytest.approx(theirs["bleu"] - BLEU().corpus_score(
         good, [refs]).score)
