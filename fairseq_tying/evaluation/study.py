@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fairseq_tying.common.atomic import write_json, write_text
+from fairseq_tying.common.atomic import markers, replace_block, write_json
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation import study_records
@@ -39,7 +39,7 @@ from fairseq_tying.evaluation.plots import (
 )
 from fairseq_tying.evaluation.tables import markdown_table
 
-BEGIN, END = "<!-- study:begin -->", "<!-- study:end -->"
+BEGIN, END = markers("study")
 # Liu et al. (2020), Transformer on IWSLT'14 Es→En, shared input–output embeddings.
 PAPER_IWSLT14_ES_EN = {"dot": 34.24, "l2norm": 34.65, "sqnorm": 34.97, "distance": 34.54,
                        "cosine": 34.81}
@@ -196,17 +196,12 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
     written = [out / "bleu.png"]
     plot_bleu_grid(groups, written[0])
     written.append(out / "valid_nll.png")
-    plot_curves({f"tying: {t}": {la: _mean_curve(cells[(t, la)].values())
-                                 for la in LAYERS if (t, la) in cells}
-                 for t in TYINGS if any((t, la) in cells for la in LAYERS)},
-                written[-1], "updates", "validation NLL (base 2)",
-                "Validation NLL during training, mean over seeds")
+    plot_curves(_per_tying(cells, _mean_curve), written[-1], "updates",
+                "validation NLL (base 2)", "Validation NLL during training, mean over seeds")
     if all("valid_epochs" in r["train"] for runs in cells.values() for r in runs.values()):
         written.append(out / "valid_nll_epochs.png")
-        plot_bands({f"tying: {t}": {la: _epoch_band(cells[(t, la)].values())
-                                    for la in LAYERS if (t, la) in cells}
-                    for t in TYINGS if any((t, la) in cells for la in LAYERS)},
-                   written[-1], "epoch", "validation NLL (base 2)",
+        plot_bands(_per_tying(cells, _epoch_band), written[-1], "epoch",
+                   "validation NLL (base 2)",
                    "Validation NLL per epoch: mean over seeds, band from min to max")
     for t in TYINGS:
         runs = [(la, cells[(t, la)]) for la in LAYERS if (t, la) in cells]
@@ -219,6 +214,12 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
                                  title=f"Row norms of the output matrix, tying: {t}")
             written.append(path)
     return written
+
+
+def _per_tying(cells: Cells, curve: Callable[[Iterable[dict]], tuple]) -> dict[str, dict]:
+    """Plot panels: per tying mode, ``curve`` of each output layer's runs."""
+    return {f"tying: {t}": {la: curve(cells[(t, la)].values()) for la in LAYERS if (t, la) in cells}
+            for t in TYINGS if any((t, la) in cells for la in LAYERS)}
 
 
 def _mean_curve(records) -> tuple[list[float], list[float]]:
@@ -240,25 +241,6 @@ def _epoch_band(records) -> tuple[list[float], list[float], list[float], list[fl
     xs = sorted(points)
     return (xs, [float(np.mean(points[x])) for x in xs], [min(points[x]) for x in xs],
             [max(points[x]) for x in xs])
-
-
-def markers(block: str) -> tuple[str, str]:
-    """The report's markers around the generated tables of ``block``."""
-    return (BEGIN, END) if block == "study" else (f"<!-- {block}:begin -->",
-                                                  f"<!-- {block}:end -->")
-
-
-def insert_tables(report: Path, text: str, block: str = "study") -> None:
-    """Replace the marked block of ``report`` (appended when the markers are missing)."""
-    begin, end = markers(block)
-    block_text = f"{begin}\n{text.rstrip()}\n{end}"
-    old = report.read_text(encoding="utf-8") if report.exists() else "# Results\n"
-    if begin in old and end in old:
-        head, rest = old.split(begin, 1)
-        new = head + block_text + rest.split(end, 1)[1]
-    else:
-        new = old.rstrip() + "\n\n" + block_text + "\n"
-    write_text(report, new)
 
 
 def build(records_dir: str | os.PathLike, report: str | os.PathLike, plots_dir: str | os.PathLike,
@@ -288,6 +270,6 @@ def build(records_dir: str | os.PathLike, report: str | os.PathLike, plots_dir: 
     summary = summaries[archs[0]] if len(archs) == 1 else summaries
     write_json(plots_dir / "summary.json", summary, indent=1)
     text = "\n\n".join(texts)
-    insert_tables(Path(report), text, block)
+    replace_block(report, block, text, new_file="# Results\n")
     return {"exported": exported, "records": len(records), "markdown": text,
             "written": [str(report), str(plots_dir / "summary.json"), *map(str, pngs)]}
