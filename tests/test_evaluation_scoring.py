@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -16,6 +17,8 @@ from sacrebleu.significance import PairedTest
 
 from fairseq_tying.evaluation import metrics
 from fairseq_tying.evaluation.aggregate import compare
+from fairseq_tying.evaluation.cli import evaluate_options
+from fairseq_tying.evaluation.evaluate import evaluate_run
 from fairseq_tying.evaluation.generate import parse_hypotheses
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
 from fairseq_tying.evaluation.significance import seed_paired_bootstrap
@@ -220,3 +223,14 @@ def test_seed_paired_bootstrap_pools_seeds():
     assert same["p"] == 1.0 and same["delta_bleu"] == 0
     close = seed_paired_bootstrap([(near[0], good), (near[1], good2)], refs, n_samples=300)
     assert close["p"] > 0.05
+
+
+def test_sweep_evaluation_args_are_evaluate_run_keywords():
+    """A sweep's ``evaluation.args`` parse into ``evaluate_run``'s keyword arguments."""
+    opts = evaluate_options(["--average-last", "5", "--beam", "4", "--tag", "avg"])
+    assert (opts["average_last"], opts["beam"], opts["tag"], opts["subset"]) == (5, 4, "avg",
+                                                                                 "test")
+    params = inspect.signature(evaluate_run).parameters
+    assert set(opts) == {"data"} | {k for k, p in params.items() if p.kind == p.KEYWORD_ONLY}
+    with pytest.raises(ValueError, match="--tag"):
+        evaluate_options(["--tag", "Best"])
