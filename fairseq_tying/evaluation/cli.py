@@ -118,9 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "evaluate":
             from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
 
-            opts = vars(args)
-            result = evaluate_run(*(opts.pop(k) for k in ("run_dir", "data")),
-                                  **{k: v for k, v in opts.items() if k != "command"})
+            opts = {k: v for k, v in vars(args).items() if k != "command"}
+            run_dir, data = opts.pop("run_dir"), opts.pop("data")
+            result = evaluate_run(run_dir, data, **opts)
             print("\n".join(summary_lines(result)))
         elif args.command == "collect":
             from fairseq_tying.evaluation.collect import collect
