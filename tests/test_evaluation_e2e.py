@@ -224,7 +224,8 @@ def test_launcher_evaluates_in_process_with_the_sweep_flags(world, eval_b):
     result = json.loads(out.read_text())
     assert result["checkpoint"] == str(run / "checkpoints" / "checkpoint_last.pt")
     assert result["tag"] == "last" and (run / result["hypotheses"]).is_file()
-    with pytest.raises(RuntimeError, match="wrote no eval.json"):
-        job.evaluate(run, ["--subset", "valid", "--batch-size", "8"], cpu=True)
+    with pytest.raises(ValueError, match="--subset valid would write eval-valid.json, not "
+                       "the eval.json"):
+        job.evaluate(run, ["--subset", "valid"], cpu=True)
     with pytest.raises(ValueError, match="evaluation.args: unrecognized arguments: --bogus"):
         job.evaluate(run, ["--bogus"], cpu=True)

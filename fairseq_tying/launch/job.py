@@ -294,17 +294,20 @@ def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None) 
     sweep's evaluation flags ``args``; the data dir comes from RUN/run.json unless ``--data``
     is among them. Returns ``RUN/eval.json`` (``RUN/eval.TAG.json`` with a tag)."""
     from fairseq_tying.evaluation.cli import evaluate_options
-    from fairseq_tying.evaluation.evaluate import evaluate_run
+    from fairseq_tying.evaluation.evaluate import eval_json_name, evaluate_run
 
     opts = evaluate_options(args)
     opts["cpu"] = opts["cpu"] or cpu
     opts["user_dir"] = opts["user_dir"] or PLUGIN_DIR
     opts["tag"] = tag or opts["tag"]
     out = run_dir / (f"eval.{opts['tag']}.json" if opts["tag"] else EVAL_JSON)
+    if eval_json_name(opts["subset"], opts["tag"]) != out.name:
+        raise ValueError(f"evaluation.args: --subset {opts['subset']} would write "
+                         f"{eval_json_name(opts['subset'], opts['tag'])}, not the {out.name} "
+                         "that marks a run evaluated; leave --subset out of the sweep")
     evaluate_run(run_dir, opts.pop("data"), **opts)
     if not out.exists():
-        raise RuntimeError(f"evaluation of {run_dir} with {args} wrote no {out.name} (is "
-                           "--subset other than test among the sweep's evaluation.args?)")
+        raise RuntimeError(f"evaluation of {run_dir} with {args} wrote no {out.name}")
     return out
 
 
@@ -317,6 +320,7 @@ class CollectJob:
     def __call__(self) -> str:
         from fairseq_tying.evaluation.collect import collect
 
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
         collect(self.runs_root, self.out_dir)
         out = Path(self.out_dir) / "results.md"
         if not out.exists():
