@@ -41,8 +41,14 @@ import torch
 from fairseq.data import Dictionary
 from scipy.stats import spearmanr
 
-from fairseq_tying.common.atomic import atomic_write, write_json, write_text
-from fairseq_tying.evaluation import checkpoints
+from fairseq_tying.common import checkpoints
+from fairseq_tying.common.atomic import (
+    atomic_write,
+    markers,
+    replace_block,
+    write_json,
+    write_text,
+)
 
 ROLES = {  # state-dict key: (role, dictionary side)
     "encoder.embed_tokens.weight": ("encoder input", "source"),
@@ -52,7 +58,7 @@ ROLES = {  # state-dict key: (role, dictionary side)
 BENCHMARKS = {"SimLex-999": "simlex999.txt", "WordSim-353": "wordsim353.tsv"}
 # every word (mean of its pieces' rows), and only the pairs of words that are one piece each
 VARIANTS = {"": False, " whole-word": True}
-BEGIN, END = "<!-- analysis:begin -->", "<!-- analysis:end -->"
+BEGIN, END = markers("analysis")
 
 
 @dataclass
@@ -343,17 +349,6 @@ def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[st
     plt.close("all")
 
 
-def insert_table(report: Path, table: str) -> None:
-    """Replace the text between the report's analysis markers (appended when missing)."""
-    old = report.read_text(encoding="utf-8") if report.exists() else ""
-    block = f"{BEGIN}\n{table}{END}"
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    write_text(report, new)
-
-
 def _save(fig, path: Path) -> None:
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
@@ -380,7 +375,7 @@ def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str 
     write_text(out / "analysis.md", table)
     plot(reports, states, dicts, out)
     if report is not None:
-        insert_table(report, table)
+        replace_block(report, "analysis", table)
     return reports
 
 

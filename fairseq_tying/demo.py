@@ -18,10 +18,12 @@ import threading
 import time
 from pathlib import Path
 
-from fairseq_tying.common import PLUGIN_DIR
+from fairseq_tying.common import PLUGIN_DIR, RUN_JSON
 from fairseq_tying.common.atomic import write_json
 from fairseq_tying.common.reproducible import pinned_env
-from fairseq_tying.evaluation import cli as evaluation
+from fairseq_tying.evaluation.collect import collect
+from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
+from fairseq_tying.evaluation.norms import norms_report
 
 ARCH = "transformer_twwt"
 MODEL = ["--encoder-layers", "2", "--decoder-layers", "2",
@@ -68,7 +70,7 @@ def train_command(
         "seed": seed,
         "data_dir": str(data),
     }
-    write_json(run / "run.json", record)
+    write_json(run / RUN_JSON, record)
     return [
         _tool("fairseq-train"),
         str(data / "bin"),
@@ -158,21 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     for run in run_dirs.values():
         print(f"\n== evaluating {run.name} ==", flush=True)
-        if evaluation.main(["evaluate", str(run), "--data", str(data), "--cpu"]) != 0:
-            return 1
+        print("\n".join(summary_lines(evaluate_run(run, data, cpu=True))), flush=True)
     results = args.out / "results"
-    evaluation.main(["collect", str(runs), "--out", str(results)])
-    checkpoints = [str(run / "checkpoints" / "checkpoint_best.pt") for run in run_dirs.values()]
-    evaluation.main(
-        [
-            "norms",
-            *checkpoints,
-            "--labels",
-            *args.output_layers,
-            "--out",
-            str(results / "norms.png"),
-        ]
-    )
+    print(collect(runs, results)["markdown"], flush=True)
+    checkpoints = [run / "checkpoints" / "checkpoint_best.pt" for run in run_dirs.values()]
+    print(norms_report(checkpoints, results / "norms.png", args.output_layers), flush=True)
     print(
         f"\ndemo finished in {(time.time() - start) / 60:.1f} min; table, JSON and plots "
         f"in {results}/",

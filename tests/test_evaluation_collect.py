@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from fairseq_tying.evaluation import scoring
+from fairseq_tying.evaluation import metrics, study
 from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.collect import collect
+from fairseq_tying.evaluation.collect import collect, load_records
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -37,7 +37,7 @@ def _make_runs(root: Path) -> dict[str, list[float]]:
             run = root / "runs" / f"{method}-s{seed}"
             run.mkdir(parents=True)
             (run / "test.hyp.en").write_text("\n".join(hyps) + "\n")
-            s = scoring.score(hyps, refs, "es", "en")
+            s = metrics.score(hyps, refs, "es", "en")
             bleus.setdefault(method, []).append(s.bleu)
             (run / "eval.json").write_text(json.dumps({
                 "run": {"name": run.name, "method": method, "arch": "transformer_twwt",
@@ -107,3 +107,28 @@ def test_foreign_eval_json_is_an_error(tmp_path, capsys):
     assert main(["collect", str(tmp_path / "runs"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert str(run / "eval.json") in err and "evaluate" in err
+
+
+def test_collect_and_study_agree_on_the_same_runs(runs):
+    """The two views of one pipeline: collect's method rows equal the study's cells built from
+    the same runs (BLEU/chrF mean ± CI over seeds, paired Δ BLEU, pooled and per-seed p)."""
+    root, bleus = runs
+    res = collect(root / "runs", root / "out", n_samples=200)
+    methods = {m["method"]: m for m in res["results"]["groups"][0]["methods"]}
+    records = load_records(root / "runs")
+    refs = (root / "data" / "test.en").read_text().splitlines()
+    for r in records:  # the study's records also carry training facts, not compared here
+        r["train"] = {"valid": {"nll_loss": 0.0}, "params": 1}
+    cells = study.summarize(study.group(records), refs, 200)
+    dot, l2 = cells["three_way/dot"], cells["three_way/l2norm"]
+    for cell, method in ((dot, methods["dot"]), (l2, methods["l2norm"])):
+        assert cell["bleu"]["mean"] == method["bleu_mean"] == pytest.approx(
+            np.mean(bleus[method["method"]]))
+        assert cell["bleu"]["ci95"] == method["bleu_ci95"]
+        assert cell["chrf"]["mean"] == method["chrf_mean"]
+    vs = methods["l2norm"]["vs_baseline"]
+    assert l2["vs_dot"]["delta_bleu"] == vs["delta_bleu"] == methods["l2norm"]["delta_bleu"]
+    assert l2["vs_dot"]["p"] == vs["p"] and l2["vs_dot"]["delta_ci95"] == vs["delta_ci95"]
+    assert list(l2["vs_dot"]["per_seed_p"].values()) == methods["l2norm"]["bleu_p_values"]
+    # and the paired Δ is the mean of the per-seed BLEU differences, computed independently
+    assert vs["delta_bleu"] == pytest.approx(np.mean(bleus["l2norm"]) - np.mean(bleus["dot"]))

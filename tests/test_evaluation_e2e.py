@@ -22,6 +22,7 @@ from matplotlib import image as mpimg
 
 import fairseq_tying
 from fairseq_tying.evaluation.average import average_checkpoints
+from fairseq_tying.launch import job
 
 pytestmark = pytest.mark.slow
 
@@ -212,3 +213,19 @@ def test_bad_inputs_give_clear_errors(world, tmp_path):
     proc = _evaluate("evaluate", world["a"], "--data", world["data"], "--average-last", "99")
     assert proc.returncode == 2 and "--average-last 99" in proc.stderr
     assert not (world["a"] / "eval-test.json").exists()
+
+
+def test_launcher_evaluates_in_process_with_the_sweep_flags(world, eval_b):
+    """The evaluation job calls ``evaluate_run`` with the sweep's ``evaluation.args``."""
+    run = world["b"]
+    out = job.evaluate(run, ["--checkpoint", "checkpoint_last.pt", "--batch-size", "8"],
+                       cpu=True, tag="last")
+    assert out == run / "eval.last.json"
+    result = json.loads(out.read_text())
+    assert result["checkpoint"] == str(run / "checkpoints" / "checkpoint_last.pt")
+    assert result["tag"] == "last" and (run / result["hypotheses"]).is_file()
+    with pytest.raises(ValueError, match="--subset valid would write eval-valid.json, not "
+                       "the eval.json"):
+        job.evaluate(run, ["--subset", "valid"], cpu=True)
+    with pytest.raises(ValueError, match="evaluation.args: unrecognized arguments: --bogus"):
+        job.evaluate(run, ["--bogus"], cpu=True)

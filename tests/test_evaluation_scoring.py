@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -11,12 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
 
-from fairseq_tying.evaluation import scoring
+from fairseq_tying.evaluation import metrics
+from fairseq_tying.evaluation.aggregate import compare
+from fairseq_tying.evaluation.cli import evaluate_options
+from fairseq_tying.evaluation.evaluate import evaluate_run
 from fairseq_tying.evaluation.generate import parse_hypotheses
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
-from fairseq_tying.evaluation.significance import paired_bootstrap, seed_paired_bootstrap
+from fairseq_tying.evaluation.significance import seed_paired_bootstrap
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
@@ -55,7 +60,7 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 def test_detokenized_bleu_and_chrf_match_sacrebleu_cli(files):
     ref, hyp = files
     bleu, chrf = _cli(ref, hyp, "-m", "bleu", "chrf")
-    s = scoring.score(HYPS, REFS, "es", "en")
+    s = metrics.score(HYPS, REFS, "es", "en")
     assert 0 < s.bleu < 100 and 0 < s.chrf < 100
     assert s.bleu == pytest.approx(bleu["score"], abs=1e-5)
     assert s.chrf == pytest.approx(chrf["score"], abs=1e-5)
@@ -66,13 +71,13 @@ def test_detokenized_bleu_and_chrf_match_sacrebleu_cli(files):
 
 def test_tokenized_bleu_matches_cli_on_moses_tokenized_text(files, tmp_path):
     tok_ref, tok_hyp = tmp_path / "ref.tok", tmp_path / "hyp.tok"
-    tok_ref.write_text("\n".join(scoring.tokenize_for_bleu(REFS, "en", False)) + "\n")
-    tok_hyp.write_text("\n".join(scoring.tokenize_for_bleu(HYPS, "en", False)) + "\n")
+    tok_ref.write_text("\n".join(metrics.tokenize_for_bleu(REFS, "en", False)) + "\n")
+    tok_hyp.write_text("\n".join(metrics.tokenize_for_bleu(HYPS, "en", False)) + "\n")
     # Moses tokenization as multi-bleu.perl expects it: punctuation split, nothing escaped.
     expected = '" Hello , " she said , ( quietly ) and left at 10 : 30 .'
     assert tok_ref.read_text().splitlines()[2] == expected
     [cli] = _cli(tok_ref, tok_hyp, "-m", "bleu", "--tokenize", "none")
-    s = scoring.score(HYPS, REFS, "es", "en")
+    s = metrics.score(HYPS, REFS, "es", "en")
     assert s.tok_bleu == pytest.approx(cli["score"], abs=1e-5)
     assert s.tok_bleu != pytest.approx(s.bleu, abs=1e-3)  # tokenization really differs
     assert "tok:none" in s.tok_bleu_signature and not s.compound_split
@@ -80,7 +85,7 @@ def test_tokenized_bleu_matches_cli_on_moses_tokenized_text(files, tmp_path):
 
 def test_compound_splitting_equals_fairseq_perl_one_liner():
     lines = ["state-of-the-art e-mail x - y", "Hof-Test a-b-c"]
-    ours = [scoring.split_compounds(x) for x in lines]
+    ours = [metrics.split_compounds(x) for x in lines]
     assert ours[0] == ("state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art "
                        "e ##AT##-##AT## mail x - y")
     assert ours[1] == "Hof ##AT##-##AT## Test a ##AT##-##AT## b-c"
@@ -92,8 +97,8 @@ def test_compound_splitting_equals_fairseq_perl_one_liner():
 
 
 def test_compound_splitting_only_for_english_german():
-    de = scoring.score(HYPS, REFS, "en", "de")
-    en = scoring.score(HYPS, REFS, "de", "en")
+    de = metrics.score(HYPS, REFS, "en", "de")
+    en = metrics.score(HYPS, REFS, "de", "en")
     assert de.compound_split and not en.compound_split
     assert de.tok_bleu != pytest.approx(en.tok_bleu, abs=1e-6)
     assert "compound" in de.tok_bleu_signature
@@ -101,19 +106,19 @@ def test_compound_splitting_only_for_english_german():
 
 def test_moses_detokenizer_for_moses_tokenized_data():
     tok = ["Hello , world ! It 's a \" test \" ( really ) .", "Das ist 3,5 % mehr ."]
-    assert scoring.moses_detokenize(tok[:1], "en") == ["Hello, world! It's a \"test\" (really)."]
-    assert scoring.moses_detokenize(tok[1:], "de") == ["Das ist 3,5% mehr."]
+    assert metrics.moses_detokenize(tok[:1], "en") == ["Hello, world! It's a \"test\" (really)."]
+    assert metrics.moses_detokenize(tok[1:], "de") == ["Das ist 3,5% mehr."]
 
 
 def test_identical_output_scores_100():
-    s = scoring.score(REFS, REFS, "es", "en")
+    s = metrics.score(REFS, REFS, "es", "en")
     assert s.bleu == pytest.approx(100) and s.tok_bleu == pytest.approx(100)
     assert s.chrf == pytest.approx(100)
 
 
 def test_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="4 hypotheses but 5 references"):
-        scoring.score(HYPS[:4], REFS, "es", "en")
+        metrics.score(HYPS[:4], REFS, "es", "en")
 
 
 def _corpus(seed: int = 0):
@@ -128,17 +133,32 @@ def _corpus(seed: int = 0):
     return refs, corrupt(0.1), corrupt(0.4)
 
 
-def test_paired_bootstrap_better_and_identical_systems():
+def _sacrebleu_paired(base: list[str], system: list[str], refs: list[str], n: int) -> dict:
+    """sacrebleu's own paired bootstrap test (the reference implementation): p and score."""
+    test = PairedTest([("base", base), ("system", system)], {"BLEU": BLEU(), "chrF": CHRF()},
+                      [refs], test_type="bs", n_samples=n)
+    _, scores = test()
+    bleu, chrf = [k for k in scores if k != "System"]
+    return {"bleu": scores[bleu][1].score, "bleu_p": scores[bleu][1].p_value,
+            "chrf_p": scores[chrf][1].p_value}
+
+
+def test_compare_bleu_and_chrf_per_seed_are_sacrebleus_test():
     refs, good, bad = _corpus()
     near = list(good)
     near[3] = bad[3]
-    res = paired_bootstrap(("base", good), [("bad", bad), ("same", list(good)), ("near", near)],
-                           refs, n_samples=300)
-    assert res["bad"]["bleu_p"] < 0.05 and res["bad"]["chrf_p"] < 0.05
-    assert res["bad"]["bleu"] < res["same"]["bleu"]
-    assert res["same"]["bleu_p"] == 1.0 and res["same"]["identical_to_baseline"]
-    assert res["near"]["bleu_p"] > 0.05 and not res["near"]["identical_to_baseline"]
-    assert "bs:300" in res["bad"]["signatures"]["bleu"]
+    runs = {name: {"hypotheses": hyps} for name, hyps in
+            (("good", good), ("bad", bad), ("same", list(good)), ("near", near))}
+    pairs = [(name, runs[name], runs["good"]) for name in ("bad", "same", "near")]
+    bleu, chrf = (compare(pairs, refs, 300, metric) for metric in ("bleu", "chrf"))
+    for name in ("bad", "near"):
+        theirs = _sacrebleu_paired(good, runs[name]["hypotheses"], refs, 300)
+        assert bleu["per_seed_p"][name] == pytest.approx(theirs["bleu_p"])
+        assert chrf["per_seed_p"][name] == pytest.approx(theirs["chrf_p"])
+    assert bleu["per_seed_p"]["bad"] < 0.05 and chrf["per_seed_p"]["bad"] < 0.05
+    assert bleu["per_seed_p"]["same"] == 1.0 and bleu["per_seed_delta"]["same"] == 0
+    assert bleu["per_seed_p"]["near"] > 0.05
+    assert bleu["delta_bleu"] == pytest.approx(sum(bleu["per_seed_delta"].values()) / 3)
 
 
 def test_mean_ci_against_hand_computation():
@@ -180,7 +200,7 @@ def test_parse_hypotheses_restores_corpus_order_and_detects_gaps():
 def test_seed_paired_bootstrap_is_sacrebleus_test_for_one_seed():
     refs, good, bad = _corpus(2)
     mine = seed_paired_bootstrap([(bad, good)], refs, n_samples=300)
-    theirs = paired_bootstrap(("base", good), [("bad", bad)], refs, n_samples=300)["bad"]
+    theirs = _sacrebleu_paired(good, bad, refs, 300)
     assert mine["p"] == pytest.approx(theirs["bleu_p"])
     assert mine["delta_bleu"] == pytest.approx(theirs["bleu"] - BLEU().corpus_score(
         good, [refs]).score)
@@ -203,3 +223,14 @@ def test_seed_paired_bootstrap_pools_seeds():
     assert same["p"] == 1.0 and same["delta_bleu"] == 0
     close = seed_paired_bootstrap([(near[0], good), (near[1], good2)], refs, n_samples=300)
     assert close["p"] > 0.05
+
+
+def test_sweep_evaluation_args_are_evaluate_run_keywords():
+    """A sweep's ``evaluation.args`` parse into ``evaluate_run``'s keyword arguments."""
+    opts = evaluate_options(["--average-last", "5", "--beam", "4", "--tag", "avg"])
+    assert (opts["average_last"], opts["beam"], opts["tag"], opts["subset"]) == (5, 4, "avg",
+                                                                                 "test")
+    params = inspect.signature(evaluate_run).parameters
+    assert set(opts) == {"data"} | {k for k, p in params.items() if p.kind == p.KEYWORD_ONLY}
+    with pytest.raises(ValueError, match="--tag"):
+        evaluate_options(["--tag", "Best"])

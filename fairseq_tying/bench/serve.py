@@ -177,12 +177,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not opts.checkpoint.is_file():
         p.error(f"--checkpoint {opts.checkpoint} does not exist")
     if opts.data is None:
-        import torch
+        from fairseq_tying.common import checkpoints
 
-        import fairseq_tying  # noqa: F401  (allowlists fairseq checkpoints)
-
-        task = torch.load(opts.checkpoint, map_location="cpu", weights_only=True)["cfg"]["task"]
-        opts.data = Path(task["data"] if isinstance(task, dict) else task.data)
+        data = checkpoints.task_data(checkpoints.load(opts.checkpoint))
+        if data is None:
+            p.error(f"--checkpoint {opts.checkpoint} names no data folder: pass --data")
+        opts.data = Path(data)
     return opts
 
 

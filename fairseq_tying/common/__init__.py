@@ -1,7 +1,13 @@
-"""What the tools share: atomic file writes, pinned CPU kernels, Moses tokenization, and the
-plugin's location."""
+"""What the tools share: atomic file writes, pinned CPU kernels, Moses tokenization, the
+checkpoint reader, the plugin's location and the names of the files in a run folder."""
 
 from pathlib import Path
 
 # The folder to pass as fairseq's --user-dir.
 PLUGIN_DIR = str(Path(__file__).resolve().parents[1])
+
+# Files of a run folder that several tools read or write.
+RUN_JSON = "run.json"  # the launcher's settings of the run (name, method, seed, data_dir, ...)
+VALID_HISTORY = "valid_history.json"  # per-epoch validations under the plateau rule
+TRAIN_DONE = "train.done"  # written when training ends: the result and why it stopped
+EVAL_JSON = "eval.json"  # the evaluation of the test set; its presence marks the run evaluated

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import atomic_write
-from fairseq_tying.evaluation import checkpoints
 
 
 def average_states(paths: Sequence[str | os.PathLike]) -> dict:
@@ -69,16 +69,3 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     state = average_states(paths)
     return atomic_write(out, lambda tmp: torch.save(state, tmp))
 
-
-def main(argv: Sequence[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Average fairseq checkpoints' parameters")
-    parser.add_argument("inputs", nargs="+", help="checkpoint files")
-    parser.add_argument("--output", required=True)
-    args = parser.parse_args(argv)
-    print(average_checkpoints(args.inputs, args.output))
-
-
-if __name__ == "__main__":
-    main()

@@ -6,6 +6,7 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from fairseq_tying.common.atomic import read_lines
 from fairseq_tying.evaluation.presets import PRESET_CHOICES
@@ -18,25 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    ev = sub.add_parser("evaluate", help="generate with fairseq-generate and score one run")
-    ev.add_argument("run_dir", metavar="RUN_DIR", help="folder with the run's checkpoints")
-    ev.add_argument("--data", help="prepared data dir (raw/, bin/, prep.json); default: the "
-                    "data_dir in RUN_DIR/run.json")
-    ev.add_argument("--subset", default="test", help="subset to translate (default: test)")
-    ev.add_argument("--checkpoint", help="checkpoint file (default: checkpoint_best.pt, "
-                    "else checkpoint_last.pt)")
-    ev.add_argument("--average-last", type=int, metavar="N",
-                    help="evaluate the average of the last N epoch/update checkpoints")
-    ev.add_argument("--preset", default="auto", choices=PRESET_CHOICES,
-                    help="beam/lenpen preset; auto picks it from the checkpoint's arch")
-    ev.add_argument("--beam", type=int, help="override the preset's beam size")
-    ev.add_argument("--lenpen", type=float, help="override the preset's length penalty")
-    ev.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
-    ev.add_argument("--max-tokens", type=int, help="tokens per batch (instead of sentences)")
-    ev.add_argument("--cpu", action="store_true", help="generate on the CPU")
-    ev.add_argument("--user-dir", help="fairseq plugin dir (default: this package)")
-    ev.add_argument("--tag", type=_tag, help="name of this evaluation: writes eval.TAG.json "
-                    "and SUBSET.TAG.hyp.* beside the untagged ones (e.g. --tag best)")
+    add_evaluate_arguments(sub.add_parser("evaluate", help="generate with fairseq-generate and "
+                                          "score one run"))
 
     co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
     co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
@@ -71,6 +55,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``evaluate`` (also what a sweep's ``evaluation.args`` may hold)."""
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="folder with the run's checkpoints")
+    parser.add_argument("--data", help="prepared data dir (raw/, bin/, prep.json); default: the "
+                        "data_dir in RUN_DIR/run.json")
+    parser.add_argument("--subset", default="test", help="subset to translate (default: test)")
+    parser.add_argument("--checkpoint", help="checkpoint file (default: checkpoint_best.pt, "
+                        "else checkpoint_last.pt)")
+    parser.add_argument("--average-last", type=int, metavar="N",
+                        help="evaluate the average of the last N epoch/update checkpoints")
+    parser.add_argument("--preset", default="auto", choices=PRESET_CHOICES,
+                        help="beam/lenpen preset; auto picks it from the checkpoint's arch")
+    parser.add_argument("--beam", type=int, help="override the preset's beam size")
+    parser.add_argument("--lenpen", type=float, help="override the preset's length penalty")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--max-tokens", type=int, help="tokens per batch (instead of sentences)")
+    parser.add_argument("--cpu", action="store_true", help="generate on the CPU")
+    parser.add_argument("--user-dir", help="fairseq plugin dir (default: this package)")
+    parser.add_argument("--tag", type=_tag, help="name of this evaluation: writes eval.TAG.json "
+                        "and SUBSET.TAG.hyp.* beside the untagged ones (e.g. --tag best)")
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # a ValueError for the caller instead of sys.exit
+        raise ValueError(f"{self.prog}: {message}")
+
+
+def evaluate_options(args: Sequence[str]) -> dict[str, Any]:
+    """``evaluate_run``'s keyword arguments (and ``data``) from evaluate's flags without
+    RUN_DIR, e.g. a sweep's ``evaluation.args`` such as ``["--average-last", "5"]``."""
+    parser = _RaisingParser(prog="evaluation.args", add_help=False)
+    add_evaluate_arguments(parser)
+    opts = vars(parser.parse_args(["RUN_DIR", *args]))
+    del opts["run_dir"]
+    return opts
+
+
 def _tag(value: str) -> str:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", value):
         raise argparse.ArgumentTypeError(f"{value!r}: use lower-case letters, digits and _")
@@ -97,12 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "evaluate":
             from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
 
-            result = evaluate_run(
-                args.run_dir, args.data, subset=args.subset, checkpoint=args.checkpoint,
-                average_last=args.average_last, preset=args.preset, beam=args.beam,
-                lenpen=args.lenpen, batch_size=args.batch_size, max_tokens=args.max_tokens,
-                cpu=args.cpu, user_dir=args.user_dir, tag=args.tag,
-            )
+            opts = {k: v for k, v in vars(args).items() if k != "command"}
+            run_dir, data = opts.pop("run_dir"), opts.pop("data")
+            result = evaluate_run(run_dir, data, **opts)
             print("\n".join(summary_lines(result)))
         elif args.command == "collect":
             from fairseq_tying.evaluation.collect import collect

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import read_lines, write_json, write_lines, write_text
-from fairseq_tying.evaluation import average, checkpoints, scoring
+from fairseq_tying.evaluation import average, metrics
 from fairseq_tying.evaluation.generate import generate
 from fairseq_tying.evaluation.presets import resolve_preset
 from fairseq_tying.evaluation.records import read_run_json, record_for_run
@@ -106,6 +107,40 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def decoding(state: dict[str, Any], preset: str, beam: int | None, lenpen: float | None
+             ) -> tuple[str, int, float]:
+    """(preset name, beam, lenpen): the preset for the checkpoint's arch unless given;
+    ``custom`` when ``beam``/``lenpen`` override it."""
+    chosen = resolve_preset(preset, checkpoints.arch_of(state))
+    beam = beam if beam is not None else chosen.beam
+    lenpen = lenpen if lenpen is not None else chosen.lenpen
+    name = chosen.name if (beam, lenpen) == (chosen.beam, chosen.lenpen) else "custom"
+    return name, beam, lenpen
+
+
+def translate(data_dir: DataDir, ckpt: Path, subset: str, beam: int, lenpen: float,
+              expected: int, **generate_opts: Any) -> tuple[list[str], str, list[str]]:
+    """Detokenized hypotheses of ``subset`` (in corpus order), fairseq-generate's output and
+    its command."""
+    hyps, raw, cmd = generate(
+        dict(bin_dir=data_dir.bin, checkpoint=ckpt, src=data_dir.src, tgt=data_dir.tgt,
+             subset=subset, beam=beam, lenpen=lenpen, post_process=data_dir.prep["post_process"],
+             **generate_opts),
+        expected=expected,
+    )
+    if data_dir.prep.get("detokenizer") == "moses":
+        hyps = metrics.moses_detokenize(hyps, data_dir.tgt)
+    return hyps, raw, cmd
+
+
+def write_outputs(run_dir: Path, stem: str, tgt: str, hyps: list[str], raw: str) -> str:
+    """``generate-STEM.txt`` and ``STEM.hyp.TGT``; returns the latter's name."""
+    hyp_name = f"{stem}.hyp.{tgt}"
+    write_text(run_dir / f"generate-{stem}.txt", raw)
+    write_lines(run_dir / hyp_name, hyps)
+    return hyp_name
+
+
 def evaluate_run(
     run_dir: str | os.PathLike,
     data: str | os.PathLike | None,
@@ -122,6 +157,8 @@ def evaluate_run(
     user_dir: str | None = None,
     tag: str | None = None,
 ) -> dict[str, Any]:
+    """Translate ``subset`` with the run's checkpoint, score it, write ``eval[-SUBSET][.TAG].json``
+    and the hypotheses into the run folder; returns what the JSON holds."""
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
         raise FileNotFoundError(f"RUN_DIR {run_dir} is not a directory")
@@ -133,48 +170,22 @@ def evaluate_run(
 
     ckpt, averaged = pick_checkpoint(run_dir, checkpoint, average_last)
     state = checkpoints.load(ckpt)
-    arch = checkpoints.arch_of(state)
-    chosen = resolve_preset(preset, arch)
-    beam = beam if beam is not None else chosen.beam
-    lenpen = lenpen if lenpen is not None else chosen.lenpen
+    preset_name, beam, lenpen = decoding(state, preset, beam, lenpen)
     record = record_for_run(run_dir, state)
     del state
-
-    hyps, raw, cmd = generate(
-        dict(
-            bin_dir=data_dir.bin, checkpoint=ckpt, src=data_dir.src, tgt=data_dir.tgt,
-            subset=subset, beam=beam, lenpen=lenpen, post_process=data_dir.prep["post_process"],
-            batch_size=batch_size, max_tokens=max_tokens, cpu=cpu, user_dir=user_dir,
-        ),
-        expected=len(refs),
-    )
-    if data_dir.prep.get("detokenizer") == "moses":
-        hyps = scoring.moses_detokenize(hyps, data_dir.tgt)
-    scores = scoring.score(hyps, refs, data_dir.src, data_dir.tgt)
-
-    stem = f"{subset}.{tag}" if tag else subset
-    hyp_name = f"{stem}.hyp.{data_dir.tgt}"
-    write_text(run_dir / f"generate-{stem}.txt", raw)
-    write_lines(run_dir / hyp_name, hyps)
+    hyps, raw, cmd = translate(data_dir, ckpt, subset, beam, lenpen, len(refs),
+                               batch_size=batch_size, max_tokens=max_tokens, cpu=cpu,
+                               user_dir=user_dir)
+    scores = metrics.score(hyps, refs, data_dir.src, data_dir.tgt)
+    hyp_name = write_outputs(run_dir, f"{subset}.{tag}" if tag else subset, data_dir.tgt, hyps,
+                             raw)
     result = {
-        "run": record.as_dict(),
-        "run_dir": str(run_dir),
-        "checkpoint": str(ckpt),
-        "averaged": averaged,
-        "data": str(data_dir.root),
-        "corpus": data_dir.prep.get("corpus"),
-        "src": data_dir.src,
-        "tgt": data_dir.tgt,
-        "subset": subset,
-        "tag": tag,
-        "preset": chosen.name if (beam, lenpen) == (chosen.beam, chosen.lenpen) else "custom",
-        "beam": beam,
-        "lenpen": lenpen,
-        "hypotheses": hyp_name,
-        "references": str(ref_path),
-        "references_sha256": sha256(ref_path),
-        "generate_command": cmd,
-        **scores.as_dict(),
+        "run": record.as_dict(), "run_dir": str(run_dir), "checkpoint": str(ckpt),
+        "averaged": averaged, "data": str(data_dir.root), "corpus": data_dir.prep.get("corpus"),
+        "src": data_dir.src, "tgt": data_dir.tgt, "subset": subset, "tag": tag,
+        "preset": preset_name, "beam": beam, "lenpen": lenpen, "hypotheses": hyp_name,
+        "references": str(ref_path), "references_sha256": sha256(ref_path),
+        "generate_command": cmd, **scores.as_dict(),
     }
     write_json(run_dir / eval_json_name(subset, tag), result)
     return result

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fairseq_tying.evaluation import checkpoints
+from fairseq_tying.common import checkpoints
 from fairseq_tying.evaluation.plots import plot_norm_histograms
 from fairseq_tying.evaluation.tables import markdown_table
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # before the import: matplotlib logs its set-up at DEBUG, which fairseq's root logger shows
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
@@ -78,14 +79,18 @@ def plot_norm_histograms(
     _save(fig, out)
 
 
-def plot_curves(panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
-                out: str | os.PathLike, xlabel: str, ylabel: str, title: str) -> None:
-    """One panel per key, one line per label: ``panels[panel][label] = (x, y)``."""
+def _panels(panels: dict[str, dict[str, tuple]], out: str | os.PathLike, xlabel: str,
+            ylabel: str, title: str, draw: Callable[[Any, int, str, tuple], None],
+            integer_x: bool = False) -> None:
+    """One panel per key of ``panels``, sharing the y axis; ``draw(ax, k, label, data)`` draws
+    the k-th line of a panel."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False,
                              sharey=True)
     for ax, (name, lines) in zip(axes[0], panels.items(), strict=True):
-        for label, (x, y) in lines.items():
-            ax.plot(x, y, marker="o", markersize=3, label=label)
+        for k, (label, data) in enumerate(lines.items()):
+            draw(ax, k, label, data)
+        if integer_x:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(name)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
@@ -93,25 +98,28 @@ def plot_curves(panels: dict[str, dict[str, tuple[Sequence[float], Sequence[floa
     axes[0][-1].legend()
     fig.suptitle(title)
     _save(fig, out)
+
+
+def plot_curves(panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+                out: str | os.PathLike, xlabel: str, ylabel: str, title: str) -> None:
+    """One panel per key, one line per label: ``panels[panel][label] = (x, y)``."""
+
+    def draw(ax, _k: int, label: str, data: tuple) -> None:
+        ax.plot(*data, marker="o", markersize=3, label=label)
+
+    _panels(panels, out, xlabel, ylabel, title, draw)
 
 
 def plot_bands(panels: dict[str, dict[str, tuple[Sequence[float], ...]]],
                out: str | os.PathLike, xlabel: str, ylabel: str, title: str) -> None:
     """Like :func:`plot_curves` with a shaded band: ``panels[panel][label] = (x, y, lo, hi)``."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False,
-                             sharey=True)
-    for ax, (name, lines) in zip(axes[0], panels.items(), strict=True):
-        for k, (label, (x, y, lo, hi)) in enumerate(lines.items()):
-            ax.plot(x, y, marker="o", markersize=2, color=f"C{k}", label=label)
-            ax.fill_between(x, lo, hi, color=f"C{k}", alpha=0.2, linewidth=0)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(name)
-        ax.set_xlabel(xlabel)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend()
-    fig.suptitle(title)
-    _save(fig, out)
+
+    def draw(ax, k: int, label: str, data: tuple) -> None:
+        x, y, lo, hi = data
+        ax.plot(x, y, marker="o", markersize=2, color=f"C{k}", label=label)
+        ax.fill_between(x, lo, hi, color=f"C{k}", alpha=0.2, linewidth=0)
+
+    _panels(panels, out, xlabel, ylabel, title, draw, integer_x=True)
 
 
 def plot_bleu_grid(series: dict[str, list[MethodPoints]], out: str | os.PathLike) -> None:

@@ -8,9 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.evaluation import checkpoints
-
-RUN_JSON = "run.json"
+from fairseq_tying.common import RUN_JSON, checkpoints
 
 
 @dataclass
@@ -28,17 +26,6 @@ class RunRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
         return cls(**{f.name: data.get(f.name) for f in fields(cls)})
-
-
-def _tying_from_config(state: dict) -> str:
-    tying = checkpoints.config_value(state, "tying")
-    if tying:
-        return str(tying)
-    if checkpoints.config_value(state, "share_all_embeddings"):
-        return "three_way"
-    if checkpoints.config_value(state, "share_decoder_input_output_embed"):
-        return "decoder"
-    return "none"
 
 
 def method_label(arch: str, tying: str, output_layer: str) -> str:
@@ -70,7 +57,7 @@ def record_for_run(run_dir: str | os.PathLike, state: dict | None) -> RunRecord:
     seed = None
     if state is not None:
         arch = checkpoints.arch_of(state) or "?"
-        tying = _tying_from_config(state)
+        tying = checkpoints.tying_of(state)
         output_layer = str(checkpoints.config_value(state, "output_layer") or "dot")
         seed = checkpoints.config_value(state, "seed", section="common")
     meta = read_run_json(run_dir)

@@ -13,28 +13,33 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fairseq_tying.common.atomic import write_json, write_text
+from fairseq_tying.common.atomic import markers, replace_block, write_json
+from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
+from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation import study_records
+from fairseq_tying.evaluation.aggregate import (
+    compare_seeds,
+    format_delta,
+    format_stat,
+    points,
+    stat,
+    stats_of,
+)
 from fairseq_tying.evaluation.plots import (
-    MethodPoints,
     plot_bands,
     plot_bleu_grid,
     plot_curves,
     plot_norm_histograms,
 )
-from fairseq_tying.evaluation.significance import bleu_stats, stats_paired_bootstrap
-from fairseq_tying.evaluation.stats import format_ci, mean_ci
 from fairseq_tying.evaluation.tables import markdown_table
 
-TYINGS = ("none", "decoder", "three_way")
-LAYERS = ("dot", "l2norm", "sqnorm", "distance", "cosine")
-BEGIN, END = "<!-- study:begin -->", "<!-- study:end -->"
+BEGIN, END = markers("study")
 # Liu et al. (2020), Transformer on IWSLT'14 Es→En, shared input–output embeddings.
 PAPER_IWSLT14_ES_EN = {"dot": 34.24, "l2norm": 34.65, "sqnorm": 34.97, "distance": 34.54,
                        "cosine": 34.81}
@@ -64,72 +69,38 @@ def check_references(records: Sequence[dict[str, Any]], refs: Sequence[str]) -> 
                              f"{len(refs)} references")
 
 
+CELL_VALUES = {"bleu": lambda r: r["eval"]["bleu"], "chrf": lambda r: r["eval"]["chrf"],
+               "valid_nll": lambda r: r["train"]["valid"]["nll_loss"]}
+
+
 def summarize(cells: Cells, refs: Sequence[str], n_samples: int) -> dict[str, Any]:
-    """Per cell: BLEU/chrF/valid NLL mean ± 95% CI, and the paired comparisons (``compare``)
-    against ``dot`` with the same tying and against the untied model with the same layer."""
+    """Per cell: BLEU/chrF/valid NLL mean ± 95% CI, and the paired comparisons
+    (``aggregate.compare``) against ``dot`` with the same tying and against the untied model
+    with the same layer."""
     out: dict[str, Any] = {}
     for (tying, layer), runs in sorted(cells.items()):
         seeds = sorted(runs)
-        cell: dict[str, Any] = {"tying": tying, "output_layer": layer, "seeds": seeds}
-        for name, get in (("bleu", lambda r: r["eval"]["bleu"]),
-                          ("chrf", lambda r: r["eval"]["chrf"]),
-                          ("valid_nll", lambda r: r["train"]["valid"]["nll_loss"])):
-            values = [get(runs[s]) for s in seeds]
-            mean, half = mean_ci(values)
-            cell[name] = {"values": values, "mean": mean, "ci95": None if np.isnan(half) else half}
-        cell["params"] = sorted({runs[s]["train"]["params"] for s in seeds})
-        if all("stop" in runs[s]["train"] for s in seeds):  # trained to a plateau
-            cell["stop"] = {"epochs": [runs[s]["train"]["stop"]["epoch"] for s in seeds],
-                            "reasons": [runs[s]["train"]["stop"]["reason"] for s in seeds]}
-        if all("eval_best" in runs[s] for s in seeds):
-            values = [runs[s]["eval_best"]["bleu"] for s in seeds]
-            mean, half = mean_ci(values)
-            cell["bleu_best"] = {"values": values, "mean": mean,
-                                 "ci95": None if np.isnan(half) else half}
-        if layer != "dot" and (test := compare(runs, cells.get((tying, "dot")), refs, n_samples)):
+        records = [runs[s] for s in seeds]
+        cell: dict[str, Any] = {"tying": tying, "output_layer": layer, "seeds": seeds,
+                                **stats_of(records, CELL_VALUES)}
+        cell["params"] = sorted({r["train"]["params"] for r in records})
+        if all("stop" in r["train"] for r in records):  # trained to a plateau
+            cell["stop"] = {"epochs": [r["train"]["stop"]["epoch"] for r in records],
+                            "reasons": [r["train"]["stop"]["reason"] for r in records]}
+        if all("eval_best" in r for r in records):
+            cell["bleu_best"] = stat([r["eval_best"]["bleu"] for r in records])
+        if layer != "dot" and (test := compare_seeds(runs, cells.get((tying, "dot")), refs,
+                                                     n_samples)):
             cell["vs_dot"] = test
-        if tying != "none" and (test := compare(runs, cells.get(("none", layer)), refs,
-                                                n_samples)):
+        if tying != "none" and (test := compare_seeds(runs, cells.get(("none", layer)), refs,
+                                                      n_samples)):
             cell["vs_untied"] = test
         out[f"{tying}/{layer}"] = cell
     return out
 
 
-def compare(runs: dict[int, dict], base: dict[int, dict] | None, refs: Sequence[str],
-            n_samples: int) -> dict[str, Any] | None:
-    """Paired bootstrap of ``runs`` against ``base`` over their common seeds, pooled and
-    per seed; None when they share no seed."""
-    shared = sorted(set(runs) & set(base or {}))
-    if not shared:
-        return None
-    pairs = [(_stats(runs[s], refs), _stats(base[s], refs)) for s in shared]
-    test = stats_paired_bootstrap(pairs, n_samples)
-    singles = {s: stats_paired_bootstrap([p], n_samples) for s, p in zip(shared, pairs,
-                                                                         strict=True)}
-    test["per_seed_p"] = {s: t["p"] for s, t in singles.items()}
-    test["per_seed_delta"] = {s: t["delta_bleu"] for s, t in singles.items()}
-    half = mean_ci(list(test["per_seed_delta"].values()))[1]
-    test["delta_ci95"] = None if np.isnan(half) else half  # over seeds: training variance
-    return test
-
-
-def _stats(record: dict[str, Any], refs: Sequence[str]) -> np.ndarray:
-    """BLEU statistics of a record's hypotheses, computed once per record."""
-    if "_bleu_stats" not in record:
-        record["_bleu_stats"] = bleu_stats(record["hypotheses"], refs)
-    return record["_bleu_stats"]
-
-
 def _cell(summary: dict[str, Any], tying: str, layer: str) -> dict[str, Any] | None:
     return summary.get(f"{tying}/{layer}")
-
-
-def _ci(stat: dict[str, Any], digits: int = 2) -> str:
-    return format_ci(stat["mean"], np.nan if stat["ci95"] is None else stat["ci95"], digits)
-
-
-def _p(p: float) -> str:
-    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
 def _delta(cell: dict[str, Any], key: str, is_baseline: bool, per_seed: bool = True) -> str:
@@ -137,12 +108,7 @@ def _delta(cell: dict[str, Any], key: str, is_baseline: bool, per_seed: bool = T
         return "baseline"
     if key not in cell:
         return "no baseline run"
-    v = cell[key]
-    ci = "" if v["delta_ci95"] is None else f" ± {v['delta_ci95']:.2f}"
-    if not per_seed:
-        return f"{v['delta_bleu']:+.2f}{ci} ({_p(v['p'])})"
-    per = ", ".join("<0.001" if p < 0.001 else f"{p:.3f}" for p in v["per_seed_p"].values())
-    return f"{v['delta_bleu']:+.2f}{ci} ({_p(v['p'])}; [{per}])"
+    return format_delta(cell[key], per_seed)
 
 
 def tables(summary: dict[str, Any]) -> str:
@@ -156,7 +122,7 @@ def tables(summary: dict[str, Any]) -> str:
 
     parts = [f"Seeds: {', '.join(map(str, seeds))}. Mean ± 95 % CI (Student t over seeds).\n",
              "**BLEU** (sacrebleu, detokenized, test set)\n",
-             grid(lambda c: f"{_ci(c['bleu'])} (n={len(c['seeds'])})"),
+             grid(lambda c: f"{format_stat(c['bleu'])} (n={len(c['seeds'])})"),
              "\n**Δ BLEU against `dot` with the same tying**: mean over seeds of the paired "
              "difference ± its 95 % CI over seeds (training variance); p of the paired bootstrap "
              "over test sentences, pooled over the seeds (test-set variance); per-seed p in "
@@ -166,15 +132,15 @@ def tables(summary: dict[str, Any]) -> str:
               "\n**Δ BLEU of tying against the untied model with the same output layer** "
               "(p as above)\n",
               grid(lambda c: _delta(c, "vs_untied", c["tying"] == "none")),
-              "\n**chrF**\n", grid(lambda c: _ci(c["chrf"])),
+              "\n**chrF**\n", grid(lambda c: format_stat(c["chrf"])),
               "\n**Validation NLL** (base 2, per token, last validation)\n",
-              grid(lambda c: _ci(c["valid_nll"], 3))]
+              grid(lambda c: format_stat(c["valid_nll"], 3))]
     if all("stop" in c for c in summary.values()):
         parts += ["\n**Epochs trained** (mean over seeds; stop reasons)\n",
                   grid(_epochs),
                   "\n**BLEU of the best single checkpoint** (lowest validation NLL), beside the "
                   "average of the last epochs above\n",
-                  grid(lambda c: _ci(c["bleu_best"]) if "bleu_best" in c else "–")]
+                  grid(lambda c: format_stat(c["bleu_best"]) if "bleu_best" in c else "–")]
     parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
     parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: three-way "
               "tying on the Bible, mean over seeds)\n", paper_table(summary)]
@@ -208,7 +174,7 @@ def paper_table(summary: dict[str, Any]) -> str:
     for la in LAYERS:
         c = _cell(summary, "three_way", la)
         paper = PAPER_IWSLT14_ES_EN[la]
-        ours = _ci(c["bleu"]) if c else "–"
+        ours = format_stat(c["bleu"]) if c else "–"
         if la == "dot":
             ours_delta = "baseline"
         elif c and "vs_dot" in c:
@@ -223,26 +189,19 @@ def paper_table(summary: dict[str, Any]) -> str:
 def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
     groups = {}
     for t in TYINGS:
-        points = [MethodPoints(la, c["bleu"]["values"], c["bleu"]["mean"],
-                               np.nan if c["bleu"]["ci95"] is None else c["bleu"]["ci95"],
-                               baseline=la == "dot")
-                  for la in LAYERS if (c := _cell(summary, t, la))]
-        if points:
-            groups[t] = points
+        marks = [points(la, c["bleu"], baseline=la == "dot")
+                 for la in LAYERS if (c := _cell(summary, t, la))]
+        if marks:
+            groups[t] = marks
     written = [out / "bleu.png"]
     plot_bleu_grid(groups, written[0])
     written.append(out / "valid_nll.png")
-    plot_curves({f"tying: {t}": {la: _mean_curve(cells[(t, la)].values())
-                                 for la in LAYERS if (t, la) in cells}
-                 for t in TYINGS if any((t, la) in cells for la in LAYERS)},
-                written[-1], "updates", "validation NLL (base 2)",
-                "Validation NLL during training, mean over seeds")
+    plot_curves(_per_tying(cells, _mean_curve), written[-1], "updates",
+                "validation NLL (base 2)", "Validation NLL during training, mean over seeds")
     if all("valid_epochs" in r["train"] for runs in cells.values() for r in runs.values()):
         written.append(out / "valid_nll_epochs.png")
-        plot_bands({f"tying: {t}": {la: _epoch_band(cells[(t, la)].values())
-                                    for la in LAYERS if (t, la) in cells}
-                    for t in TYINGS if any((t, la) in cells for la in LAYERS)},
-                   written[-1], "epoch", "validation NLL (base 2)",
+        plot_bands(_per_tying(cells, _epoch_band), written[-1], "epoch",
+                   "validation NLL (base 2)",
                    "Validation NLL per epoch: mean over seeds, band from min to max")
     for t in TYINGS:
         runs = [(la, cells[(t, la)]) for la in LAYERS if (t, la) in cells]
@@ -255,6 +214,12 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
                                  title=f"Row norms of the output matrix, tying: {t}")
             written.append(path)
     return written
+
+
+def _per_tying(cells: Cells, curve: Callable[[Iterable[dict]], tuple]) -> dict[str, dict]:
+    """Plot panels: per tying mode, ``curve`` of each output layer's runs."""
+    return {f"tying: {t}": {la: curve(cells[(t, la)].values()) for la in LAYERS if (t, la) in cells}
+            for t in TYINGS if any((t, la) in cells for la in LAYERS)}
 
 
 def _mean_curve(records) -> tuple[list[float], list[float]]:
@@ -276,25 +241,6 @@ def _epoch_band(records) -> tuple[list[float], list[float], list[float], list[fl
     xs = sorted(points)
     return (xs, [float(np.mean(points[x])) for x in xs], [min(points[x]) for x in xs],
             [max(points[x]) for x in xs])
-
-
-def markers(block: str) -> tuple[str, str]:
-    """The report's markers around the generated tables of ``block``."""
-    return (BEGIN, END) if block == "study" else (f"<!-- {block}:begin -->",
-                                                  f"<!-- {block}:end -->")
-
-
-def insert_tables(report: Path, text: str, block: str = "study") -> None:
-    """Replace the marked block of ``report`` (appended when the markers are missing)."""
-    begin, end = markers(block)
-    block_text = f"{begin}\n{text.rstrip()}\n{end}"
-    old = report.read_text(encoding="utf-8") if report.exists() else "# Results\n"
-    if begin in old and end in old:
-        head, rest = old.split(begin, 1)
-        new = head + block_text + rest.split(end, 1)[1]
-    else:
-        new = old.rstrip() + "\n\n" + block_text + "\n"
-    write_text(report, new)
 
 
 def build(records_dir: str | os.PathLike, report: str | os.PathLike, plots_dir: str | os.PathLike,
@@ -324,6 +270,6 @@ def build(records_dir: str | os.PathLike, report: str | os.PathLike, plots_dir: 
     summary = summaries[archs[0]] if len(archs) == 1 else summaries
     write_json(plots_dir / "summary.json", summary, indent=1)
     text = "\n\n".join(texts)
-    insert_tables(Path(report), text, block)
+    replace_block(report, block, text, new_file="# Results\n")
     return {"exported": exported, "records": len(records), "markdown": text,
             "written": [str(report), str(plots_dir / "summary.json"), *map(str, pngs)]}

@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from fairseq_tying.common import EVAL_JSON, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, write_json
 from fairseq_tying.evaluation import norms
 from fairseq_tying.evaluation.records import read_run_json
-from fairseq_tying.launch import plateau
 
 EVAL_KEYS = ("bleu", "bleu_signature", "bleu_verbose", "chrf", "chrf_signature", "tok_bleu",
              "tok_bleu_signature", "preset", "beam", "lenpen", "subset", "n_sentences",
@@ -54,11 +54,11 @@ def training_summary(log: Path) -> dict[str, Any]:
 def plateau_summary(run_dir: Path) -> dict[str, Any]:
     """Under the plateau rule: ``stop`` (epoch, update, reason) from ``train.done`` and the
     per-epoch validations ``valid_epochs`` ([epoch, update, value] of the watched metric)."""
-    done = run_dir / "train.done"
+    done = run_dir / TRAIN_DONE
     stop = json.loads(done.read_text()).get("stop") if done.is_file() else None
     if stop is None:
         return {}
-    history = json.loads((run_dir / plateau.HISTORY).read_text())
+    history = json.loads((run_dir / VALID_HISTORY).read_text())
     return {"stop": stop, "valid_metric": history["metric"],
             "valid_epochs": [[h["epoch"], h["update"], h["value"]] for h in history["epochs"]]}
 
@@ -66,7 +66,7 @@ def plateau_summary(run_dir: Path) -> dict[str, Any]:
 def build_record(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
     """The record of one evaluated run and its hypotheses."""
     meta = read_run_json(run_dir)
-    with open(run_dir / "eval.json", encoding="utf-8") as f:
+    with open(run_dir / EVAL_JSON, encoding="utf-8") as f:
         result = json.load(f)
     logs = sorted((run_dir / "logs").glob("train.rank0*.log"))
     if not logs:
@@ -96,7 +96,7 @@ def export(runs_root: str | os.PathLike, records_dir: str | os.PathLike) -> list
     records = Path(records_dir)
     records.mkdir(parents=True, exist_ok=True)
     written = []
-    for ev in sorted(Path(runs_root).glob("*/eval.json")):
+    for ev in sorted(Path(runs_root).glob(f"*/{EVAL_JSON}")):
         run_dir = ev.parent
         if (records / f"{run_dir.name}.json").exists():
             continue

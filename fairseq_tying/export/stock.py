@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import atomic_write
 from fairseq_tying.core import scoring
 
@@ -47,9 +48,7 @@ class ExportError(ValueError):
 
 
 def _model_args(state: dict) -> Namespace:
-    cfg = state.get("cfg") or {}
-    args = cfg.get("model") if isinstance(cfg, dict) else None
-    args = args if args is not None else state.get("args")
+    args = checkpoints.model_args(state)
     if not isinstance(args, Namespace):
         raise ExportError("the checkpoint has no model configuration (cfg['model']); is it a "
                           "fairseq checkpoint written by fairseq-train?")
@@ -184,7 +183,7 @@ def export(ckpt: Path, out: Path, config_format: str = "dict") -> dict:
 
     if not ckpt.is_file():
         raise ExportError(f"checkpoint {ckpt} does not exist")
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    state = checkpoints.load(ckpt)
     args = _model_args(state)
     arch = stock_arch(args)
     if arch == "lightconv" and config_format == "dict":

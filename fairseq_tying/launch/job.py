@@ -24,12 +24,11 @@ from typing import Any
 
 import submitit
 
-from fairseq_tying.common import atomic
-from fairseq_tying.launch import evaluate as eval_adapter
+from fairseq_tying.common import EVAL_JSON, PLUGIN_DIR, TRAIN_DONE, atomic
 from fairseq_tying.launch import plateau
 
 logger = logging.getLogger("fairseq_tying.launch")
-DONE = "train.done"  # marker of a finished training run
+DONE = TRAIN_DONE  # marker of a finished training run
 
 
 class Preempted(Exception):
@@ -234,7 +233,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         last = run_dir / "checkpoints" / "checkpoint_last.pt"
         state = None
         if last.is_file():
-            from fairseq_tying.evaluation import checkpoints
+            from fairseq_tying.common import checkpoints
 
             state = checkpoints.load(last)
         _Stopping.history = plateau.resume_history(run_dir, state)
@@ -283,8 +282,30 @@ class EvalJob:
         run_dir, cpu = Path(self.run["run_dir"]), not self.run["gpu"]
         for tag, args in self.also.items():
             if not (run_dir / f"eval.{tag}.json").exists():
-                eval_adapter.evaluate_run(run_dir, [*args, "--tag", tag], cpu=cpu, tag=tag)
-        return str(eval_adapter.evaluate_run(run_dir, self.extra_args, cpu=cpu))
+                evaluate(run_dir, args, cpu=cpu, tag=tag)
+        return str(evaluate(run_dir, self.extra_args, cpu=cpu))
+
+
+def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None) -> Path:
+    """Evaluate ``run_dir`` in this process (fairseq-generate runs as a child process) with the
+    sweep's evaluation flags ``args``; the data dir comes from RUN/run.json unless ``--data``
+    is among them. Returns ``RUN/eval.json`` (``RUN/eval.TAG.json`` with a tag)."""
+    from fairseq_tying.evaluation.cli import evaluate_options
+    from fairseq_tying.evaluation.evaluate import eval_json_name, evaluate_run
+
+    opts = evaluate_options(args)
+    opts["cpu"] = opts["cpu"] or cpu
+    opts["user_dir"] = opts["user_dir"] or PLUGIN_DIR
+    opts["tag"] = tag or opts["tag"]
+    out = run_dir / (f"eval.{opts['tag']}.json" if opts["tag"] else EVAL_JSON)
+    if eval_json_name(opts["subset"], opts["tag"]) != out.name:
+        raise ValueError(f"evaluation.args: --subset {opts['subset']} would write "
+                         f"{eval_json_name(opts['subset'], opts['tag'])}, not the {out.name} "
+                         "that marks a run evaluated; leave --subset out of the sweep")
+    evaluate_run(run_dir, opts.pop("data"), **opts)
+    if not out.exists():
+        raise RuntimeError(f"evaluation of {run_dir} with {args} wrote no {out.name}")
+    return out
 
 
 class CollectJob:
@@ -294,4 +315,11 @@ class CollectJob:
         self.runs_root, self.out_dir = runs_root, out_dir
 
     def __call__(self) -> str:
-        return str(eval_adapter.collect(Path(self.runs_root), Path(self.out_dir)))
+        from fairseq_tying.evaluation.collect import collect
+
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        collect(self.runs_root, self.out_dir)
+        out = Path(self.out_dir) / "results.md"
+        if not out.exists():
+            raise RuntimeError(f"collect of {self.runs_root} wrote no {out}")
+        return str(out)

@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fairseq_tying.common import VALID_HISTORY
 from fairseq_tying.common.atomic import write_json
 
-HISTORY = "valid_history.json"
 KEYS = {"patience", "min_gain", "min_epoch", "max_epoch"}
 
 
@@ -58,12 +58,12 @@ class Plateau:
 
 
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / HISTORY
+    path = run_dir / VALID_HISTORY
     return json.loads(path.read_text())["epochs"] if path.is_file() else []
 
 
 def write_history(run_dir: Path, history: list[dict[str, Any]], metric: str) -> None:
-    write_json(run_dir / HISTORY, {"metric": metric, "epochs": history}, indent=1)
+    write_json(run_dir / VALID_HISTORY, {"metric": metric, "epochs": history}, indent=1)
 
 
 def record_epoch(history: list[dict[str, Any]], epoch: int, update: int,

@@ -14,7 +14,7 @@ import submitit
 from submitit.slurm.slurm import _make_sbatch_string
 from tqdm import tqdm
 
-from fairseq_tying.common import PLUGIN_DIR, atomic
+from fairseq_tying.common import PLUGIN_DIR, RUN_JSON, atomic
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
 
@@ -83,7 +83,7 @@ def prepare_run_dir(sweep: Sweep, run: Run) -> None:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     config = {**run.describe(), "sweep": sweep.name, "sweep_file": str(sweep.path),
               "resources": vars(run.resources), "update_freq": sweep.update_freq}
-    write_json(run.run_dir / "run.json", config)
+    write_json(run.run_dir / RUN_JSON, config)
     cmd = TrainJob(run.describe(), PLUGIN_DIR).command()
     atomic.write_text(run.run_dir / "command.sh",
                       "# per-rank distributed flags are added in the job (see command.json)\n"

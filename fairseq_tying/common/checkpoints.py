@@ -1,4 +1,8 @@
-"""Reading fairseq checkpoints with ``torch.load(weights_only=True)``."""
+"""The one reader of fairseq checkpoints and their configs for the tools (``torch.load`` with
+``weights_only=True``; the plugin core allowlists what fairseq pickles).
+
+A checkpoint written by fairseq-train holds its config as ``cfg`` (sections ``model``,
+``task``, ``common``, … as dicts or ``argparse.Namespace``), an older one as ``args``."""
 
 from __future__ import annotations
 
@@ -50,6 +54,24 @@ def config_value(state: dict[str, Any], key: str, section: str | None = None) ->
     if value is None:
         value = _get(state.get("args"), key)
     return value
+
+
+def tying_of(state: dict[str, Any]) -> str:
+    """The plugin's ``--tying``, or what fairseq's sharing flags amount to for a stock model."""
+    tying = config_value(state, "tying")
+    if tying:
+        return str(tying)
+    if config_value(state, "share_all_embeddings"):
+        return "three_way"
+    if config_value(state, "share_decoder_input_output_embed"):
+        return "decoder"
+    return "none"
+
+
+def task_data(state: dict[str, Any]) -> str | None:
+    """The fairseq-preprocess folder the model was trained on (``cfg.task.data``)."""
+    value = config_value(state, "data", section="task")
+    return None if value is None else str(value)
 
 
 def arch_of(state: dict[str, Any]) -> str | None:
