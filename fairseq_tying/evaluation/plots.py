@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# before the import: matplotlib logs its set-up at DEBUG, which fairseq's root logger shows
-logging.getLogger("matplotlib").setLevel(logging.WARNING)
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
