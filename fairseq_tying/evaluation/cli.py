@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_evaluate_arguments(sub.add_parser("evaluate", help="generate with fairseq-generate and "
                                           "score one run"))
+    add_evaluate_lm_arguments(sub.add_parser("evaluate-lm", help="test perplexity of one "
+                                             "language-model run with fairseq-eval-lm"))
 
     co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
     co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
@@ -55,26 +57,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``evaluate`` (also what a sweep's ``evaluation.args`` may hold)."""
+def _add_run_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
+    """The flags every evaluation of one run has: which run, data, subset and checkpoint."""
     parser.add_argument("run_dir", metavar="RUN_DIR", help="folder with the run's checkpoints")
-    parser.add_argument("--data", help="prepared data dir (raw/, bin/, prep.json); default: the "
-                        "data_dir in RUN_DIR/run.json")
-    parser.add_argument("--subset", default="test", help="subset to translate (default: test)")
+    parser.add_argument("--data", help=f"{data_help}; default: the data_dir in RUN_DIR/run.json")
+    parser.add_argument("--subset", default="test", help="subset to evaluate (default: test)")
     parser.add_argument("--checkpoint", help="checkpoint file (default: checkpoint_best.pt, "
                         "else checkpoint_last.pt)")
     parser.add_argument("--average-last", type=int, metavar="N",
                         help="evaluate the average of the last N epoch/update checkpoints")
+    parser.add_argument("--cpu", action="store_true", help="evaluate on the CPU")
+    parser.add_argument("--user-dir", help="fairseq plugin dir (default: this package)")
+    parser.add_argument("--tag", type=_tag, help="name of this evaluation: writes eval.TAG.json "
+                        "beside the untagged one (e.g. --tag best)")
+
+
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``evaluate`` (also what a translation sweep's ``evaluation.args`` may hold)."""
+    _add_run_arguments(parser, "prepared data dir (raw/, bin/, prep.json)")
     parser.add_argument("--preset", default="auto", choices=PRESET_CHOICES,
                         help="beam/lenpen preset; auto picks it from the checkpoint's arch")
     parser.add_argument("--beam", type=int, help="override the preset's beam size")
     parser.add_argument("--lenpen", type=float, help="override the preset's length penalty")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     parser.add_argument("--max-tokens", type=int, help="tokens per batch (instead of sentences)")
-    parser.add_argument("--cpu", action="store_true", help="generate on the CPU")
-    parser.add_argument("--user-dir", help="fairseq plugin dir (default: this package)")
-    parser.add_argument("--tag", type=_tag, help="name of this evaluation: writes eval.TAG.json "
-                        "and SUBSET.TAG.hyp.* beside the untagged ones (e.g. --tag best)")
+
+
+def add_evaluate_lm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``evaluate-lm`` (also what a language-model sweep's ``evaluation.args``
+    may hold)."""
+    _add_run_arguments(parser, "data dir made by `prepare --lm` (or its bin/)")
+    parser.add_argument("--max-tokens", type=int, default=4096,
+                        help="tokens per batch (default 4096)")
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -82,11 +96,15 @@ class _RaisingParser(argparse.ArgumentParser):
         raise ValueError(f"{self.prog}: {message}")
 
 
-def evaluate_options(args: Sequence[str]) -> dict[str, Any]:
-    """``evaluate_run``'s keyword arguments (and ``data``) from evaluate's flags without
-    RUN_DIR, e.g. a sweep's ``evaluation.args`` such as ``["--average-last", "5"]``."""
+def evaluate_options(args: Sequence[str], task: str = "translation") -> dict[str, Any]:
+    """``evaluate_run``'s (for ``task`` language_modeling: ``evaluate_lm_run``'s) keyword
+    arguments (and ``data``) from the flags without RUN_DIR, e.g. a sweep's
+    ``evaluation.args`` such as ``["--average-last", "5"]``."""
     parser = _RaisingParser(prog="evaluation.args", add_help=False)
-    add_evaluate_arguments(parser)
+    if task == "language_modeling":
+        add_evaluate_lm_arguments(parser)
+    else:
+        add_evaluate_arguments(parser)
     opts = vars(parser.parse_args(["RUN_DIR", *args]))
     del opts["run_dir"]
     return opts
@@ -98,7 +116,7 @@ def _tag(value: str) -> str:
     return value
 
 
-COMMANDS = ("evaluate", "collect", "norms", "study", "average")
+COMMANDS = ("evaluate", "evaluate-lm", "collect", "norms", "study", "average")
 
 
 def _references(path: str | None) -> list[str]:
@@ -122,6 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir, data = opts.pop("run_dir"), opts.pop("data")
             result = evaluate_run(run_dir, data, **opts)
             print("\n".join(summary_lines(result)))
+        elif args.command == "evaluate-lm":
+            from fairseq_tying.evaluation.lm import evaluate_lm_run, summary_lines
+
+            opts = {k: v for k, v in vars(args).items() if k != "command"}
+            run_dir, data = opts.pop("run_dir"), opts.pop("data")
+            print("\n".join(summary_lines(evaluate_lm_run(run_dir, data, **opts))))
         elif args.command == "collect":
             from fairseq_tying.evaluation.collect import collect
 

@@ -17,14 +17,15 @@ from fairseq_tying.common.reproducible import pinned_env
 _DETOK_LINE = re.compile(r"^D-(\d+)\t[^\t]*\t?(.*)$")
 
 
-def fairseq_generate_exe() -> str:
-    """``fairseq-generate`` next to this Python, else on PATH."""
-    beside = Path(sys.executable).parent / "fairseq-generate"
+def fairseq_exe(tool: str = "fairseq-generate") -> str:
+    """A fairseq console script (``fairseq-generate``, ``fairseq-eval-lm``) next to this
+    Python, else on PATH."""
+    beside = Path(sys.executable).parent / tool
     if beside.exists():
         return str(beside)
-    found = shutil.which("fairseq-generate")
+    found = shutil.which(tool)
     if found is None:
-        raise FileNotFoundError("fairseq-generate not found; install fairseq (make setup)")
+        raise FileNotFoundError(f"{tool} not found; install fairseq (make setup)")
     return found
 
 
@@ -46,7 +47,7 @@ def generate_command(
     extra: Sequence[str] = (),
 ) -> list[str]:
     cmd = [
-        fairseq_generate_exe(), str(bin_dir),
+        fairseq_exe(), str(bin_dir),
         "--user-dir", user_dir or PLUGIN_DIR,
         "--path", str(checkpoint),
         "--source-lang", src, "--target-lang", tgt,

@@ -251,6 +251,15 @@ def build(records_dir: str | os.PathLike, report: str | os.PathLike, plots_dir: 
     the Transformer) get their own tables below the first one's."""
     exported = study_records.export(runs, records_dir) if runs else []
     records = study_records.load(records_dir)
+    lm = [r for r in records if r.get("task") == study_records.LM_TASK]
+    if lm:  # the perplexity study: its own view on the same statistics
+        if len(lm) != len(records):
+            raise ValueError(f"{records_dir}: language-model and translation records mixed; "
+                             "keep each study's records in a folder of its own")
+        from fairseq_tying.evaluation import lm_study
+
+        done = lm_study.build(lm, report, plots_dir, block)
+        return {"exported": exported, "records": len(records), **done}
     check_references(records, references)
     by_arch: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:

@@ -1,7 +1,8 @@
 """One JSON record per finished run of a study, small enough to commit, complete enough to
 recompute every table and plot: the run's settings, fairseq's parameter count and last
 validation, the BLEU/chrF scores with signatures, the tied matrix's row norms, and the
-hypotheses (``NAME.hyp.gz`` beside ``NAME.json``)."""
+hypotheses (``NAME.hyp.gz`` beside ``NAME.json``). A language model's record holds its
+test loss and perplexity (``eval``, ``eval_TAG``) instead, and has no hypotheses."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ EVAL_KEYS = ("bleu", "bleu_signature", "bleu_verbose", "chrf", "chrf_signature",
              "tok_bleu_signature", "preset", "beam", "lenpen", "subset", "n_sentences",
              "references_sha256")
 RUN_KEYS = ("name", "dataset", "arch", "tying", "output_layer", "seed", "train_args")
+LM_TASK = "language_modeling"
+LM_RUN_KEYS = (*RUN_KEYS, "task", "tag")
+LM_EVAL_KEYS = ("loss", "perplexity", "n_tokens", "subset", "tokens_per_sample",
+                "sample_break_mode")
 PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+) \(num\. trained: ([\d,]+)\)")
 VALID = re.compile(r"\| valid \| (\{.*\})\s*$")
 DONE = re.compile(r"done training in ([\d.]+) seconds")
@@ -42,7 +47,9 @@ def training_summary(log: Path) -> dict[str, Any]:
             updates = int(out["valid"]["num_updates"])
             # a run resumed after a kill may validate the same update again: keep the last
             out["valid_history"] = [h for h in out.get("valid_history", []) if h[0] < updates]
-            out["valid_history"].append([updates, out["valid"]["nll_loss"]])
+            # a language model's cross_entropy logs its NLL as `loss`
+            nll = out["valid"].get("nll_loss", out["valid"]["loss"])
+            out["valid_history"].append([updates, nll])
         elif m := DONE.search(line):
             out["train_seconds"] = float(m.group(1))
     if "params" not in out or "valid" not in out:
@@ -63,28 +70,52 @@ def plateau_summary(run_dir: Path) -> dict[str, Any]:
             "valid_epochs": [[h["epoch"], h["update"], h["value"]] for h in history["epochs"]]}
 
 
-def build_record(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
-    """The record of one evaluated run and its hypotheses."""
-    meta = read_run_json(run_dir)
-    with open(run_dir / EVAL_JSON, encoding="utf-8") as f:
-        result = json.load(f)
+def _train(run_dir: Path) -> dict[str, Any]:
+    """The record's ``train``: what fairseq's log and the plateau rule's files say."""
     logs = sorted((run_dir / "logs").glob("train.rank0*.log"))
     if not logs:
         raise FileNotFoundError(f"{run_dir}/logs/train.rank0.log: missing")
+    return {**training_summary(logs[-1]), **plateau_summary(run_dir)}
+
+
+def _evaluations(run_dir: Path, result: dict[str, Any], keys: tuple[str, ...]
+                 ) -> dict[str, Any]:
+    """``eval`` (``keys`` of ``eval.json``, and the checkpoints it averaged) and one
+    ``eval_TAG`` per tagged evaluation (e.g. ``eval.best.json``)."""
+    out = {"eval": {k: result.get(k) for k in keys}}
+    if result.get("averaged"):
+        out["eval"]["averaged"] = result["averaged"]
+    for extra in sorted(run_dir.glob("eval.*.json")):
+        with open(extra, encoding="utf-8") as f:
+            tagged = json.load(f)
+        out[f"eval_{tagged['tag']}"] = {"checkpoint": Path(tagged["checkpoint"]).name,
+                                        **{k: tagged.get(k) for k in keys}}
+    return out
+
+
+def build_lm_record(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """The record of one evaluated language-model run (``result``: its ``eval.json``)."""
+    meta = read_run_json(run_dir)
+    record = {k: meta.get(k) for k in LM_RUN_KEYS}
+    record["checkpoint"] = Path(result["checkpoint"]).name
+    record["train"] = _train(run_dir)
+    record.update(_evaluations(run_dir, result, LM_EVAL_KEYS))
+    return record
+
+
+def build_record(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """The record of one evaluated run and its hypotheses (none for a language model)."""
+    meta = read_run_json(run_dir)
+    with open(run_dir / EVAL_JSON, encoding="utf-8") as f:
+        result = json.load(f)
+    if result.get("task") == LM_TASK:
+        return build_lm_record(run_dir, result), []
     ckpt = Path(result["checkpoint"])
     _, row_norms = norms.row_norms(ckpt)
     record = {k: meta.get(k) for k in RUN_KEYS}
     record["checkpoint"] = ckpt.name
-    record["train"] = training_summary(logs[-1])
-    record["train"].update(plateau_summary(run_dir))
-    record["eval"] = {k: result.get(k) for k in EVAL_KEYS}
-    if result.get("averaged"):
-        record["eval"]["averaged"] = result["averaged"]
-    for extra in sorted(run_dir.glob("eval.*.json")):  # tagged evaluations, e.g. eval.best.json
-        with open(extra, encoding="utf-8") as f:
-            tagged = json.load(f)
-        record[f"eval_{tagged['tag']}"] = {"checkpoint": Path(tagged["checkpoint"]).name,
-                                           **{k: tagged.get(k) for k in EVAL_KEYS}}
+    record["train"] = _train(run_dir)
+    record.update(_evaluations(run_dir, result, EVAL_KEYS))
     record["output_row_norms"] = [round(float(x), 4) for x in row_norms]
     hyps = (run_dir / result["hypotheses"]).read_text(encoding="utf-8").splitlines()
     return record, hyps
@@ -101,20 +132,24 @@ def export(runs_root: str | os.PathLike, records_dir: str | os.PathLike) -> list
         if (records / f"{run_dir.name}.json").exists():
             continue
         record, hyps = build_record(run_dir)
-        data = ("\n".join(hyps) + "\n").encode("utf-8")
-        atomic_write(records / f"{run_dir.name}.hyp.gz",
-                     lambda tmp, data=data: Path(tmp).write_bytes(gzip.compress(data, mtime=0)))
+        if record.get("task") != LM_TASK:
+            data = ("\n".join(hyps) + "\n").encode("utf-8")
+            atomic_write(records / f"{run_dir.name}.hyp.gz",
+                         lambda tmp, data=data: Path(tmp).write_bytes(gzip.compress(data, mtime=0)))
         write_json(records / f"{run_dir.name}.json", record, indent=1)
         written.append(run_dir.name)
     return written
 
 
 def load(records_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every record with its hypotheses (``record["hypotheses"]``)."""
+    """Every record with its hypotheses (``record["hypotheses"]``; a language model has none)."""
     out = []
     for path in sorted(Path(records_dir).glob("*.json")):
         with open(path, encoding="utf-8") as f:
             record = json.load(f)
+        if record.get("task") == LM_TASK:
+            out.append(record)
+            continue
         hyp = path.with_suffix(".hyp.gz")
         if not hyp.is_file():
             raise FileNotFoundError(f"{hyp}: missing (each record has its hypotheses beside it)")

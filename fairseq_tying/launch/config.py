@@ -23,7 +23,7 @@ from fairseq_tying.launch import plateau
 
 TOP_KEYS = {"name", "output_dir", "datasets", "grid", "fairseq", "batch", "resources",
             "evaluation", "stopping"}
-GRID_KEYS = {"dataset", "arch", "tying", "output_layer", "seed"}
+GRID_KEYS = {"dataset", "arch", "tying", "output_layer", "seed", "flags", "tag"}
 BATCH_KEYS = {"max_tokens", "target_gpus", "update_freq", "fp16"}
 RESOURCE_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb",
                  "partition", "time", "constraint", "account", "qos", "max_num_timeout",
@@ -34,6 +34,9 @@ OWNED_FLAGS = {"arch", "tying", "output_layer", "seed", "save_dir", "update_freq
                "fp16", "cpu", "user_dir", "log_file", "distributed_world_size",
                "distributed_rank", "distributed_init_method", "distributed_backend",
                "distributed_no_spawn", "distributed_port", "device_id"}
+# flags that decide a run's length and checkpoints: one value for the whole sweep
+STOPPING_FLAGS = {"max_epoch", "max_update", "patience", "no_epoch_checkpoints",
+                  "disable_validation", "no_save"}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -116,14 +119,16 @@ class Run:
     resources: Resources
     stopping: dict[str, Any] | None = None
     block: int = 0  # index of its grid when `grid` is a list (priority order)
+    task: str = "translation"  # fairseq's --task: what the evaluation job does with the run
+    tag: str | None = None  # the grid block's name tag (its extra `flags`)
 
     def describe(self) -> dict:
         return {"name": self.name, "run_dir": str(self.run_dir), "data_dir": str(self.data_dir),
                 "data_bin": str(data_bin(self.data_dir)), "dataset": self.dataset,
                 "arch": self.arch, "tying": self.tying, "output_layer": self.output_layer,
-                "seed": self.seed, "world_size": self.resources.world_size,
-                "gpu": self.resources.gpu, "train_args": self.train_args,
-                "stopping": self.stopping}
+                "seed": self.seed, "task": self.task, "tag": self.tag,
+                "world_size": self.resources.world_size, "gpu": self.resources.gpu,
+                "train_args": self.train_args, "stopping": self.stopping}
 
 
 @dataclass
@@ -140,6 +145,7 @@ class Sweep:
     eval_cpus: int = 1
     eval_mem_gb: float = 4
     update_freq: int = 1
+    task: str = "translation"
 
 
 def data_bin(data_dir: Path) -> Path:
@@ -207,15 +213,15 @@ def parse_resources(raw: Any) -> Resources:
     return res
 
 
-def fairseq_flags(raw: Any) -> list[str]:
+def fairseq_flags(raw: Any, where: str = "fairseq") -> list[str]:
     """``{lr: 0.001, share_all_embeddings: true, betas: "(0.9, 0.98)"}`` -> CLI flags."""
-    section = _check_keys(raw, set(raw) if isinstance(raw, dict) else set(), "fairseq")
+    section = _check_keys(raw, set(raw) if isinstance(raw, dict) else set(), where)
     args: list[str] = []
     for key, value in section.items():
         if not re.fullmatch(r"[a-z][a-z0-9_-]*", str(key)):
-            raise SweepError(f"fairseq.{key}: not a fairseq flag name")
+            raise SweepError(f"{where}.{key}: not a fairseq flag name")
         if key.replace("-", "_") in OWNED_FLAGS:
-            raise SweepError(f"fairseq.{key}: set by the launcher (use grid/batch/resources)")
+            raise SweepError(f"{where}.{key}: set by the launcher (use grid/batch/resources)")
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
@@ -224,7 +230,7 @@ def fairseq_flags(raw: Any) -> list[str]:
         elif isinstance(value, list):
             args += [flag, *(str(v) for v in value)]
         elif isinstance(value, dict):
-            raise SweepError(f"fairseq.{key}: expected a scalar or list, got a mapping")
+            raise SweepError(f"{where}.{key}: expected a scalar or list, got a mapping")
         else:
             args += [flag, str(value)]
     return args
@@ -283,9 +289,10 @@ def known_archs() -> set[str]:
     return set(ARCH_MODEL_REGISTRY)
 
 
-def expand_grid(raw: Any, block: int, blocks: int,
-                data_dirs: dict[str, Path]) -> list[tuple]:
-    """The points (block, dataset, arch, tying, output_layer, seed) of one grid mapping."""
+def expand_grid(raw: Any, block: int, blocks: int, data_dirs: dict[str, Path],
+                shared: dict[str, Any] | None = None) -> list[tuple]:
+    """The points (block, dataset, arch, tying, output_layer, seed, tag, flags) of one grid
+    mapping; ``shared`` is the ``fairseq:`` section its ``flags`` may not repeat."""
     where = f"grid[{block}]" if blocks > 1 else "grid"
     grid = _check_keys(raw, GRID_KEYS, where)
     ds = _grid_values(grid, "dataset", set(data_dirs), where)
@@ -303,7 +310,36 @@ def expand_grid(raw: Any, block: int, blocks: int,
     for s in seeds:
         if isinstance(s, bool) or not isinstance(s, int):
             raise SweepError(f"{where}.seed: expected integers, got {s!r}")
-    return [(block, *point) for point in itertools.product(ds, archs, tyings, layers, seeds)]
+    tag, flags = _block_flags(grid, where, shared or {})
+    return [(block, *point, tag, flags)
+            for point in itertools.product(ds, archs, tyings, layers, seeds)]
+
+
+def _block_flags(grid: dict, where: str, shared: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """A grid block's ``tag`` (a name part of its runs) and ``flags`` (fairseq flags of its
+    runs only, e.g. ``{tied_embed_dim: 64, tied_projection: true}`` for tied+L)."""
+    tag, raw = grid.get("tag"), grid.get("flags")
+    if tag is not None and (not isinstance(tag, str)
+                            or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", tag)):
+        raise SweepError(f"{where}.tag: {tag!r} must be a simple name (letters, digits, _), "
+                         "e.g. tiedL")
+    if raw is None:
+        return tag, []
+    if not isinstance(raw, dict) or not raw:
+        raise SweepError(f"{where}.flags: expected a mapping of fairseq flags, e.g. "
+                         "{tied_embed_dim: 64, tied_projection: true}")
+    if tag is None:
+        raise SweepError(f"{where}.flags: runs with their own flags need a `tag` in the same "
+                         "grid block (it goes into their names), e.g. tag: tiedL")
+    for key in raw:
+        norm = str(key).replace("-", "_")
+        if any(str(k).replace("-", "_") == norm for k in shared):
+            raise SweepError(f"{where}.flags.{key}: also set in the fairseq section; set it in "
+                             "one place")
+        if norm in STOPPING_FLAGS:
+            raise SweepError(f"{where}.flags.{key}: training length and checkpoints are the "
+                             "sweep's (fairseq/stopping sections), not a grid block's")
+    return tag, fairseq_flags(raw, f"{where}.flags")
 
 
 def load_sweep(path: str | Path, output_dir: str | Path | None = None,
@@ -313,15 +349,17 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
     raw = _read_sweep_file(path)
     name = _sweep_name(raw, path)
     data_dirs = _data_dirs(raw["datasets"], check_data)
-    points = _grid_points(raw["grid"], data_dirs)
+    shared = raw.get("fairseq") if isinstance(raw.get("fairseq"), dict) else {}
+    points = _grid_points(raw["grid"], data_dirs, shared)
     res = parse_resources(raw.get("resources"))
     common, update_freq, stopping = _train_flags(raw, res)
     evaluation = _evaluation(raw.get("evaluation"), res)
     out = output_dir or raw.get("output_dir") or f"runs/{name}"
     out = Path(expand_vars(str(out), "output_dir")).expanduser().resolve()
+    task = str(shared.get("task", "translation"))
     sweep = Sweep(name=name, path=path.resolve(), output_dir=out, resources=res,
-                  update_freq=update_freq, **evaluation)
-    sweep.runs = _runs(points, data_dirs, out, common, res, stopping)
+                  update_freq=update_freq, task=task, **evaluation)
+    sweep.runs = _runs(points, data_dirs, out, common, res, stopping, task)
     return sweep
 
 
@@ -357,19 +395,20 @@ def _data_dirs(datasets: Any, check_data: bool) -> dict[str, Path]:
         if not isinstance(dpath, str):
             raise SweepError(f"datasets.{dname}: expected a directory path")
         d = Path(expand_vars(dpath, f"datasets.{dname}")).expanduser().resolve()
-        if check_data and not any(data_bin(d).glob("dict.*.txt")):
+        if check_data and not any(data_bin(d).glob("dict*.txt")):
             raise SweepError(f"datasets.{dname}: data dir {d} does not exist or holds no "
-                             "binarized data (expected D/bin/dict.*.txt from fairseq-preprocess)")
+                             "binarized data (expected D/bin/dict*.txt from fairseq-preprocess)")
         data_dirs[dname] = d
     return data_dirs
 
 
-def _grid_points(raw: Any, data_dirs: dict[str, Path]) -> list[tuple]:
+def _grid_points(raw: Any, data_dirs: dict[str, Path], shared: dict[str, Any]) -> list[tuple]:
     """The points of ``grid``: one mapping, or a list of them in priority order."""
     grids = raw if isinstance(raw, list) else [raw]
     if not grids:
         raise SweepError("grid: empty list (give a mapping, or a list of them in priority order)")
-    return [p for i, g in enumerate(grids) for p in expand_grid(g, i, len(grids), data_dirs)]
+    return [p for i, g in enumerate(grids)
+            for p in expand_grid(g, i, len(grids), data_dirs, shared)]
 
 
 def _train_flags(raw: dict, res: Resources) -> tuple[list[str], int, dict[str, Any] | None]:
@@ -417,21 +456,22 @@ def _evaluation(raw: Any, res: Resources) -> dict[str, Any]:
 
 
 def _runs(points: list[tuple], data_dirs: dict[str, Path], out: Path, common: list[str],
-          res: Resources, stopping: dict[str, Any] | None) -> list[Run]:
-    """One :class:`Run` per grid point, named ``dataset.arch[.tying][.output_layer].sSEED``."""
+          res: Resources, stopping: dict[str, Any] | None, task: str) -> list[Run]:
+    """One :class:`Run` per grid point, named
+    ``dataset.arch[.tying][.output_layer][.tag].sSEED``."""
     runs: list[Run] = []
-    for block, d, arch, tying, layer, seed in points:
-        parts = [d, arch, tying, layer, f"s{seed}"]
+    for block, d, arch, tying, layer, seed, tag, flags in points:
+        parts = [d, arch, tying, layer, tag, f"s{seed}"]
         rname = ".".join(str(p) for p in parts if p is not None)
         if any(r.name == rname for r in runs):
-            raise SweepError(f"grid: run {rname} appears in two grids")
+            raise SweepError(f"grid: run {rname} appears in two grids (give one a `tag`)")
         args = ["--arch", arch, "--seed", str(seed)]
         args += ["--tying", tying] if tying is not None else []
         args += ["--output-layer", layer] if layer is not None else []
         runs.append(Run(name=rname, run_dir=out / rname, data_dir=data_dirs[d], dataset=d,
                         arch=arch, tying=tying, output_layer=layer, seed=seed,
-                        train_args=args + common, resources=res, stopping=stopping,
-                        block=block))
+                        train_args=args + flags + common, resources=res, stopping=stopping,
+                        block=block, task=task, tag=tag))
     return runs
 
 

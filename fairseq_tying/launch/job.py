@@ -280,20 +280,24 @@ class EvalJob:
     def __call__(self) -> str:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         run_dir, cpu = Path(self.run["run_dir"]), not self.run["gpu"]
+        task = self.run.get("task", "translation")
         for tag, args in self.also.items():
             if not (run_dir / f"eval.{tag}.json").exists():
-                evaluate(run_dir, args, cpu=cpu, tag=tag)
-        return str(evaluate(run_dir, self.extra_args, cpu=cpu))
+                evaluate(run_dir, args, cpu=cpu, tag=tag, task=task)
+        return str(evaluate(run_dir, self.extra_args, cpu=cpu, task=task))
 
 
-def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None) -> Path:
-    """Evaluate ``run_dir`` in this process (fairseq-generate runs as a child process) with the
-    sweep's evaluation flags ``args``; the data dir comes from RUN/run.json unless ``--data``
-    is among them. Returns ``RUN/eval.json`` (``RUN/eval.TAG.json`` with a tag)."""
+def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None,
+             task: str = "translation") -> Path:
+    """Evaluate ``run_dir`` in this process (fairseq-generate, or fairseq-eval-lm for a
+    language model, runs as a child process) with the sweep's evaluation flags ``args``; the
+    data dir comes from RUN/run.json unless ``--data`` is among them. Returns
+    ``RUN/eval.json`` (``RUN/eval.TAG.json`` with a tag)."""
     from fairseq_tying.evaluation.cli import evaluate_options
     from fairseq_tying.evaluation.evaluate import eval_json_name, evaluate_run
+    from fairseq_tying.evaluation.lm import TASK, evaluate_lm_run
 
-    opts = evaluate_options(args)
+    opts = evaluate_options(args, task)
     opts["cpu"] = opts["cpu"] or cpu
     opts["user_dir"] = opts["user_dir"] or PLUGIN_DIR
     opts["tag"] = tag or opts["tag"]
@@ -302,7 +306,7 @@ def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None) 
         raise ValueError(f"evaluation.args: --subset {opts['subset']} would write "
                          f"{eval_json_name(opts['subset'], opts['tag'])}, not the {out.name} "
                          "that marks a run evaluated; leave --subset out of the sweep")
-    evaluate_run(run_dir, opts.pop("data"), **opts)
+    (evaluate_lm_run if task == TASK else evaluate_run)(run_dir, opts.pop("data"), **opts)
     if not out.exists():
         raise RuntimeError(f"evaluation of {run_dir} with {args} wrote no {out.name}")
     return out

@@ -110,8 +110,9 @@ def dry_run(sweep: Sweep, runs: list[Run]) -> None:
         print("# evaluation array, each task after its training task (aftercorr):")
         print(_make_sbatch_string(command="<python -m fairseq_tying.evaluation RUN_DIR>",
                                   folder=folder, **params))
-        print(f"# then: python -m fairseq_tying.evaluation collect {sweep.output_dir} "
-              f"--out {sweep.output_dir}")
+        if sweep.task != "language_modeling":
+            print(f"# then: python -m fairseq_tying.evaluation collect {sweep.output_dir} "
+                  f"--out {sweep.output_dir}")
 
 
 def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
@@ -143,6 +144,8 @@ def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
             for run in to_eval:
                 job = EvalJob(run.describe(), sweep.eval_args, sweep.eval_also)
                 out.evaluate.append(ex.submit(job))
+    if sweep.task == "language_modeling":  # collect compares BLEU; `study` reports an LM sweep
+        return out
     params = eval_params(sweep, f"{sweep.name}-collect")
     params.update(cpus_per_task=1, additional_parameters={})
     params.pop("gpus_per_node", None)
@@ -198,7 +201,7 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1) -> Submitted:
             bar.update()
             bar.set_postfix_str(futures[future].name)
     bar.close()
-    if sweep.eval_enabled:
+    if sweep.eval_enabled and sweep.task != "language_modeling":  # collect compares BLEU
         CollectJob(str(sweep.output_dir), str(sweep.output_dir))()
     return out
 

@@ -14,7 +14,7 @@ import yaml
 from tests.slurm.localcluster import LocalCluster, missing_requirements
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tinydata import build_tiny_data  # noqa: E402
+from tinydata import build_tiny_data, build_tiny_lm_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_SWEEP = REPO / "slurm" / "tiny_cpu.yaml"
@@ -108,3 +108,8 @@ def raw_job_ids() -> set[int]:
     out = subprocess.run(["sacct", "-n", "-X", "-D", "-o", "JobIDRaw"], capture_output=True,
                          text=True, check=True).stdout
     return {int(j) for j in out.split()}
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_data(tmp_path_factory) -> Path:
+    return build_tiny_lm_data(tmp_path_factory.mktemp("tinylm"))

@@ -38,3 +38,30 @@ def build_tiny_data(root: Path, seed: int = 0) -> Path:
             "post_process": "subword_nmt", "detokenizer": None, "vocab_size": 48}
     (root / "prep.json").write_text(json.dumps(prep, indent=1) + "\n")
     return root
+
+
+def build_tiny_lm_data(root: Path, seed: int = 0) -> Path:
+    """``root/raw``, ``root/bin`` (``fairseq-preprocess --only-source``) and ``root/prep.json``
+    of a toy language-modelling set: sentences of a 24-word language with a fixed word order
+    (each word mostly followed by the next), so that a model can lower its perplexity."""
+    rng = random.Random(seed)
+    words = [f"word{i}" for i in range(24)]
+    raw = root / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, n in SIZES.items():
+        lines = []
+        for _ in range(n):
+            i = rng.randrange(len(words))
+            ids = [(i + k + (rng.random() < 0.2)) % len(words) for k in range(rng.randint(3, 7))]
+            lines.append(" ".join(words[j] for j in ids))
+        (raw / f"{split}.en").write_text("\n".join(lines) + "\n")
+    bindir = sys.executable.rsplit("/", 1)[0]
+    subprocess.run(
+        [f"{bindir}/fairseq-preprocess", "--only-source", "--trainpref", str(raw / "train.en"),
+         "--validpref", str(raw / "valid.en"), "--testpref", str(raw / "test.en"),
+         "--destdir", str(root / "bin"), "--workers", "1"],
+        check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    prep = {"task": "language_modeling", "corpus": "synthetic", "lang": "en", "subword": "word",
+            "post_process": None}
+    (root / "prep.json").write_text(json.dumps(prep, indent=1) + "\n")
+    return root
