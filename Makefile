@@ -11,7 +11,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/fairseq_tying/wheels
 PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 WHEEL_DIR := $(WHEEL_CACHE)/$(PY_TAG)-torch$(TORCH_VERSION)-numpy1-fairseq$(FAIRSEQ_VERSION)
 
-.PHONY: setup test test-fast lint demo study study-one-epoch gpu-check clean
+.PHONY: setup test test-fast lint demo study study-one-epoch lm-study gpu-check clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -67,6 +67,19 @@ study-one-epoch: setup
 	  --skip-recorded docs/study/records
 	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/study/runs \
 	  --records docs/study/records --report docs/results.md --plots docs/study
+
+# The perplexity study (docs/language_models.md): a word-level Transformer LM of the Bible's
+# English side, untied vs decoder-tied x every output layer and tied+L, 3 seeds (21 runs), each
+# trained to a validation plateau; records in docs/lm/records, the report block rebuilt from them.
+LM_DATA ?= work/lm/data
+lm-study: setup
+	$(PY) -m fairseq_tying.data.prepare --corpus bible --lm en --subword word \
+	  --vocab-size 10000 --out $(LM_DATA)
+	PYTHONWARNINGS=ignore FAIRSEQ_TYING_LM_DATA=$(LM_DATA) FAIRSEQ_TYING_LM_RUNS=$(STUDY_RUNS)/lm/runs \
+	  $(PY) -m fairseq_tying.launch slurm/bible_lm.yaml --local --workers $(WORKERS) \
+	  --skip-recorded docs/lm/records $(if $(ONLY),--only '$(ONLY)')
+	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/lm/runs \
+	  --records docs/lm/records --report docs/language_models.md --plots docs/lm --block lm
 
 # GPU acceptance on one CUDA GPU (docs/performance.md): per output layer, --fp16 training of
 # transformer_twwt_iwslt_de_en on the Bible corpus (300 updates), fairseq-generate --fp16,

@@ -25,6 +25,12 @@ from fairseq_tying.launch.config import SweepError, load_sweep
     ({"resources": {"nodes": 2}, "batch": {"target_gpus": 3}}, "batch.target_gpus"),
     ({"batch": {"fp16": True}}, "batch.fp16"),
     ({"fairseq": {"update_freq": 4}}, "fairseq.update_freq"),
+    ({"grid": {"flags": {"tied_projection": True}}}, "grid.flags: runs with their own flags"),
+    ({"grid": {"flags": {"seed": 3}, "tag": "x"}}, "grid.flags.seed"),
+    ({"grid": {"flags": {"lr": 0.1}, "tag": "x"}}, "grid.flags.lr: also set in the fairseq"),
+    ({"grid": {"flags": {"max_epoch": 3}, "tag": "x"}}, "grid.flags.max_epoch"),
+    ({"grid": {"flags": [1], "tag": "x"}}, "grid.flags: expected a mapping"),
+    ({"grid": {"tag": "tied L"}}, "grid.tag"),
 ])
 def test_bad_sweep_names_the_key(tmp_path, tiny_data, monkeypatch, capsys, changes, key):
     monkeypatch.setenv("FAIRSEQ_TYING_TINY_DATA", str(tiny_data))

@@ -1,0 +1,56 @@
+"""The perplexity study's report is what its committed records give: the records of
+tests/fixtures/lm_study (a tiny real sweep, tests/slurm/test_lm_study.py) rebuild their report
+byte for byte, and docs/language_models.md's block is rebuilt from docs/lm/records once the
+study has records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fairseq_tying.common.atomic import markers
+from fairseq_tying.evaluation.aggregate import stat
+from fairseq_tying.evaluation.cli import main
+from fairseq_tying.evaluation.lm_study import verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "lm_study"
+DOCS = ROOT / "docs"
+BEGIN, END = markers("lm")
+
+
+def _rebuild(records: Path, report: Path, plots: Path) -> None:
+    assert main(["study", "--records", str(records), "--report", str(report), "--plots",
+                 str(plots), "--block", "lm"]) == 0
+
+
+def test_fixture_records_rebuild_their_report_byte_for_byte(tmp_path):
+    report = tmp_path / "report.md"
+    report.write_text("# LM\n\n<!-- lm:begin -->\nold\n<!-- lm:end -->\n\nWritten by hand.\n")
+    _rebuild(FIXTURE / "records", report, tmp_path)
+    assert report.read_text() == (FIXTURE / "report.md").read_text()
+    assert (tmp_path / "summary.json").read_text() == (FIXTURE / "summary.json").read_text()
+
+
+def test_docs_block_is_what_the_committed_records_give(tmp_path):
+    text = (DOCS / "language_models.md").read_text()
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
+    records = DOCS / "lm" / "records"
+    if not any(records.glob("*.json")):
+        pytest.skip("the perplexity study has no committed records yet")
+    report = tmp_path / "language_models.md"
+    report.write_text(text)
+    _rebuild(records, report, tmp_path)
+    assert report.read_text() == text
+    assert (tmp_path / "summary.json").read_text() == (DOCS / "lm" / "summary.json").read_text()
+
+
+@pytest.mark.parametrize(("diffs", "want"), [
+    ([-3.0, -2.5, -2.8], "supported"),
+    ([3.0, 2.5, 2.8], "contradicted"),
+    ([-3.0, 2.5, -0.1], "unresolved"),
+    ([-3.0], "unresolved"),  # one seed: no CI
+])
+def test_the_verdict_follows_the_ci_of_the_paired_differences(diffs, want):
+    assert verdict(stat(diffs)) == want
