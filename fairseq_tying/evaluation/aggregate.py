@@ -70,14 +70,16 @@ def compare(pairs: Sequence[tuple[Hashable, Record, Record]], refs: Sequence[str
     return test
 
 
+def shared_seeds(runs: dict[int, Record], base: dict[int, Record] | None) -> list[int]:
+    """The seeds of a cell (``runs``) that a baseline cell (``base``, maybe absent) also has."""
+    return sorted(set(runs) & set(base or {}))
+
+
 def compare_seeds(runs: dict[int, Record], base: dict[int, Record] | None,
                   refs: Sequence[str], n_samples: int) -> dict[str, Any] | None:
     """``compare`` over the seeds ``runs`` and ``base`` share; None when they share none."""
-    shared = sorted(set(runs) & set(base or {}))
-    if not shared:
-        return None
-    assert base is not None
-    return compare([(s, runs[s], base[s]) for s in shared], refs, n_samples)
+    shared = shared_seeds(runs, base)
+    return compare([(s, runs[s], base[s]) for s in shared], refs, n_samples) if shared else None
 
 
 def format_delta(test: dict[str, Any], per_seed: bool = True) -> str:

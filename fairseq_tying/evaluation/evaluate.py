@@ -64,6 +64,13 @@ def eval_json_name(subset: str, tag: str | None = None) -> str:
     return f"{stem}.{tag}.json" if tag else f"{stem}.json"
 
 
+def existing_run_dir(run_dir: str | os.PathLike) -> Path:
+    path = Path(run_dir).resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"RUN_DIR {path} is not a directory")
+    return path
+
+
 def checkpoint_dir(run_dir: Path) -> Path:
     """``RUN_DIR/checkpoints`` (the launcher's layout) if it exists, else RUN_DIR itself."""
     sub = run_dir / "checkpoints"
@@ -159,9 +166,7 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Translate ``subset`` with the run's checkpoint, score it, write ``eval[-SUBSET][.TAG].json``
     and the hypotheses into the run folder; returns what the JSON holds."""
-    run_dir = Path(run_dir).resolve()
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"RUN_DIR {run_dir} is not a directory")
+    run_dir = existing_run_dir(run_dir)
     data_dir = load_data_dir(data if data is not None else data_from_run_json(run_dir))
     ref_path = data_dir.reference(subset)
     if not ref_path.is_file():
@@ -191,11 +196,17 @@ def evaluate_run(
     return result
 
 
+def run_lines(result: dict[str, Any]) -> list[str]:
+    """The summary's first lines: the run and its checkpoint (or the checkpoints averaged)."""
+    averaged = result["averaged"]
+    return [f"run          {result['run_dir']}",
+            f"checkpoint   {result['checkpoint']}"
+            + (f"  (average of {', '.join(averaged)})" if averaged else "")]
+
+
 def summary_lines(result: dict[str, Any]) -> list[str]:
     return [
-        f"run          {result['run_dir']}",
-        f"checkpoint   {result['checkpoint']}"
-        + (f"  (average of {', '.join(result['averaged'])})" if result["averaged"] else ""),
+        *run_lines(result),
         f"preset       {result['preset']} (beam {result['beam']}, lenpen {result['lenpen']})",
         f"BLEU         {result['bleu']:.2f}  {result['bleu_signature']}",
         f"tok. BLEU    {result['tok_bleu']:.2f}  {result['tok_bleu_signature']}",

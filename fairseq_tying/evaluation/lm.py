@@ -19,7 +19,13 @@ from typing import Any
 from fairseq_tying.common import PLUGIN_DIR, checkpoints
 from fairseq_tying.common.atomic import write_json, write_text
 from fairseq_tying.common.reproducible import pinned_env
-from fairseq_tying.evaluation.evaluate import data_from_run_json, eval_json_name, pick_checkpoint
+from fairseq_tying.evaluation.evaluate import (
+    data_from_run_json,
+    eval_json_name,
+    existing_run_dir,
+    pick_checkpoint,
+    run_lines,
+)
 from fairseq_tying.evaluation.generate import fairseq_exe
 from fairseq_tying.evaluation.records import read_run_json, record_for_run
 
@@ -83,23 +89,13 @@ def data_bin(data: str | os.PathLike) -> Path:
     return folder
 
 
-def evaluate_lm_run(
-    run_dir: str | os.PathLike,
-    data: str | os.PathLike | None,
-    *,
-    subset: str = "test",
-    checkpoint: str | None = None,
-    average_last: int | None = None,
-    max_tokens: int = 4096,
-    cpu: bool = False,
-    user_dir: str | None = None,
-    tag: str | None = None,
-) -> dict[str, Any]:
+def evaluate_lm_run(run_dir: str | os.PathLike, data: str | os.PathLike | None, *,
+                    subset: str = "test", checkpoint: str | None = None,
+                    average_last: int | None = None, max_tokens: int = 4096, cpu: bool = False,
+                    user_dir: str | None = None, tag: str | None = None) -> dict[str, Any]:
     """Score ``subset`` with the run's checkpoint; write and return ``eval[-SUBSET][.TAG].json``
     (loss in base 2 per token, perplexity = 2^loss, the token count and the checkpoint(s))."""
-    run_dir = Path(run_dir).resolve()
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"RUN_DIR {run_dir} is not a directory")
+    run_dir = existing_run_dir(run_dir)
     bin_dir = data_bin(data if data is not None else data_from_run_json(run_dir))
     ckpt, averaged = pick_checkpoint(run_dir, checkpoint, average_last)
     state = checkpoints.load(ckpt)
@@ -119,9 +115,7 @@ def evaluate_lm_run(
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
     return [
-        f"run          {result['run_dir']}",
-        f"checkpoint   {result['checkpoint']}"
-        + (f"  (average of {', '.join(result['averaged'])})" if result["averaged"] else ""),
+        *run_lines(result),
         f"subset       {result['subset']} ({result['n_tokens']:,} tokens, blocks of "
         f"{result['tokens_per_sample']})",
         f"loss         {result['loss']:.4f} (base 2)",

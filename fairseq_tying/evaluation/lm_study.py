@@ -21,7 +21,7 @@ import numpy as np
 
 from fairseq_tying.common.atomic import replace_block, write_json
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
-from fairseq_tying.evaluation.aggregate import format_stat, stat, stats_of
+from fairseq_tying.evaluation.aggregate import format_stat, shared_seeds, stat, stats_of
 from fairseq_tying.evaluation.plots import plot_bands
 from fairseq_tying.evaluation.tables import markdown_table
 
@@ -67,10 +67,9 @@ def _flag(args: list[str], flag: str) -> str | None:
 def difference(runs: dict[int, Record], base: dict[int, Record] | None) -> dict[str, Any] | None:
     """Per-seed test perplexity of ``runs`` minus ``base`` (paired by seed): ``stat`` of the
     differences and the verdict on "lower than the base"; None without shared seeds."""
-    shared = sorted(set(runs) & set(base or {}))
-    if not shared:
+    shared = shared_seeds(runs, base)
+    if not shared or base is None:
         return None
-    assert base is not None
     diff = stat([runs[s]["eval"]["perplexity"] - base[s]["eval"]["perplexity"] for s in shared])
     return {**diff, "seeds": shared, "verdict": verdict(diff)}
 

@@ -350,13 +350,13 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
     name = _sweep_name(raw, path)
     data_dirs = _data_dirs(raw["datasets"], check_data)
     shared = raw.get("fairseq") if isinstance(raw.get("fairseq"), dict) else {}
+    task = str(shared.get("task", "translation"))
     points = _grid_points(raw["grid"], data_dirs, shared)
     res = parse_resources(raw.get("resources"))
     common, update_freq, stopping = _train_flags(raw, res)
-    evaluation = _evaluation(raw.get("evaluation"), res)
+    evaluation = _evaluation(raw.get("evaluation"), res, task)
     out = output_dir or raw.get("output_dir") or f"runs/{name}"
     out = Path(expand_vars(str(out), "output_dir")).expanduser().resolve()
-    task = str(shared.get("task", "translation"))
     sweep = Sweep(name=name, path=path.resolve(), output_dir=out, resources=res,
                   update_freq=update_freq, task=task, **evaluation)
     sweep.runs = _runs(points, data_dirs, out, common, res, stopping, task)
@@ -435,24 +435,38 @@ def _train_flags(raw: dict, res: Resources) -> tuple[list[str], int, dict[str, A
     return common, update_freq, stopping
 
 
-def _evaluation(raw: Any, res: Resources) -> dict[str, Any]:
-    """The ``evaluation`` section as the ``eval_*`` fields of :class:`Sweep`."""
+def _evaluation(raw: Any, res: Resources, task: str) -> dict[str, Any]:
+    """The ``evaluation`` section as the ``eval_*`` fields of :class:`Sweep`; its arguments
+    are checked against the evaluation of ``task`` (``evaluate`` or ``evaluate-lm``)."""
     ev = _check_keys(raw, EVAL_KEYS, "evaluation")
     eval_args = ev.get("args", [])
     if not isinstance(eval_args, list):
         raise SweepError("evaluation.args: expected a list of command-line arguments")
+    _check_eval_args(eval_args, "evaluation.args", task)
     also = _check_keys(ev.get("also"), set(ev.get("also") or {}), "evaluation.also")
     for tag, args in also.items():
         if not re.fullmatch(r"[a-z][a-z0-9_]*", str(tag)) or not isinstance(args, list):
             raise SweepError(f"evaluation.also.{tag}: expected a lower-case name mapped to a "
                              "list of evaluation arguments, e.g. best: [--checkpoint, "
                              "checkpoint_best.pt]")
+        _check_eval_args(args, f"evaluation.also.{tag}", task)
     return {"eval_enabled": bool(ev.get("enabled", True)),
             "eval_args": [str(a) for a in eval_args],
             "eval_also": {t: [str(a) for a in args] for t, args in also.items()},
             "eval_time_min": parse_time(ev.get("time", 60), "evaluation.time"),
             "eval_cpus": _int(ev, "cpus_per_task", "evaluation", res.cpus_per_task, 1),
             "eval_mem_gb": ev.get("mem_gb", res.mem_gb)}
+
+
+def _check_eval_args(args: list, where: str, task: str) -> None:
+    from fairseq_tying.evaluation.cli import evaluate_options
+
+    try:
+        evaluate_options([str(a) for a in args], task)
+    except ValueError as err:
+        tool = "evaluate-lm" if task == "language_modeling" else "evaluate"
+        raise SweepError(f"{where}: {err} (the flags of `python -m fairseq_tying.evaluation "
+                         f"{tool}`, for fairseq's --task {task})") from err
 
 
 def _runs(points: list[tuple], data_dirs: dict[str, Path], out: Path, common: list[str],

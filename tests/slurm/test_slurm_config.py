@@ -31,6 +31,8 @@ from fairseq_tying.launch.config import SweepError, load_sweep
     ({"grid": {"flags": {"max_epoch": 3}, "tag": "x"}}, "grid.flags.max_epoch"),
     ({"grid": {"flags": [1], "tag": "x"}}, "grid.flags: expected a mapping"),
     ({"grid": {"tag": "tied L"}}, "grid.tag"),
+    ({"evaluation": {"args": ["--beem", "2"]}}, "evaluation.args"),
+    ({"evaluation": {"also": {"best": ["--nosuch"]}}}, "evaluation.also.best"),
 ])
 def test_bad_sweep_names_the_key(tmp_path, tiny_data, monkeypatch, capsys, changes, key):
     monkeypatch.setenv("FAIRSEQ_TYING_TINY_DATA", str(tiny_data))
@@ -53,6 +55,34 @@ def test_grid_expansion_and_update_freq(tmp_path, tiny_data, monkeypatch):
     args = sweep.runs[0].train_args
     assert args[args.index("--update-freq") + 1] == "4"  # 8 simulated workers on 2
     assert "--cpu" in args and "--fp16" not in args
+
+
+def test_the_lm_study_sweep_expands_to_its_21_runs():
+    """slurm/bible_lm.yaml: 7 cells x 3 seeds; the tied+L block's flags and tag reach its runs
+    only, and its evaluation is fairseq-eval-lm's (translation flags are refused)."""
+    sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
+    assert sweep.task == "language_modeling" and len(sweep.runs) == 21
+    tied_l = [r for r in sweep.runs if r.tag == "tiedL"]
+    assert [r.name for r in tied_l] == [f"bible_en.transformer_lm_tied.decoder.dot.tiedL.s{s}"
+                                        for s in (1, 2, 3)]
+    for run in sweep.runs:
+        args = run.train_args
+        assert ("--tied-embed-dim" in args) == (run.tag == "tiedL") == ("--tied-projection" in args)
+        assert args[args.index("--task") + 1] == "language_modeling"
+        assert run.describe()["task"] == "language_modeling"
+    assert tied_l[0].train_args[tied_l[0].train_args.index("--tied-embed-dim") + 1] == "64"
+    assert {(r.tying, r.output_layer) for r in sweep.runs if r.tag is None} == {
+        ("none", "dot"), *(("decoder", la) for la in ("dot", "l2norm", "sqnorm", "distance",
+                                                       "cosine"))}
+
+
+def test_lm_sweep_refuses_translation_evaluation_flags(tmp_path):
+    text = (REPO / "slurm" / "bible_lm.yaml").read_text().replace(
+        'args: [--average-last, "5"]', 'args: [--average-last, "5", --beam, "5"]')
+    sweep = tmp_path / "lm.yaml"
+    sweep.write_text(text)
+    with pytest.raises(SweepError, match=r"evaluation\.args: .*--beam.*evaluate-lm"):
+        load_sweep(sweep, check_data=False)
 
 
 def test_dry_run_of_the_fp16_gpu_sweep():
