@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = evaluate_run(run_dir, data, **opts)
             print("\n".join(summary_lines(result)))
         elif args.command == "evaluate-lm":
-            from fairseq_tying.evaluation.lm import evaluate_lm_run, summary_lines
+            from fairseq_tying.evaluation.perplexity import evaluate_lm_run, summary_lines
 
             opts = {k: v for k, v in vars(args).items() if k != "command"}
             run_dir, data = opts.pop("run_dir"), opts.pop("data")

@@ -295,7 +295,7 @@ def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None,
     ``RUN/eval.json`` (``RUN/eval.TAG.json`` with a tag)."""
     from fairseq_tying.evaluation.cli import evaluate_options
     from fairseq_tying.evaluation.evaluate import eval_json_name, evaluate_run
-    from fairseq_tying.evaluation.lm import TASK, evaluate_lm_run
+    from fairseq_tying.evaluation.perplexity import TASK, evaluate_lm_run
 
     opts = evaluate_options(args, task)
     opts["cpu"] = opts["cpu"] or cpu

@@ -14,8 +14,8 @@ from conftest import REPO, launch
 
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.lm import parse_eval_lm
 from fairseq_tying.evaluation.lm_study import verdict
+from fairseq_tying.evaluation.perplexity import parse_eval_lm
 from tests.conftest import run_cli
 from tests.test_launch_plateau import first_stop
 
