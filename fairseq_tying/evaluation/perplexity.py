@@ -105,7 +105,7 @@ def evaluate_lm_run(run_dir: str | os.PathLike, data: str | os.PathLike | None, 
     cmd = eval_lm_command(bin_dir, ckpt, subset, blocks, max_tokens, cpu, user_dir)
     scores, output = run_eval_lm(cmd, run_dir.name)
     stem = eval_json_name(subset, tag).removesuffix(".json")
-    write_text(run_dir / f"eval-lm-{stem}.log", output)
+    write_text(run_dir / f"{stem}.log", output)  # fairseq-eval-lm's whole output
     result = {"task": TASK, "run": record, "run_dir": str(run_dir), "checkpoint": str(ckpt),
               "averaged": averaged, "data": str(bin_dir), "subset": subset, "tag": tag,
               **blocks, **scores, "eval_lm_command": cmd}
