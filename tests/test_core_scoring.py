@@ -1,4 +1,4 @@
-"""Each scoring rule against an independent computation of its formula, and the
+"""Each output layer against an independent computation of its formula, and the
 normalization paper's properties (identity, normality, unbiasedness)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The fairseq plugin: scoring rules, the modules that apply them, models and criterions.
+"""The fairseq plugin: the output layers (scoring.py), the modules that apply them, models
+and criterions.
 
 Importing it registers the architectures and the criterion with fairseq and lets ``torch.load``
 read fairseq checkpoints with ``weights_only=True``. It imports nothing from the tools

@@ -1,4 +1,4 @@
-"""Output-layer scoring rules over a tied embedding matrix W (row w_i per token).
+"""The output layers: scores over a tied embedding matrix W (row w_i per token).
 
 With h the decoder output, the score of token i is
 
@@ -105,8 +105,8 @@ _AFFINE_MAPS: dict[str, Callable[[Tensor], Affine]] = {
 def output_matrix_and_bias(
     output_layer: str, weight: Tensor, output_bias: Tensor | None = None
 ) -> Affine:
-    """(W_out, b) such that the scores of ``rule`` are ``h @ W_out.T + b``; ``output_bias``
-    (b₂, one value per token) is added to the rule's own bias."""
+    """(W_out, b) such that the scores of ``output_layer`` are ``h @ W_out.T + b``; ``output_bias``
+    (b₂, one value per token) is added to the layer's own bias."""
     w_out, bias = _AFFINE_MAPS[output_layer](weight)
     return w_out, add_output_bias(bias, output_bias)
 
@@ -121,6 +121,6 @@ def add_output_bias(bias: Tensor | None, output_bias: Tensor | None) -> Tensor |
 def scores(
     output_layer: str, hidden: Tensor, weight: Tensor, output_bias: Tensor | None = None
 ) -> Tensor:
-    """Scores of every token for decoder outputs ``hidden`` (…, D) under ``rule``."""
+    """Scores of every token for decoder outputs ``hidden`` (…, D) under ``output_layer``."""
     w_out, bias = output_matrix_and_bias(output_layer, weight, output_bias)
     return torch.nn.functional.linear(hidden, w_out, bias)

@@ -252,6 +252,8 @@ def prepare_pairs(pairs: Pairs, args: argparse.Namespace, src: str, tgt: str) ->
     """Write the corpus under the work dir, then segment and binarize it into ``--out``."""
     corpus = write_pairs(pairs, work_dir(args) / "corpus", src, tgt)
     print(", ".join(f"{k} {len(s):,}" for k, (s, _) in pairs.items()) + f" pairs -> {corpus}")
-    return prepare.run(argparse.Namespace(
-        corpus=str(corpus), src=src, tgt=tgt, subword=args.subword, spm_type=args.spm_type,
-        vocab_size=args.vocab_size, train_limit=None, out=str(args.out), force=args.force))
+    # prepare's own parser fills every setting these scripts do not choose
+    return prepare.run(prepare.parser().parse_args([
+        "--corpus", str(corpus), "--src", src, "--tgt", tgt, "--subword", args.subword,
+        "--spm-type", args.spm_type, "--vocab-size", str(args.vocab_size), "--out", str(args.out),
+        *(["--force"] if args.force else [])]))

@@ -5,7 +5,7 @@ fairseq's stock module layout in memory, which CTranslate2's own fairseq convert
 read (``ctranslate2.converters.fairseq``):
 
 - the input embeddings become the rows the model actually looks up (w_i/‖w_i‖ for ``l2norm``);
-- the output layer becomes one linear map: the rule's affine map ``s = h·W_outᵀ + b`` taken from
+- the output layer becomes one linear map: its affine map ``s = h·W_outᵀ + b`` taken from
   the decoder's own scorer (``OutputScorer.output_matrix_and_bias``), with the
   ``--tied-projection`` matrix L folded in (W_out·L). A non-zero b (``distance``: −½‖w_i‖²,
   and any learned output bias) becomes the bias of CTranslate2's output projection.
@@ -95,7 +95,7 @@ def load_model(ckpt: Path, data: Path | None):
 @torch.no_grad()
 def output_affine(decoder: nn.Module) -> tuple[Tensor, Tensor | None]:
     """(W, b) with scores = h·Wᵀ + b for the decoder output h (projection folded in);
-    b is None when the rule has no bias or it is zero."""
+    b is None when the output layer has no bias or it is zero."""
     scorer = decoder.scorer
     w_out, bias = scorer.output_matrix_and_bias()
     if scorer.projection is not None:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ

@@ -5,9 +5,9 @@ fairseq's ``transformer``, ``dynamicconv_{dwt,twwt}*`` into fairseq's ``lightcon
 fairseq's stock model, so that ``fairseq-generate`` loads OUT without ``--user-dir`` and
 produces the same hypotheses (both stock decoders score with ``output_projection``):
 
-- every rule is the affine map ``s = h·W_outᵀ + b`` (``scoring.output_matrix_and_bias``);
+- every output layer is the affine map ``s = h·W_outᵀ + b`` (``scoring.output_matrix_and_bias``);
   ``W_out`` (times the ``--tied-projection`` matrix L, giving a V×H matrix) becomes
-  ``decoder.output_projection.weight``. A rule with a bias (``distance``: −½‖w_i‖²) or a
+  ``decoder.output_projection.weight``. An output layer with a bias (``distance``: −½‖w_i‖²) or a
   learned output bias (``--output-bias``) has no stock equivalent: the export stops with an
   error and writes nothing;
 - ``l2norm`` input lookups use w_i/‖w_i‖: the normalized rows are written into the embeddings;
@@ -116,7 +116,7 @@ def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], 
     weight = model["decoder.scorer.weight"]
     projection = model.get("decoder.scorer.projection.weight")
     w_out, bias = scoring.output_matrix_and_bias(output_layer, weight)
-    assert bias is None, output_layer  # rules with a bias were refused by stock_arch
+    assert bias is None, output_layer  # layers with a bias were refused by stock_arch
     if projection is not None:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ
         w_out = (w_out.float() @ projection.float()).to(weight.dtype)
     normalize_inputs = tying != "none" and output_layer in scoring.NORMALIZED_INPUT_LAYERS

@@ -4,7 +4,7 @@ A decoder-only model has two roles for a token matrix, input and output, so ``--
 ``none`` or ``decoder`` (Press & Wolf's tied LM; ``three_way`` needs an encoder). The hidden size
 H is ``--decoder-output-dim``; the matrix has D = ``--tied-embed-dim`` columns (default
 ``--decoder-input-dim``), and H ≠ D needs ``--tied-projection``: the learned map L of
-Gulordava et al.'s tied+L, s = rule(L·h, W). fairseq's decoder maps D to its model size with
+Gulordava et al.'s tied+L, s = score(L·h, W). fairseq's decoder maps D to its model size with
 its own input projection, as for ``--decoder-input-dim``.
 """
 

@@ -24,7 +24,7 @@ from fairseq_tying.core.models.tying import (
 
 
 class TiedTransformerDecoder(ScorerDecoderMixin, TransformerDecoder):
-    """fairseq's decoder; ``output_layer`` applies the chosen scoring rule."""
+    """fairseq's decoder; ``output_layer`` applies the chosen output layer."""
 
 
 @register_model("transformer_tying")

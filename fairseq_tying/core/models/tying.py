@@ -26,7 +26,8 @@ def add_tying_args(parser: ArgumentParser) -> None:
     parser.add_argument("--tying", choices=TYING_MODES,
                         help="which embeddings share one matrix (default: set by the --arch)")
     parser.add_argument("--output-layer", choices=scoring.OUTPUT_LAYERS,
-                        help="scoring rule over the tied matrix (default: dot)")
+                        help="how decoder outputs are scored against the tied matrix "
+                             "(default: dot)")
     parser.add_argument("--tied-projection", action="store_true",
                         help="learned linear map from the decoder output (size H) to the "
                              "embedding size D before the output layer; allows H != D")
