@@ -141,7 +141,7 @@ def test_spm_model_types(tmp_path):
         work = tmp_path / kind
         work.mkdir()
         args = prepare.parser().parse_args(_args(work, "sentencepiece", 30, spm_type=kind))
-        out = prepare._sentencepiece(work, data, ("es", "en"), args)
+        out = prepare.sentencepiece(work, data, ("es", "en"), args)
         sp = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
         assert sp.decode(out[("train", "en")][0].split()) == "hello world"
         vocab = (work / "spm.vocab").read_text(encoding="utf-8").splitlines()
@@ -181,7 +181,7 @@ def test_failed_preparation_leaves_nothing(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("fairseq-preprocess failed")
 
-    monkeypatch.setattr(prepare, "binarize", broken)
+    monkeypatch.setattr(prepare, "preprocess", broken)
     with pytest.raises(RuntimeError):
         prepare.main(_args(tmp_path / "d", "sentencepiece", 300))
     assert list(tmp_path.iterdir()) == []  # neither the data dir nor its build dir

@@ -20,7 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fairseq_tying.common import moses
-from fairseq_tying.common.atomic import building_dir
+from fairseq_tying.common.atomic import building_dir, write_lines
 from fairseq_tying.data import prepare
 
 IWSLT_URLS = {
@@ -227,9 +227,7 @@ def write_pairs(pairs: Pairs, out: Path, src: str, tgt: str) -> Path:
     with building_dir(out) as tmp:
         for split, (s, t) in pairs.items():
             for lang, lines in ((src, s), (tgt, t)):
-                (tmp / f"{split}.{lang}").write_text(
-                    "".join(x + "\n" for x in lines), encoding="utf-8"
-                )
+                write_lines(tmp / f"{split}.{lang}", lines)
     return out
 
 

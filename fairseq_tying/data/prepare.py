@@ -7,6 +7,8 @@
 segmented text, ``D/spm.model`` or ``D/bpe.codes`` the subword model, ``D/bin/`` the binarized
 data (``fairseq-preprocess --joined-dictionary``, ready for three-way tying) and ``D/prep.json``
 what was done. The directory is built aside and renamed into place when complete.
+``--lm LANG`` prepares one language for a language model instead (:mod:`.lm`), with the same
+reading, subwords, binarization and rerun check.
 """
 
 from __future__ import annotations
@@ -16,58 +18,69 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
 
-from fairseq_tying.common.atomic import building_dir
+from fairseq_tying.common.atomic import building_dir, write_lines
 from fairseq_tying.common.moses import moses_tokenize
 from fairseq_tying.data import bible
 
 SPLITS = ("train", "valid", "test")
 SUBWORDS = ("sentencepiece", "subword_nmt")
+# (work dir, {(split, lang): lines}, langs, args) -> the same lines in subword units
+Segmenter = Callable[[Path, dict, tuple, argparse.Namespace], dict]
 
 
 class PrepareError(Exception):
     """Bad input to the preparation (the message names the flag or file and the fix)."""
 
 
-def read_corpus(corpus: str, src: str, tgt: str, train_limit: int | None) -> dict:
-    """``{(split, lang): lines}`` of the embedded Bible or of a directory of plain text files."""
+def read_corpus(corpus: str, langs: tuple[str, ...], train_limit: int | None) -> dict:
+    """``{(split, lang): lines}`` of the embedded Bible or of a directory of plain text files:
+    a translation pair (``langs`` = src, tgt) or one language (a language model)."""
     if corpus == "bible":
-        if {src, tgt} != set(bible.LANGS):
-            raise PrepareError(
-                f"--corpus bible has languages es and en, not --src {src} --tgt {tgt}"
-            )
-        data = {(s, lang): bible.read_split(s, lang) for s in SPLITS for lang in bible.LANGS}
+        if not set(langs) <= set(bible.LANGS):
+            raise PrepareError(f"--corpus bible has languages {' and '.join(bible.LANGS)}, "
+                               f"not {_lang_flags(langs)}")
+        data = {(s, lang): bible.read_split(s, lang) for s in SPLITS for lang in langs}
     else:
-        root = Path(corpus)
-        if not root.is_dir():
-            raise PrepareError(f"--corpus {corpus}: not 'bible' nor a directory")
-        data = {}
-        for s in SPLITS:
-            for lang in (src, tgt):
-                path = root / f"{s}.{lang}"
-                if not path.is_file():
-                    raise PrepareError(
-                        f"--corpus {corpus}: {path} is missing; a corpus directory needs "
-                        f"{{train,valid,test}}.{{{src},{tgt}}} with one sentence per line"
-                    )
-                data[(s, lang)] = path.read_text(encoding="utf-8").splitlines()
+        data = _read_dir(corpus, langs)
     for s in SPLITS:
-        n_src, n_tgt = len(data[(s, src)]), len(data[(s, tgt)])
-        if n_src != n_tgt:
-            raise PrepareError(f"--corpus {corpus}: {s}.{src} has {n_src} lines, {s}.{tgt} {n_tgt}")
-        if n_src == 0:
-            raise PrepareError(f"--corpus {corpus}: {s}.{src} is empty")
+        n = [len(data[(s, lang)]) for lang in langs]
+        if len(set(n)) > 1:
+            raise PrepareError(f"--corpus {corpus}: {s}.{langs[0]} has {n[0]} lines, "
+                               f"{s}.{langs[1]} {n[1]}")
+        if n[0] == 0:
+            raise PrepareError(f"--corpus {corpus}: {s}.{langs[0]} is empty")
     if train_limit is not None:
-        for lang in (src, tgt):
+        for lang in langs:
             data[("train", lang)] = data[("train", lang)][:train_limit]
     return data
 
 
-def _write(path: Path, lines: list[str]) -> None:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+def _lang_flags(langs: tuple[str, ...]) -> str:
+    """The flags that chose ``langs``, for error messages: a pair or a language model's."""
+    return f"--src {langs[0]} --tgt {langs[1]}" if len(langs) == 2 else f"--lm {langs[0]}"
+
+
+def _read_dir(corpus: str, langs: tuple[str, ...]) -> dict:
+    root = Path(corpus)
+    if not root.is_dir():
+        raise PrepareError(f"--corpus {corpus}: not 'bible' nor a directory")
+    exts = "{" + ",".join(langs) + "}" if len(langs) > 1 else langs[0]
+    data = {}
+    for s in SPLITS:
+        for lang in langs:
+            path = root / f"{s}.{lang}"
+            if not path.is_file():
+                raise PrepareError(
+                    f"--corpus {corpus}: {path} is missing; a corpus directory needs "
+                    f"{{train,valid,test}}.{exts} with one sentence per line"
+                )
+            data[(s, lang)] = path.read_text(encoding="utf-8").splitlines()
+    return data
 
 
 def _train_text(data: dict, langs: tuple[str, ...]) -> list[str]:
@@ -75,11 +88,19 @@ def _train_text(data: dict, langs: tuple[str, ...]) -> list[str]:
     return [line for lang in dict.fromkeys(langs) for line in data[("train", lang)]]
 
 
-def _sentencepiece(work: Path, data: dict, langs: tuple[str, str], args) -> dict:
+def segment(work: Path, data: dict, langs: tuple[str, ...], args) -> dict:
+    """``data`` in ``--subword`` units (sentencepiece or subword_nmt), the model learnt from the
+    training lines of ``langs`` and saved in ``work``."""
+    learn = sentencepiece if args.subword == "sentencepiece" else subword_nmt
+    return learn(work, data, langs, args)
+
+
+def sentencepiece(work: Path, data: dict, langs: tuple[str, ...], args) -> dict:
+    """Learn ``work/spm.model`` and segment ``data`` into its pieces."""
     import sentencepiece as spm
 
     train = work / "spm.train.txt"
-    _write(train, _train_text(data, langs))
+    write_lines(train, _train_text(data, langs))
     spm.SentencePieceTrainer.train(
         input=str(train),
         model_prefix=str(work / "spm"),
@@ -98,7 +119,8 @@ def _sentencepiece(work: Path, data: dict, langs: tuple[str, str], args) -> dict
     return out
 
 
-def _subword_nmt(work: Path, data: dict, langs: tuple[str, str], args) -> dict:
+def subword_nmt(work: Path, data: dict, langs: tuple[str, ...], args) -> dict:
+    """Moses-tokenize ``data``, learn ``work/bpe.codes`` and apply them."""
     from subword_nmt.apply_bpe import BPE
     from subword_nmt.learn_bpe import learn_bpe
 
@@ -117,34 +139,46 @@ def _subword_nmt(work: Path, data: dict, langs: tuple[str, str], args) -> dict:
     }
 
 
-def binarize(subword_dir: Path, bin_dir: Path, src: str, tgt: str, workers: int = 1) -> None:
-    """fairseq-preprocess with one dictionary shared by both languages."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "fairseq_cli.preprocess",
-        "--source-lang",
-        src,
-        "--target-lang",
-        tgt,
-        "--joined-dictionary",
-        "--destdir",
-        str(bin_dir),
-        "--workers",
-        str(workers),
-    ]
-    for s in SPLITS:
-        cmd += [f"--{s}pref", str(subword_dir / s)]
+def dictionary_name(langs: tuple[str, ...]) -> str:
+    """The dictionary :func:`preprocess` writes: one per language of a pair (both the same
+    here), ``dict.txt`` for one language."""
+    return f"dict.{langs[0]}.txt" if len(langs) == 2 else "dict.txt"
+
+
+def preprocess(text_dir: Path, bin_dir: Path, langs: tuple[str, ...],
+               n_words: int | None = None, workers: int = 1) -> Path:
+    """fairseq-preprocess of ``text_dir/{split}.{lang}``; returns the dictionary's path.
+
+    A pair (``langs`` = src, tgt) gets one dictionary shared by both languages
+    (``--joined-dictionary``); one language gets ``--only-source``, and ``n_words`` keeps that
+    many types (every other one becomes <unk>)."""
+    if len(langs) == 2:
+        cmd = ["--source-lang", langs[0], "--target-lang", langs[1], "--joined-dictionary"]
+        prefixes = [text_dir / s for s in SPLITS]
+    else:
+        cmd = ["--only-source"]
+        prefixes = [text_dir / f"{s}.{langs[0]}" for s in SPLITS]
+    cmd += ["--destdir", str(bin_dir), "--workers", str(workers)]
+    for s, prefix in zip(SPLITS, prefixes, strict=True):
+        cmd += [f"--{s}pref", str(prefix)]
+    if n_words is not None:
+        cmd += ["--nwordssrc", str(n_words)]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "fairseq_cli.preprocess", *cmd],
+                          env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"fairseq-preprocess failed:\n{proc.stdout}\n{proc.stderr}")
+    return bin_dir / dictionary_name(langs)
+
+
+def corpus_id(corpus: str) -> str:
+    """``--corpus`` as prep.json records it: 'bible' or the directory's absolute path."""
+    return "bible" if corpus == "bible" else str(Path(corpus).resolve())
 
 
 def prep_record(args) -> dict:
-    corpus = "bible" if args.corpus == "bible" else str(Path(args.corpus).resolve())
     return {
-        "corpus": corpus,
+        "corpus": corpus_id(args.corpus),
         "src": args.src,
         "tgt": args.tgt,
         "subword": args.subword,
@@ -156,43 +190,45 @@ def prep_record(args) -> dict:
     }
 
 
-def is_prepared(out: Path, record: dict) -> bool:
+def is_prepared(out: Path, record: dict, langs: tuple[str, ...]) -> bool:
     """Whether ``out`` is a complete data dir made with the same settings."""
     try:
         done = json.loads((out / "prep.json").read_text())
     except (OSError, ValueError):
         return False
     same = all(done.get(k) == v for k, v in record.items())
-    return same and (out / "bin" / f"dict.{record['src']}.txt").is_file()
+    return same and (out / "bin" / dictionary_name(langs)).is_file()
 
 
-def prepare(args) -> tuple[Path, bool]:
-    """Build the data dir; returns it and whether work was done (False: already prepared)."""
+def build(args, record: dict, langs: tuple[str, ...], segmenter: Segmenter = segment,
+          n_words: int | None = None) -> tuple[Path, bool]:
+    """Build ``--out`` from ``langs`` of ``--corpus``, recording ``record`` in its prep.json;
+    returns it and whether work was done (False: already prepared)."""
     out = Path(args.out)
-    record = prep_record(args)
-    if is_prepared(out, record):
+    if is_prepared(out, record, langs):
         return out, False
     if out.exists() and not args.force:
         raise PrepareError(
             f"--out {out} exists but was not prepared with these settings; "
             "choose another --out or pass --force to replace it"
         )
-    data = read_corpus(args.corpus, args.src, args.tgt, args.train_limit)
-    langs = (args.src, args.tgt)
+    data = read_corpus(args.corpus, langs, args.train_limit)
     with building_dir(out) as work:
-        (work / "raw").mkdir()
-        (work / "subword").mkdir()
-        for (s, lang), lines in data.items():
-            _write(work / "raw" / f"{s}.{lang}", lines)
-        segment = _sentencepiece if args.subword == "sentencepiece" else _subword_nmt
-        for (s, lang), lines in segment(work, data, langs, args).items():
-            _write(work / "subword" / f"{s}.{lang}", lines)
-        binarize(work / "subword", work / "bin", args.src, args.tgt)
-        record["pairs"] = {s: len(data[(s, args.src)]) for s in SPLITS}
-        dict_lines = (work / "bin" / f"dict.{args.src}.txt").read_text().splitlines()
-        record["dict_size"] = len(dict_lines)
+        for folder, texts in (("raw", data), ("subword", segmenter(work, data, langs, args))):
+            (work / folder).mkdir()
+            for (s, lang), lines in texts.items():
+                write_lines(work / folder / f"{s}.{lang}", lines)
+        dictionary = preprocess(work / "subword", work / "bin", langs, n_words)
+        counted = "pairs" if len(langs) == 2 else "sentences"
+        record[counted] = {s: len(data[(s, langs[0])]) for s in SPLITS}
+        record["dict_size"] = len(dictionary.read_text().splitlines())
         (work / "prep.json").write_text(json.dumps(record, indent=2) + "\n")
     return out, True
+
+
+def prepare(args) -> tuple[Path, bool]:
+    """Build the data dir; returns it and whether work was done (False: already prepared)."""
+    return build(args, prep_record(args), (args.src, args.tgt))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -245,39 +281,36 @@ def run(args: argparse.Namespace) -> int:
             raise PrepareError(f"--vocab-size {args.vocab_size} is too small (use >= 10)")
         if args.train_limit is not None and args.train_limit < 1:
             raise PrepareError(f"--train-limit {args.train_limit} must be positive")
-        if args.lm:
-            return _main_lm(args)
-        if not (args.src and args.tgt):
-            raise PrepareError("--src and --tgt are required (or --lm LANG for a language model)")
-        if args.subword == "word":
-            raise PrepareError("--subword word is for language models (--lm LANG); translation "
-                               "uses sentencepiece or subword_nmt")
-        if args.src == args.tgt:
-            raise PrepareError("--src and --tgt must differ")
-        out, built = prepare(args)
+        out, built = _prepare_lm(args) if args.lm else _prepare_pair(args)
     except (PrepareError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     prep = json.loads((out / "prep.json").read_text())
     state = "prepared" if built else "already prepared, skipped"
-    print(
-        f"{out}: {state} ({prep['subword']}, dictionary of {prep['dict_size']} types, "
-        f"pairs {prep['pairs']})"
-    )
+    what = f"language model, {prep['subword']}" if args.lm else prep["subword"]
+    counted = "sentences" if args.lm else "pairs"
+    print(f"{out}: {state} ({what}, dictionary of {prep['dict_size']} types, "
+          f"{counted} {prep[counted]})")
     return 0
 
 
-def _main_lm(args) -> int:
-    from fairseq_tying.data.lm import prepare_lm as build
+def _prepare_pair(args: argparse.Namespace) -> tuple[Path, bool]:
+    if not (args.src and args.tgt):
+        raise PrepareError("--src and --tgt are required (or --lm LANG for a language model)")
+    if args.subword == "word":
+        raise PrepareError("--subword word is for language models (--lm LANG); translation "
+                           "uses sentencepiece or subword_nmt")
+    if args.src == args.tgt:
+        raise PrepareError("--src and --tgt must differ")
+    return prepare(args)
+
+
+def _prepare_lm(args: argparse.Namespace) -> tuple[Path, bool]:
+    from fairseq_tying.data.lm import prepare_lm
 
     if args.src or args.tgt:
         raise PrepareError(f"--lm {args.lm} prepares one language: drop --src/--tgt")
-    out, built = build(args)
-    prep = json.loads((out / "prep.json").read_text())
-    state = "prepared" if built else "already prepared, skipped"
-    print(f"{out}: {state} (language model, {prep['subword']}, dictionary of "
-          f"{prep['dict_size']} types, sentences {prep['sentences']})")
-    return 0
+    return prepare_lm(args)
 
 
 if __name__ == "__main__":
