@@ -37,6 +37,17 @@ def run_cli(tool: str, *args: str, check: bool = True) -> subprocess.CompletedPr
     return proc
 
 
+def run_module(module: str, *args: str | os.PathLike, check: bool = True,
+               timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m MODULE ARGS`` (one of the package's tools, as a user runs it) from this
+    environment; output captured."""
+    proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                          text=True, env=cli_env(), cwd=REPO, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{module} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
 def write_corpus(folder: Path, seed: int = 0) -> None:
     """A toy 'translation' task: the target is the reversed, upper-cased source."""
     rng = random.Random(seed)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +12,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from tests.conftest import REPO, binarize, cli_env, run_cli
+from tests.conftest import binarize, run_cli, run_module
 from tests.test_core_cli import train_args
 
 
@@ -89,10 +87,8 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
     report_md = tmp_path / "results.md"
     report_md.write_text("# R\n\nwritten by hand\n<!-- analysis:begin -->\nold\n"
                          "<!-- analysis:end -->\nafter\n")
-    proc = subprocess.run([sys.executable, "-m", "fairseq_tying.analysis", str(ckpts["three_way"]),
-                           str(ckpts["none"]), "--out", str(out), "--report", str(report_md)],
-                          capture_output=True, text=True, env=cli_env(), cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_module("fairseq_tying.analysis", ckpts["three_way"], ckpts["none"], "--out", out,
+               "--report", report_md)
     report = json.loads((out / "analysis.json").read_text())
     assert report["subword_model"] == str(root / "spm.model")  # found beside the data folder
     tied, untied = report["models"]

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from fairseq_tying.core import scoring
-from tests.conftest import REPO, build_model, cli_env, run_cli
+from tests.conftest import build_model, run_cli, run_module
 from tests.test_core_cli import last_updates, train_args
 from tests.test_core_models import _arch
 
@@ -134,20 +132,7 @@ def test_pretrained_vectors_are_in_the_trained_matrix(
     if family == "transformer" and tying == "three_way" and dim == 16:
         # the stock export holds the vectors and must not make stock fairseq read the file
         out = tmp_path / "stock.pt"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fairseq_tying.export",
-                str(tmp_path / "checkpoint_last.pt"),
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            env=cli_env(),
-            cwd=REPO,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        run_module("fairseq_tying.export", tmp_path / "checkpoint_last.pt", out)
         cfg = torch.load(out, weights_only=True)["cfg"]["model"]
         assert cfg["encoder_embed_path"] is None and cfg["decoder_embed_path"] is None
 
@@ -343,19 +328,8 @@ def test_output_bias_survives_resuming(joined_bin, tmp_path, output_layer):
     )
     if output_layer == "dot":  # stock fairseq has no output bias: the export refuses it
         out = tmp_path / "stock.pt"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fairseq_tying.export",
-                str(resumed / "checkpoint_last.pt"),
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            env=cli_env(),
-            cwd=REPO,
-        )
+        proc = run_module("fairseq_tying.export", resumed / "checkpoint_last.pt", out,
+                          check=False)
         assert proc.returncode == 2 and "--output-bias" in proc.stderr and not out.exists()
     if output_layer != "distance":
         return

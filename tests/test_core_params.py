@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from fairseq_tying.core.params import _Task, count, dummy_dictionary
-from tests.conftest import TINY_MODEL, build_model
+from tests.conftest import TINY_MODEL, build_model, run_module
 
 
 def test_counts_match_the_built_model_and_the_formula(joined_bin):
@@ -19,9 +16,8 @@ def test_counts_match_the_built_model_and_the_formula(joined_bin):
 
 
 def test_big_transformer_table_from_the_command_line():
-    out = subprocess.run([sys.executable, "-m", "fairseq_tying.core.params", "--arch",
-                          "transformer_twwt_wmt_en_de_big", "--src-vocab", "32000",
-                          "--tgt-vocab", "32000"], capture_output=True, text=True, check=True)
+    out = run_module("fairseq_tying.core.params", "--arch", "transformer_twwt_wmt_en_de_big",
+                     "--src-vocab", "32000", "--tgt-vocab", "32000")
     rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines()
             if line.startswith("| ") and "tying" not in line}
     v, d = 32000, 1024

@@ -8,7 +8,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from fairseq_tying.data import bible
 from fairseq_tying.data.align import align_book, align_lengths
 from fairseq_tying.data.osis import clean_osis, parse_imp
 from fairseq_tying.data.recase import undo_drop_caps, word_case_counts
+from tests.conftest import run_module
 
 COMMITTED = bible.CORPUS_DIR
 W = '<w lemma="strong:H{}">{}</w>'.format
@@ -221,12 +221,7 @@ def test_committed_checksums_match_readme():
 
 
 def test_extract_cli(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_tying.data.bible", "extract", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_module("fairseq_tying.data.bible", "extract", "--out", tmp_path)
     assert "train 28,637 pairs, valid 808 pairs, test 1,434 pairs" in proc.stdout
     for split in bible.SPLITS:
         for lang in bible.LANGS:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fairseq_tying.common import moses
 from fairseq_tying.data import bible, prepare
+from tests.conftest import run_module
 
 LIMIT = 200
 CONTRACT = {"corpus", "src", "tgt", "subword", "post_process", "detokenizer", "vocab_size"}
@@ -189,25 +187,7 @@ def test_failed_preparation_leaves_nothing(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_cli_module(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fairseq_tying.data.prepare",
-            "--corpus",
-            "bible",
-            "--src",
-            "es",
-            "--tgt",
-            "de",
-            "--vocab-size",
-            "100",
-            "--out",
-            str(tmp_path / "d"),
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    proc = run_module("fairseq_tying.data.prepare", "--corpus", "bible", "--src", "es", "--tgt",
+                      "de", "--vocab-size", "100", "--out", tmp_path / "d", check=False)
     assert proc.returncode == 2
     assert "--corpus bible has languages es and en" in proc.stderr

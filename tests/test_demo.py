@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fairseq_tying.data import bible
-from tests.conftest import cli_env
+from tests.conftest import run_module
 
 
 def _slice(src: Path, dst: Path, sizes: dict[str, int]) -> None:
@@ -26,11 +24,8 @@ def test_demo_pipeline_with_a_tiny_budget(tmp_path):
     bible.extract(tmp_path / "full")
     _slice(tmp_path / "full", tmp_path / "corpus", {"train": 400, "valid": 20, "test": 12})
     out = tmp_path / "demo"
-    proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_tying.demo", "--out", str(out), "--corpus",
-         str(tmp_path / "corpus"), "--vocab-size", "300", "--max-update", "6"],
-        capture_output=True, text=True, env=cli_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("fairseq_tying.demo", "--out", out, "--corpus", tmp_path / "corpus",
+                      "--vocab-size", "300", "--max-update", "6")
     log = proc.stdout + proc.stderr
     assert "num_updates 6" in log  # fairseq's own training log is shown
     results = out / "results"

@@ -23,6 +23,7 @@ from matplotlib import image as mpimg
 import fairseq_tying
 from fairseq_tying.evaluation.average import average_checkpoints
 from fairseq_tying.launch import job
+from tests.conftest import run_module
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +90,7 @@ def _train(data: Path, save_dir: Path, output_layer: str, seed: int, epochs: int
 
 
 def _evaluate(*args) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-m", "fairseq_tying.evaluation", *args])
+    return run_module("fairseq_tying.evaluation", *args, check=False)
 
 
 @pytest.fixture(scope="module")

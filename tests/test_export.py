@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from fairseq_tying import export
-from tests.conftest import REPO, TINY_MODEL, cli_env, run_cli
+from tests.conftest import TINY_MODEL, run_cli, run_module
 
 CASES = [  # (arch, --tying, --output-layer, --tied-projection)
     *[("transformer_twwt", "three_way", output_layer, proj)
@@ -44,8 +43,7 @@ def _hypotheses(data: Path, ckpt: Path, *extra: str) -> dict[int, tuple[str, flo
 
 
 def _export(ckpt: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fairseq_tying.export", str(ckpt), str(out)],
-                          capture_output=True, text=True, env=cli_env(), cwd=REPO)
+    return run_module("fairseq_tying.export", ckpt, out, check=False)
 
 
 @pytest.mark.slow

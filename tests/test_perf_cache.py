@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import gc
 import json
-import subprocess
-import sys
 import weakref
 
 import pytest
 import torch
 
 from fairseq_tying.core import modules, scoring
-from tests.conftest import REPO, build_model, cli_env
+from tests.conftest import build_model, run_module
 
 
 def _model(data, output_layer: str):
@@ -124,11 +122,8 @@ def test_grad_mode_eval_is_not_cached(joined_bin):
 @pytest.mark.slow
 def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_tying.bench", "--size", "tiny", "--vocab", "64",
-         "--reps", "2", "--warmup", "1", "--threads", "1", "--out", str(out)],
-        capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("fairseq_tying.bench", "--size", "tiny", "--vocab", "64", "--reps", "2",
+                      "--warmup", "1", "--threads", "1", "--out", out, timeout=900)
     report = json.loads((out / "bench.json").read_text())
     res = report["results"]["64"]
     assert set(res["train"]) == {"builtin", *scoring.OUTPUT_LAYERS}
@@ -150,6 +145,5 @@ def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
 
 
 def test_benchmark_rejects_fp16_on_cpu():
-    proc = subprocess.run([sys.executable, "-m", "fairseq_tying.bench", "--fp16"],
-                          capture_output=True, text=True, env=cli_env(), cwd=REPO)
+    proc = run_module("fairseq_tying.bench", "--fp16", check=False)
     assert proc.returncode == 2 and "--fp16 needs --device cuda" in proc.stderr
