@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.data import bible, prepare
+from tests.conftest import run_module
 
 LIMIT = 300
 
@@ -98,3 +99,11 @@ def test_a_corpus_directory_needs_the_language_files(tmp_path, capsys):
     assert prepare.main(["--corpus", str(tmp_path / "c"), "--lm", "en", "--vocab-size", "100",
                          "--out", str(tmp_path / "x")]) == 2
     assert "valid.en is missing" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_command_names_a_bad_language_without_a_traceback(tmp_path):
+    proc = run_module("fairseq_tying.data.prepare", "--corpus", "bible", "--lm", "de",
+                      "--vocab-size", "100", "--out", tmp_path / "x", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr == "error: --corpus bible has languages es and en, not --lm de\n"

@@ -314,4 +314,7 @@ def _prepare_lm(args: argparse.Namespace) -> tuple[Path, bool]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module, not this __main__ copy: lm.py raises that module's PrepareError
+    from fairseq_tying.data import prepare as _prepare
+
+    sys.exit(_prepare.main())
