@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,16 +16,28 @@ from fairseq_tying import translate
 from fairseq_tying.export import main as export_main
 from fairseq_tying.export.ct2 import Subword, export_ct2
 from fairseq_tying.export.stock import ExportError, stock_arch
-from tests.conftest import BIN, REPO, cli_env, run_cli
+from tests.conftest import run_cli, run_module
 from tests.test_export import _args, _train
 
-BEAM, MAX_LEN = 4, 12
-# Length penalty 0 (raw log-probability): with min length 1 CTranslate2 bans </s> at the first
-# step before its softmax (renormalizing), fairseq after it, which adds the same constant
-# -log(1 - p(</s>)) to every hypothesis of a sentence. That leaves raw scores' ranking intact
-# but can flip a length-normalized one when p(</s>) at step 1 is large, as it is in these toy
-# models (0.45 measured); trained models put ~0 there (docs/performance.md).
-LENPEN = 0
+MAX_LEN = 12
+# The decoding settings of every comparison, by fairseq-generate's flag names (translate and
+# bench --mode serve take the same flags). Each decoder gets them through its own front end:
+# fairseq-generate's flags, or the package's fairseq -> CTranslate2 mapping
+# (translate.ct2_options), which the comparisons with fairseq-generate therefore test.
+DECODING = {
+    "beam": 4,
+    # Length penalty 0 (raw log-probability): with min length 1 CTranslate2 bans </s> at the
+    # first step before its softmax (renormalizing), fairseq after it, which adds the same
+    # constant -log(1 - p(</s>)) to every hypothesis of a sentence. That leaves raw scores'
+    # ranking intact but can flip a length-normalized one when p(</s>) at step 1 is large, as
+    # it is in these toy models (0.45 measured); trained models put ~0 there
+    # (docs/performance.md).
+    "lenpen": 0,
+    "max_len_b": MAX_LEN,
+}
+DECODING_FLAGS = [arg for name, value in DECODING.items()
+                  for arg in (f"--{name.replace('_', '-')}", str(value))]
+BATCH = 8
 
 
 def _assert_same(ct2: dict[int, str], fairseq: dict[int, str]) -> None:
@@ -78,12 +88,6 @@ def trained(joined_bin, tmp_path_factory):
     return get
 
 
-def _module(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", name, *args], capture_output=True, text=True, env=cli_env(), cwd=REPO
-    )
-
-
 def _generate(data: Path, ckpt: Path, *extra: str) -> tuple[dict, dict]:
     """(sources, best hypotheses) of fairseq-generate, by sentence id."""
     proc = run_cli(
@@ -91,14 +95,9 @@ def _generate(data: Path, ckpt: Path, *extra: str) -> tuple[dict, dict]:
         str(data),
         "--path",
         str(ckpt),
-        "--beam",
-        str(BEAM),
-        "--lenpen",
-        str(LENPEN),
+        *DECODING_FLAGS,
         "--batch-size",
-        "8",
-        "--max-len-b",
-        str(MAX_LEN),
+        str(BATCH),
         "--cpu",
         *extra,
     )
@@ -112,9 +111,9 @@ def _ct2_hypotheses(model: Path, sources: dict[int, list[str]], **kw) -> dict[in
     import ctranslate2
 
     translator = ctranslate2.Translator(str(model), device="cpu", intra_threads=1, **kw)
-    options = translate.ct2_options(beam=BEAM, lenpen=LENPEN, max_len_b=MAX_LEN)
+    options = translate.ct2_options(**DECODING)
     ids = sorted(sources)
-    hyps = translate.translate_tokens(translator, [sources[i] for i in ids], options, 8)
+    hyps = translate.translate_tokens(translator, [sources[i] for i in ids], options, BATCH)
     return {i: " ".join(h) for i, h in zip(ids, hyps, strict=True)}
 
 
@@ -139,42 +138,35 @@ def test_ctranslate2_reproduces_fairseq_generate(
 def test_int8_export_and_translate_command(joined_bin, trained, tmp_path):
     run = trained("transformer_twwt", "three_way", "dot", False)
     out = tmp_path / "ct2-int8"
-    proc = _module(
+    run_module(
         "fairseq_tying.export",
-        str(run.ckpt),
-        str(out),
+        run.ckpt,
+        out,
         "--format",
         "ctranslate2",
         "--no-subword",
         "--quantization",
         "int8",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "fairseq_tying.json").read_text())["quantization"] == "int8"
     sources = run.sources
     src = tmp_path / "src.txt"
     ids = sorted(sources)
     src.write_text("".join(" ".join(sources[i]) + "\n" for i in ids))
-    proc = _module(
+    proc = run_module(
         "fairseq_tying.translate",
         "--model",
-        str(out),
+        out,
         "--input",
-        str(src),
+        src,
         "--output",
-        str(tmp_path / "hyp.txt"),
-        "--beam",
-        str(BEAM),
-        "--lenpen",
-        str(LENPEN),
-        "--max-len-b",
-        str(MAX_LEN),
+        tmp_path / "hyp.txt",
+        *DECODING_FLAGS,
         "--batch-size",
         "3",
         "--threads",
         "1",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "translate: 100%" in proc.stderr  # the progress bar
     lines = (tmp_path / "hyp.txt").read_text().splitlines()
     assert lines == [_ct2_hypotheses(out, sources)[i] for i in ids]
@@ -184,30 +176,20 @@ def test_int8_export_and_translate_command(joined_bin, trained, tmp_path):
 def test_stock_export_converts_with_ct2_fairseq_converter(joined_bin, trained, tmp_path):
     run = trained("transformer_twwt", "three_way", "sqnorm", False)
     stock = tmp_path / "stock.pt"
-    proc = _module(
-        "fairseq_tying.export", str(run.ckpt), str(stock), "--config-format", "namespace"
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_module("fairseq_tying.export", run.ckpt, stock, "--config-format", "namespace")
     out = tmp_path / "converted"
     # CTranslate2's own converter; --user_dir only allowlists argparse.Namespace for torch.load.
-    conv = subprocess.run(
-        [
-            str(BIN / "ct2-fairseq-converter"),
-            "--model_path",
-            str(stock),
-            "--data_dir",
-            str(joined_bin),
-            "--user_dir",
-            "fairseq_tying",
-            "--output_dir",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        cwd=REPO,
+    run_cli(
+        "ct2-fairseq-converter",
+        "--model_path",
+        str(stock),
+        "--data_dir",
+        str(joined_bin),
+        "--user_dir",
+        "fairseq_tying",
+        "--output_dir",
+        str(out),
     )
-    assert conv.returncode == 0, conv.stderr[-3000:]
     # the stock export gives the plugin's hypotheses (tests/test_export.py), so must the converted
     _assert_same(_ct2_hypotheses(out, run.sources), run.hypotheses)
 
@@ -223,8 +205,7 @@ def test_dynamicconv_exports_to_stock_lightconv(joined_bin, trained, tmp_path):
         ("--encoder-layers", "2", "--decoder-layers", "2"),
     )
     out = tmp_path / "lightconv.pt"
-    proc = _module("fairseq_tying.export", str(run.ckpt), str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("fairseq_tying.export", run.ckpt, out)
     assert "arch lightconv" in proc.stdout
     assert torch.load(out, weights_only=True)["cfg"]["model"]["arch"] == "lightconv"
     stock = _generate(joined_bin, out)[1]  # stock fairseq, no --user-dir
@@ -316,14 +297,9 @@ def test_serve_bench_compares_fairseq_and_ctranslate2(tiny_corpus, joined_bin, t
             str(run.ckpt),
             "--data",
             str(joined_bin),
-            "--beam",
-            str(BEAM),
-            "--lenpen",
-            str(LENPEN),
-            "--max-len-b",
-            str(MAX_LEN),
+            *DECODING_FLAGS,
             "--batch-size",
-            "8",
+            str(BATCH),
             "--clock",
             "cpu",
             "--refs",
