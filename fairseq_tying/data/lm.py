@@ -23,8 +23,6 @@ from pathlib import Path
 from fairseq_tying.common.moses import moses_tokenize
 from fairseq_tying.data import prepare
 
-LM_SUBWORDS = ("sentencepiece", "subword_nmt", "word")
-
 
 def lm_record(args: Namespace) -> dict:
     return {"task": "language_modeling", "corpus": prepare.corpus_id(args.corpus),
