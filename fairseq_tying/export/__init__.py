@@ -2,11 +2,13 @@
 
 ``python -m fairseq_tying.export CKPT OUT [--format {fairseq,ctranslate2}]``:
 
-- ``fairseq`` (default): a stock fairseq checkpoint (``transformer`` or ``lightconv``) with the
-  output layer baked in; stock ``fairseq-generate`` loads it without ``--user-dir``
-  (``fairseq_tying.export.stock``);
-- ``ctranslate2``: a CTranslate2 model directory with the vocabularies, the subword model and
-  every output layer, ``distance`` included (its bias becomes CTranslate2's output bias);
+- ``fairseq`` (default): a stock fairseq checkpoint (``transformer`` or ``lightconv`` for the
+  translation models, ``transformer_lm{,_big,_gpt}`` for the language models) with the output
+  layer baked in; stock ``fairseq-generate`` / ``fairseq-eval-lm`` load it without
+  ``--user-dir`` (``fairseq_tying.export.stock``);
+- ``ctranslate2`` (translation models only): a CTranslate2 model directory with the
+  vocabularies, the subword model and every output layer, ``distance`` included (its bias
+  becomes CTranslate2's output bias);
   ``python -m fairseq_tying.translate --model OUT`` translates raw text with it
   (``fairseq_tying.export.ct2``).
 """
@@ -38,10 +40,13 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m fairseq_tying.export",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("ckpt", type=Path, help="checkpoint of a transformer_* or dynamicconv_* model")
+    p.add_argument("ckpt", type=Path, help="checkpoint of a transformer_{dwt,twwt}*, "
+                   "dynamicconv_{dwt,twwt}* or transformer_lm_tied* model")
     p.add_argument("out", type=Path, help="the stock fairseq checkpoint (file) or the "
                                           "CTranslate2 model (directory) to write")
-    p.add_argument("--format", choices=FORMATS, default="fairseq")
+    p.add_argument("--format", choices=FORMATS, default="fairseq",
+                   help="fairseq: stock fairseq checkpoint (every model; not the distance "
+                        "output layer nor --output-bias); ctranslate2: translation models only")
     p.add_argument("--config-format", choices=CONFIG_FORMATS, default="dict",
                    help="fairseq format: the model config as a plain dict (loads in stock "
                         "fairseq with no allowlist) or as fairseq-train's argparse.Namespace "
@@ -73,7 +78,9 @@ def run(opts: argparse.Namespace) -> str:
         _fairseq_only(opts)
         info = export(opts.ckpt, opts.out, opts.config_format)
         flags = ", ".join(f"{k}={v}" for k, v in info.items() if k != "arch")
-        return f"wrote {opts.out} (arch {info['arch']}; {flags}); load it without --user-dir"
+        load = ("load it without --user-dir" if opts.config_format == "dict" else
+                "load it with --user-dir fairseq_tying (which allowlists argparse.Namespace)")
+        return f"wrote {opts.out} (arch {info['arch']}; {flags}); {load}"
     from fairseq_tying.export.ct2 import Subword, export_ct2, subword_from_file
 
     if opts.config_format != "dict":

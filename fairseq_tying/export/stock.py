@@ -1,26 +1,34 @@
 """Bake a plugin checkpoint into a plain fairseq checkpoint: ``transformer_{dwt,twwt}*`` into
-fairseq's ``transformer``, ``dynamicconv_{dwt,twwt}*`` into fairseq's ``lightconv``.
+fairseq's ``transformer``, ``dynamicconv_{dwt,twwt}*`` into fairseq's ``lightconv``, and the
+language models ``transformer_lm_tied{,_big,_gpt}`` into fairseq's ``transformer_lm{,_big,_gpt}``.
 
 ``python -m fairseq_tying.export CKPT OUT`` writes the output layer into the matrices of
-fairseq's stock model, so that ``fairseq-generate`` loads OUT without ``--user-dir`` and
-produces the same hypotheses (both stock decoders score with ``output_projection``):
+fairseq's stock model, so that ``fairseq-generate`` / ``fairseq-eval-lm`` load OUT without
+``--user-dir`` and compute the same scores (every stock decoder scores with
+``output_projection``):
 
 - every output layer is the affine map ``s = h·W_outᵀ + b`` (``scoring.output_matrix_and_bias``);
-  ``W_out`` (times the ``--tied-projection`` matrix L, giving a V×H matrix) becomes
-  ``decoder.output_projection.weight``. An output layer with a bias (``distance``: −½‖w_i‖²) or a
-  learned output bias (``--output-bias``) has no stock equivalent: the export stops with an
-  error and writes nothing;
+  ``W_out`` becomes ``decoder.output_projection.weight``. An output layer with a bias
+  (``distance``: −½‖w_i‖²) or a learned output bias (``--output-bias``) has no stock
+  equivalent: the export stops with an error and writes nothing;
+- ``--tied-projection`` (L, s = rule(L·h, W)): the translation decoders fold it into the output
+  matrix (``W_out·L``, a V×H matrix). A language model whose matrix has D ≠ its model size
+  keeps it as fairseq's own ``project_out_dim`` (``--decoder-output-dim D``, composed with an
+  existing ``project_out_dim``), so its output matrix stays V×D; a D = model size LM folds it
+  like the translation decoders (stock builds no ``project_out_dim`` then);
 - ``l2norm`` input lookups use w_i/‖w_i‖: the normalized rows are written into the embeddings;
-- where the decoder's input and output rows now differ (cosine, sqnorm, any projection) the
-  output matrix is untied (``share_decoder_input_output_embed=False``, and
-  ``share_all_embeddings=False`` with the encoder keeping its own copy of the input rows).
+- where the decoder's input and output rows differ (cosine, sqnorm, ``none``, a folded
+  projection) the output matrix is untied (``share_decoder_input_output_embed=False``, and
+  ``share_all_embeddings=False`` with the encoder keeping its own copy of the input rows);
+  where they are equal the checkpoint holds one tensor for both roles.
 
 The checkpoint holds only plain Python values besides tensors (the model config as a dict, no
 ``argparse.Namespace``, no numpy, no optimizer state), so torch >= 2.6 loads it with
-``weights_only=True`` and no allowlist. ``--config-format namespace`` stores the model config
-as fairseq-train does (an ``argparse.Namespace``), the layout CTranslate2's converter reads.
-It is an inference checkpoint: to train from it, pass
-``--reset-optimizer``.
+``weights_only=True`` and no allowlist; pretrained vectors (``--encoder-embed-path``,
+``--decoder-embed-path``) are in its matrices, and the paths are dropped so that stock fairseq
+never reads those files. ``--config-format namespace`` stores the model config as
+fairseq-train does (an ``argparse.Namespace``), the layout CTranslate2's converter reads.
+It is an inference checkpoint: to train from it, pass ``--reset-optimizer``.
 """
 
 from __future__ import annotations
@@ -39,12 +47,17 @@ PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim
                      "freeze_embeddings")
 PLUGIN_CRITERIA = {"label_smoothed_cross_entropy_pr": "label_smoothed_cross_entropy"}
 PLUGIN_CRITERION_KEYS = ("projection_reg",)
-STOCK_FAMILIES = {"transformer": "transformer", "lightconv": "dynamicconv"}  # stock: plugin
+PLUGIN_CRITERION_CLASSES = {"LabelSmoothedCrossEntropyPR": "LabelSmoothedCrossEntropyCriterion"}
+# stock family: the plugin's architectures baked into it
+PLUGIN_ARCHS = {"transformer": "transformer_{dwt,twwt}*", "lightconv": "dynamicconv_{dwt,twwt}*",
+                "transformer_lm": "transformer_lm_tied*"}
 CONFIG_FORMATS = ("dict", "namespace")
+# output layers whose output matrix is the input lookup (raw rows, or unit rows for both)
+SHARED_ROWS_LAYERS = frozenset({"dot"}) | scoring.NORMALIZED_INPUT_LAYERS
 
 
 class ExportError(ValueError):
-    """The checkpoint cannot be expressed as a stock fairseq transformer."""
+    """The checkpoint cannot be expressed as a stock fairseq model."""
 
 
 def _model_args(state: dict) -> Namespace:
@@ -55,44 +68,67 @@ def _model_args(state: dict) -> Namespace:
     return args
 
 
-def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "lightconv"),
-               allow_bias: bool = False) -> str:
-    """The stock fairseq model (``transformer`` or ``lightconv``) the checkpoint maps to.
-
-    Refuses, naming the flag, what the target cannot express: another family, a bias in the
-    scores (``distance``, ``--output-bias``) unless ``allow_bias`` (CTranslate2 has an output
-    bias, fairseq's models have none), and a tied matrix narrower than the decoder."""
+def _family(arch: str | None) -> str | None:
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from fairseq_tying.core.models.dynamicconv_tying import DynamicConvModel
+    from fairseq_tying.core.models.transformer_lm_tying import TiedTransformerLanguageModel
     from fairseq_tying.core.models.transformer_tying import TiedTransformerModel
 
+    return {TiedTransformerModel: "transformer", DynamicConvModel: "lightconv",
+            TiedTransformerLanguageModel: "transformer_lm"}.get(ARCH_MODEL_REGISTRY.get(arch))
+
+
+def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "lightconv"),
+               allow_bias: bool = False) -> str:
+    """The stock fairseq model family (``transformer``, ``lightconv``, ``transformer_lm``) the
+    checkpoint maps to; ``formats``: the families the caller exports to.
+
+    Refuses, naming the flag, what the target cannot express: another family, a bias in the
+    scores (``distance``, ``--output-bias``) unless ``allow_bias`` (CTranslate2 has an output
+    bias, fairseq's models have none), and a translation model's tied matrix narrower than its
+    decoder."""
     arch = getattr(args, "arch", None)
-    family = {TiedTransformerModel: "transformer", DynamicConvModel: "lightconv"}.get(
-        ARCH_MODEL_REGISTRY.get(arch))
+    family = _family(arch)
+    if family == "transformer_lm" and family not in formats:
+        raise ExportError(f"--arch {arch} is a language model, which this format does not "
+                          "export (--format ctranslate2 is for translation models); export it "
+                          "with --format fairseq to stock transformer_lm")
     if family not in formats:
-        plugin = " or ".join(f"{STOCK_FAMILIES[f]}_{{dwt,twwt}}*" for f in formats)
+        plugin = " or ".join(PLUGIN_ARCHS[f] for f in formats)
         raise ExportError(f"--arch {arch} is not one of the plugin's {plugin} architectures: "
                           f"only those are exported to {' / '.join(formats)}")
-    output_layer = args.output_layer
-    if output_layer == "distance" and not allow_bias:
-        raise ExportError(f"--output-layer distance adds a per-token bias −½‖w_i‖² to the "
-                          f"scores, which fairseq's {family} (a bias-free output projection) "
-                          "cannot express; keep using this checkpoint with --user-dir "
-                          "fairseq_tying"
-                          + (", or export with --format ctranslate2"
-                             if family == "transformer" else ""))
-    if getattr(args, "output_bias", False) and not allow_bias:
-        raise ExportError("--output-bias adds a learned per-token bias b₂ to the scores, which "
-                          "fairseq's stock models (a bias-free output projection) cannot "
-                          "express; export with --format ctranslate2, or keep using this "
-                          "checkpoint with --user-dir fairseq_tying")
+    if not allow_bias:
+        _refuse_bias(args, family)
     tied_dim = getattr(args, "tied_embed_dim", None)
-    if tied_dim and tied_dim != args.decoder_embed_dim:
+    if family != "transformer_lm" and tied_dim and tied_dim != args.decoder_embed_dim:
         raise ExportError(f"--tied-embed-dim {tied_dim} differs from --decoder-embed-dim "
                           f"{args.decoder_embed_dim}: the exported {family} has no decoder "
                           "input projection for a narrower embedding")
     return family
+
+
+def _refuse_bias(args: Namespace, family: str) -> None:
+    """fairseq's output projections have no bias: refuse the scores that need one."""
+    ct2 = ", or export with --format ctranslate2" if family == "transformer" else ""
+    if args.output_layer == "distance":
+        raise ExportError(f"--output-layer distance adds a per-token bias −½‖w_i‖² to the "
+                          f"scores, which fairseq's {family} (a bias-free output projection) "
+                          "cannot express; keep using this checkpoint with --user-dir "
+                          f"fairseq_tying{ct2}")
+    if getattr(args, "output_bias", False):
+        raise ExportError(f"--output-bias adds a learned per-token bias b₂ to the scores, which "
+                          f"fairseq's {family} (a bias-free output projection) cannot express; "
+                          f"keep using this checkpoint with --user-dir fairseq_tying{ct2}")
+
+
+def stock_lm_arch(arch: str) -> str:
+    """The stock preset a plugin LM architecture mirrors (``transformer_lm_tied_big`` →
+    ``transformer_lm_big``); ``transformer_lm`` for any other."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    preset = arch.replace("transformer_lm_tied", "transformer_lm", 1)
+    return preset if preset in ARCH_MODEL_REGISTRY else "transformer_lm"
 
 
 def _check_kernel_lists(args: Namespace) -> None:
@@ -110,27 +146,80 @@ def _check(args: Namespace) -> str:
     return stock_arch(args)
 
 
-def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], dict]:
-    """The stock state dict and the sharing flags for a plugin transformer's state dict."""
-    output_layer, tying = args.output_layer, args.tying
-    weight = model["decoder.scorer.weight"]
-    projection = model.get("decoder.scorer.projection.weight")
-    w_out, bias = scoring.output_matrix_and_bias(output_layer, weight)
-    assert bias is None, output_layer  # layers with a bias were refused by stock_arch
-    if projection is not None:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ
-        w_out = (w_out.float() @ projection.float()).to(weight.dtype)
-    normalize_inputs = tying != "none" and output_layer in scoring.NORMALIZED_INPUT_LAYERS
+def _decoder_matrices(model: dict[str, Tensor], args: Namespace
+                      ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(the decoder's input rows as stock looks them up, the output layer's W_out, the
+    ``--tied-projection`` matrix L or None) of a plugin decoder's state dict."""
+    w_out, bias = scoring.output_matrix_and_bias(args.output_layer, model["decoder.scorer.weight"])
+    assert bias is None, args.output_layer  # layers with a bias were refused by stock_arch
     decoder_in = model["decoder.embed_tokens.weight"]
-    if normalize_inputs:
+    if args.tying != "none" and args.output_layer in scoring.NORMALIZED_INPUT_LAYERS:
         decoder_in = scoring.unit_rows(decoder_in)
-    encoder_in = decoder_in if tying == "three_way" else model["encoder.embed_tokens.weight"]
-    tied_output = tying != "none" and projection is None and output_layer in ("dot", "l2norm")
+    return decoder_in, w_out, model.get("decoder.scorer.projection.weight")
+
+
+def _matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a·b in fp32, in a's dtype."""
+    return (a.float() @ b.float()).to(a.dtype)
+
+
+def _shares_rows(args: Namespace, projection: Tensor | None) -> bool:
+    """Whether the stock output matrix is the decoder's input lookup (one tensor)."""
+    return (args.tying != "none" and projection is None
+            and args.output_layer in SHARED_ROWS_LAYERS)
+
+
+def _bake_decoder(model: dict[str, Tensor], decoder_in: Tensor, w_out: Tensor,
+                  tied: bool) -> dict[str, Tensor]:
+    """``model`` without the scorer, with the stock input and output matrices (one tensor
+    when ``tied``)."""
     new = {k: v for k, v in model.items() if not k.startswith("decoder.scorer.")}
-    new["encoder.embed_tokens.weight"] = encoder_in.clone()
     new["decoder.embed_tokens.weight"] = decoder_in.clone()
-    new["decoder.output_projection.weight"] = (decoder_in if tied_output else w_out).clone()
-    flags = {"share_all_embeddings": tying == "three_way" and tied_output,
-             "share_decoder_input_output_embed": tied_output}
+    new["decoder.output_projection.weight"] = (
+        new["decoder.embed_tokens.weight"] if tied else w_out.clone())
+    return new
+
+
+def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], dict]:
+    """The stock state dict and the sharing flags for a plugin translation model's state dict."""
+    decoder_in, w_out, projection = _decoder_matrices(model, args)
+    if projection is not None:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ
+        w_out = _matmul(w_out, projection)
+    tied = _shares_rows(args, projection)
+    new = _bake_decoder(model, decoder_in, w_out, tied)
+    new["encoder.embed_tokens.weight"] = (
+        new["decoder.embed_tokens.weight"] if args.tying == "three_way"
+        else model["encoder.embed_tokens.weight"].clone())
+    flags = {"share_all_embeddings": args.tying == "three_way" and tied,
+             "share_decoder_input_output_embed": tied}
+    return new, flags
+
+
+def bake_lm(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], dict]:
+    """The stock ``transformer_lm`` state dict and config flags for a plugin LM's state dict.
+
+    The decoder computes x ↦ P_out·x (``project_out_dim``, M → H, when H ≠ M), then the
+    scorer L (H → K, K the width of the output matrix). With K ≠ M stock builds
+    ``project_out_dim`` (M → K) for ``--decoder-output-dim K``: it becomes L·P_out, and the
+    output matrix stays V×K (shared with the input rows where the rule allows). With K = M
+    stock has no room for L, and it is folded into the output matrix as for translation."""
+    decoder_in, w_out, projection = _decoder_matrices(model, args)
+    new_out = None
+    if projection is not None and w_out.shape[1] != args.decoder_embed_dim:
+        out = model.get("decoder.project_out_dim.weight")
+        new_out = projection.clone() if out is None else _matmul(projection, out)
+        projection = None
+    elif projection is not None:
+        w_out = _matmul(w_out, projection)
+    tied = _shares_rows(args, projection)
+    new = _bake_decoder(model, decoder_in, w_out, tied)
+    if new_out is not None:
+        new["decoder.project_out_dim.weight"] = new_out
+    output_dim = new["decoder.output_projection.weight"].shape[1]
+    if output_dim == args.decoder_embed_dim:  # stock builds no project_out_dim then
+        assert "decoder.project_out_dim.weight" not in new
+    flags = {"share_decoder_input_output_embed": tied,
+             "decoder_input_dim": decoder_in.shape[1], "decoder_output_dim": output_dim}
     return new, flags
 
 
@@ -158,6 +247,8 @@ def stock_cfg(cfg: dict, args: Namespace, flags: dict, arch: str = "transformer"
     model.update(flags, arch=arch, _name=arch, user_dir=None, encoder_embed_path=None,
                  decoder_embed_path=None)
     model["criterion"] = PLUGIN_CRITERIA.get(model.get("criterion"), model.get("criterion"))
+    if arch.startswith("transformer_lm"):
+        model = _fit_lm_config(model)
     new = {k: v for k, v in cfg.items() if k != "model"}
     new["model"] = model
     if isinstance(new.get("common"), dict):
@@ -170,6 +261,28 @@ def stock_cfg(cfg: dict, args: Namespace, flags: dict, arch: str = "transformer"
     if config_format == "namespace":
         new["model"] = Namespace(**new["model"])
     return new
+
+
+def _fit_lm_config(model: dict) -> dict:
+    """``model`` with values stock transformer_lm's dataclass config accepts. The plugin's LM
+    parser has no defaults, so fairseq's architecture function fills some with another type
+    (``base_shuffle=False`` where the dataclass has ``Optional[int]``): a bool becomes the
+    int it means; any other mismatch stops the export, naming the key."""
+    from fairseq.models.transformer_lm import TransformerLanguageModelConfig
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
+    stock = OmegaConf.structured(TransformerLanguageModelConfig)
+    fitted = dict(model)
+    for key in stock.keys() & model.keys():
+        try:
+            OmegaConf.merge(stock, {key: model[key]})
+        except ValidationError as e:
+            if not isinstance(model[key], bool):
+                raise ExportError(f"the model config's {key}={model[key]!r} does not fit "
+                                  f"fairseq's transformer_lm ({e.msg})") from None
+            fitted[key] = int(model[key])
+    return fitted
 
 
 def export(ckpt: Path, out: Path, config_format: str = "dict") -> dict:
@@ -185,10 +298,15 @@ def export(ckpt: Path, out: Path, config_format: str = "dict") -> dict:
         raise ExportError(f"checkpoint {ckpt} does not exist")
     state = checkpoints.load(ckpt)
     args = _model_args(state)
-    arch = stock_arch(args)
-    if arch == "lightconv" and config_format == "dict":
+    family = stock_arch(args, formats=tuple(PLUGIN_ARCHS))
+    if family == "lightconv" and config_format == "dict":
         _check_kernel_lists(args)
-    model, flags = bake(state["model"], args)
+    if family == "transformer_lm":
+        arch = stock_lm_arch(args.arch)
+        model, flags = bake_lm(state["model"], args)
+    else:
+        arch = family
+        model, flags = bake(state["model"], args)
     history = (state.get("optimizer_history") or [{}])[-1]
     plain = {
         "args": None,
@@ -196,7 +314,7 @@ def export(ckpt: Path, out: Path, config_format: str = "dict") -> dict:
                          arch, config_format),
         "model": model,
         "criterion": None,
-        "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
+        "optimizer_history": [{"criterion_name": _criterion_class(history),
                                "optimizer_name": _plain(history.get("optimizer_name"), "opt"),
                                "lr_scheduler_state": {},
                                "num_updates": int(history.get("num_updates", 0))}],
@@ -214,6 +332,13 @@ def export(ckpt: Path, out: Path, config_format: str = "dict") -> dict:
     atomic_write(out, write)
     return {"arch": arch, "output_layer": args.output_layer, "tying": args.tying,
             "tied_projection": bool(args.tied_projection), **flags}
+
+
+def _criterion_class(history: dict) -> str:
+    """The stock criterion class the checkpoint records (fairseq compares it on resuming)."""
+    name = history.get("criterion_name")
+    name = name if isinstance(name, str) else "CrossEntropyCriterion"
+    return PLUGIN_CRITERION_CLASSES.get(name, name)
 
 
 def _epoch(state: dict) -> int:
