@@ -22,6 +22,12 @@ TINY_MODEL = [
     "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
     "--dropout", "0",
 ]
+TINY_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+           "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
+LM_TRAIN = ["--task", "language_modeling", "--user-dir", PLUGIN_DIR, *TINY_LM, "--cpu",
+            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "512", "--max-update", "30",
+            "--required-batch-size-multiple", "1",  # fairseq drops batches of < 8 blocks
+            "--seed", "1", "--no-epoch-checkpoints", "--no-progress-bar", "--log-format", "simple"]
 
 
 def cli_env() -> dict[str, str]:
@@ -82,6 +88,39 @@ def joined_bin(tiny_corpus, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def separate_bin(tiny_corpus, tmp_path_factory) -> Path:
     return binarize(tiny_corpus, tmp_path_factory.mktemp("separate") / "bin", joined=False)
+
+
+def binarize_lm(folder: Path, side: str, dest: Path) -> Path:
+    """``fairseq-preprocess --only-source`` of FOLDER/{train,valid,test}.SIDE."""
+    splits = [arg for split in ("train", "valid", "test")
+              for arg in (f"--{split}pref", str(folder / f"{split}.{side}"))]
+    run_cli("fairseq-preprocess", "--only-source", *splits, "--destdir", str(dest),
+            "--workers", "1")
+    return dest
+
+
+@pytest.fixture(scope="session")
+def lm_bin(tiny_corpus, tmp_path_factory) -> Path:
+    """The toy corpus's target side as a language-modelling set."""
+    return binarize_lm(tiny_corpus, "tgt", tmp_path_factory.mktemp("lm") / "bin")
+
+
+@pytest.fixture(scope="session")
+def trained_lms(lm_bin, tmp_path_factory):
+    """``get(output_layer, *flags)``: the checkpoint of one short fairseq-train run of a tiny
+    ``transformer_lm_tied`` (cached per session, shared by the LM test modules)."""
+    cache: dict[tuple[str, ...], Path] = {}
+
+    def get(output_layer: str, *flags: str) -> Path:
+        key = (output_layer, *flags)
+        if key not in cache:
+            save = tmp_path_factory.mktemp(f"lm-{output_layer}")
+            run_cli("fairseq-train", str(lm_bin), "--arch", "transformer_lm_tied",
+                    "--output-layer", output_layer, *flags, "--save-dir", str(save), *LM_TRAIN)
+            cache[key] = save / "checkpoint_last.pt"
+        return cache[key]
+
+    return get
 
 
 def build_model(data: Path, arch: str, *flags: str):

@@ -12,26 +12,8 @@ import torch
 
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.core import scoring
-from tests.conftest import run_cli
+from tests.conftest import LM_TRAIN, TINY_LM, run_cli
 from tests.test_core_scoring import reference_scores
-
-TINY_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
-           "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
-
-
-def binarize_lm(folder: Path, side: str, dest: Path) -> Path:
-    """``fairseq-preprocess --only-source`` of FOLDER/{train,valid,test}.SIDE."""
-    splits = [arg for split in ("train", "valid", "test")
-              for arg in (f"--{split}pref", str(folder / f"{split}.{side}"))]
-    run_cli("fairseq-preprocess", "--only-source", *splits, "--destdir", str(dest),
-            "--workers", "1")
-    return dest
-
-
-@pytest.fixture(scope="session")
-def lm_bin(tiny_corpus, tmp_path_factory) -> Path:
-    """The toy corpus's target side as a language-modelling set."""
-    return binarize_lm(tiny_corpus, "tgt", tmp_path_factory.mktemp("lm") / "bin")
 
 
 def build_lm(data: Path, *flags: str, arch: str = "transformer_lm_tied"):
@@ -136,27 +118,7 @@ def test_presets_mirror_fairseqs(arch, layers, dim):
 
 
 # ---- through fairseq's LM tools: fairseq-train, fairseq-eval-lm, fairseq-interactive ----
-
-LM_TRAIN = ["--task", "language_modeling", "--user-dir", PLUGIN_DIR, *TINY_LM, "--cpu",
-            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "512", "--max-update", "30",
-            "--required-batch-size-multiple", "1",  # fairseq drops batches of < 8 blocks
-            "--seed", "1", "--no-epoch-checkpoints", "--no-progress-bar", "--log-format", "simple"]
-
-
-@pytest.fixture(scope="session")
-def trained_lms(lm_bin, tmp_path_factory):
-    """One short fairseq-train run per output layer (cached per session)."""
-    cache: dict[str, Path] = {}
-
-    def get(output_layer: str) -> Path:
-        if output_layer not in cache:
-            save = tmp_path_factory.mktemp(f"lm-{output_layer}")
-            run_cli("fairseq-train", str(lm_bin), "--arch", "transformer_lm_tied",
-                    "--output-layer", output_layer, "--save-dir", str(save), *LM_TRAIN)
-            cache[output_layer] = save / "checkpoint_last.pt"
-        return cache[output_layer]
-
-    return get
+# (the trained models: conftest's trained_lms)
 
 
 def independent_test_loss(checkpoint: Path, data: Path) -> float:
