@@ -215,11 +215,8 @@ def bake_lm(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor
     new = _bake_decoder(model, decoder_in, w_out, tied)
     if new_out is not None:
         new["decoder.project_out_dim.weight"] = new_out
-    output_dim = new["decoder.output_projection.weight"].shape[1]
-    if output_dim == args.decoder_embed_dim:  # stock builds no project_out_dim then
-        assert "decoder.project_out_dim.weight" not in new
-    flags = {"share_decoder_input_output_embed": tied,
-             "decoder_input_dim": decoder_in.shape[1], "decoder_output_dim": output_dim}
+    flags = {"share_decoder_input_output_embed": tied, "decoder_input_dim": decoder_in.shape[1],
+             "decoder_output_dim": new["decoder.output_projection.weight"].shape[1]}
     return new, flags
 
 
