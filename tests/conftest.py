@@ -134,3 +134,21 @@ def build_model(data: Path, arch: str, *flags: str):
         parser, [str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *TINY_MODEL, *flags])
     task = tasks.setup_task(args)
     return task.build_model(args), task
+
+
+def decode_full_and_incremental(model, task) -> tuple:
+    """(encoder output, random target prefixes, the decoder's scores in one full pass, the same
+    scores step by step through fairseq's incremental state) for a translation model in eval
+    mode: the two must agree, since fairseq-generate decodes incrementally."""
+    import torch
+
+    d = task.target_dictionary
+    src = torch.randint(d.nspecial, len(d), (2, 6))
+    prev = torch.cat([torch.full((2, 1), d.eos()), torch.randint(d.nspecial, len(d), (2, 4))], 1)
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state: dict = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+                 for t in range(prev.shape[1])]
+    return enc, prev, full, torch.cat(steps, 1)

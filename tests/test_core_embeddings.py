@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_tying.core import scoring
-from tests.conftest import build_model, run_cli, run_module
+from tests.conftest import build_model, decode_full_and_incremental, run_cli, run_module
 from tests.test_core_cli import last_updates, train_args
 from tests.test_core_models import _arch
 
@@ -192,25 +192,9 @@ def _independent_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor) -> 
 def test_output_bias_adds_to_every_rule(joined_bin, tying, output_layer):
     torch.manual_seed(0)
     family = "transformer" if tying != "decoder" else "dynamicconv"
-    plain, _ = build_model(
-        joined_bin,
-        _arch(family, tying),
-        "--tying",
-        tying,
-        "--output-layer",
-        output_layer,
-        "--tied-projection",
-    )
-    model, _ = build_model(
-        joined_bin,
-        _arch(family, tying),
-        "--tying",
-        tying,
-        "--output-layer",
-        output_layer,
-        "--tied-projection",
-        "--output-bias",
-    )
+    flags = ("--tying", tying, "--output-layer", output_layer, "--tied-projection")
+    plain, _ = build_model(joined_bin, _arch(family, tying), *flags)
+    model, _ = build_model(joined_bin, _arch(family, tying), *flags, "--output-bias")
     scorer = model.decoder.scorer
     vocab = scorer.weight.shape[0]
     assert (
@@ -245,19 +229,10 @@ def test_incremental_decoding_with_output_bias(joined_bin, output_layer):
     with torch.no_grad():
         model.decoder.scorer.bias.normal_()
     model.eval()
-    d = task.target_dictionary
-    src = torch.randint(d.nspecial, len(d), (2, 6))
-    prev = torch.cat([torch.full((2, 1), d.eos()), torch.randint(d.nspecial, len(d), (2, 4))], 1)
+    enc, prev, full, steps = decode_full_and_incremental(model, task)
     with torch.no_grad():
-        enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
-        full, _ = model.decoder(prev, encoder_out=enc)
         without, _ = model.decoder(prev, encoder_out=enc, features_only=True)
-        state: dict = {}
-        steps = [
-            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-            for t in range(prev.shape[1])
-        ]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-5)
     shifted = scoring.scores(output_layer, without, model.decoder.scorer.weight)
     torch.testing.assert_close(
         full - shifted, model.decoder.scorer.bias.expand_as(full), rtol=1e-4, atol=1e-5

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fairseq_tying.core import scoring
-from tests.conftest import build_model
+from tests.conftest import build_model, decode_full_and_incremental
 
 FAMILIES = ["transformer", "dynamicconv"]
 
@@ -92,16 +92,8 @@ def test_incremental_decoding_equals_full_forward(joined_bin, family, output_lay
     torch.manual_seed(0)
     model, task = _model(joined_bin, family, "three_way", output_layer, "--tied-projection")
     model.eval()
-    d = task.target_dictionary
-    src = torch.randint(d.nspecial, len(d), (2, 6))
-    prev = torch.cat([torch.full((2, 1), d.eos()), torch.randint(d.nspecial, len(d), (2, 4))], 1)
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
-        full, _ = model.decoder(prev, encoder_out=enc)
-        state: dict = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-                 for t in range(prev.shape[1])]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-5)
+    enc, prev, full, steps = decode_full_and_incremental(model, task)
+    torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-5)
     features, _ = model.decoder(prev, encoder_out=enc, features_only=True)
     torch.testing.assert_close(model.decoder.output_layer(features), full)
 
