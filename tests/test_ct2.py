@@ -135,6 +135,18 @@ def test_ctranslate2_reproduces_fairseq_generate(
 
 
 @pytest.mark.slow
+def test_learned_output_bias_becomes_ctranslate2s_output_bias(trained, tmp_path):
+    """``--output-bias`` (a learned b₂, here over l2norm's scores, with the projection L) has no
+    stock fairseq equivalent; CTranslate2's output projection carries it."""
+    run = trained("transformer_twwt", "three_way", "l2norm", True, ("--output-bias",))
+    out = tmp_path / "ct2-bias"
+    meta = export_ct2(run.ckpt, out, subword=Subword("none"))
+    assert meta["output_bias"] is True
+    assert len(set(run.hypotheses.values())) > 3
+    _assert_same(_ct2_hypotheses(out, run.sources), run.hypotheses)
+
+
+@pytest.mark.slow
 def test_int8_export_and_translate_command(joined_bin, trained, tmp_path):
     run = trained("transformer_twwt", "three_way", "dot", False)
     out = tmp_path / "ct2-int8"
