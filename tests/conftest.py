@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 from argparse import Namespace
@@ -23,6 +24,7 @@ TINY_MODEL = [
     "--dropout", "0",
 ]
 TINY_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+           "--decoder-input-dim", "16", "--decoder-output-dim", "16",  # stock says 512
            "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
 LM_TRAIN = ["--task", "language_modeling", "--user-dir", PLUGIN_DIR, *TINY_LM, "--cpu",
             "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "512", "--max-update", "30",
@@ -52,6 +54,14 @@ def run_module(module: str, *args: str | os.PathLike, check: bool = True,
     if check and proc.returncode != 0:
         raise AssertionError(f"{module} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
+
+
+def generate(data: Path, ckpt: Path, *flags: str) -> dict[int, str]:
+    """fairseq-generate's hypotheses ``{sentence id: text}`` for a plugin checkpoint, batches of
+    8 (the last one too: fairseq otherwise drops a short last batch)."""
+    proc = run_cli("fairseq-generate", str(data), "--user-dir", PLUGIN_DIR, "--path", str(ckpt),
+                   "--batch-size", "8", "--required-batch-size-multiple", "1", "--cpu", *flags)
+    return {int(i): h for i, h in re.findall(r"^H-(\d+)\t\S+\t(.*)$", proc.stdout, re.M)}
 
 
 def write_corpus(folder: Path, seed: int = 0) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fairseq_tying.core import scoring
-from tests.conftest import TINY_MODEL, run_cli
+from tests.conftest import TINY_MODEL, generate, run_cli
 
 pytestmark = pytest.mark.slow  # every test runs fairseq's CLI
 
@@ -46,22 +46,7 @@ def test_train_then_generate(joined_bin, tmp_path, family, tying, output_layer):
     )
     if tying != "three_way" or family == "dynamicconv" and output_layer not in ("dot", "l2norm"):
         return  # generation from every checkpoint would triple the run time; one per rule suffices
-    gen = run_cli(
-        "fairseq-generate",
-        str(joined_bin),
-        "--user-dir",
-        "fairseq_tying",
-        "--path",
-        str(ckpt),
-        "--beam",
-        "4",
-        "--batch-size",
-        "8",
-        "--cpu",
-        "--required-batch-size-multiple",
-        "1",
-    )  # else fairseq drops a short last batch
-    assert len(re.findall(r"^H-\d+\t", gen.stdout, re.M)) == 20
+    assert len(generate(joined_bin, ckpt, "--beam", "4")) == 20
 
 
 def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:

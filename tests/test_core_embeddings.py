@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_tying.core import scoring
-from tests.conftest import build_model, decode_full_and_incremental, run_cli, run_module
+from tests.conftest import build_model, decode_full_and_incremental, generate, run_cli, run_module
 from tests.test_core_cli import last_updates, train_args
 from tests.test_core_models import _arch
 
@@ -308,22 +308,7 @@ def test_output_bias_survives_resuming(joined_bin, tmp_path, output_layer):
         assert proc.returncode == 2 and "--output-bias" in proc.stderr and not out.exists()
     if output_layer != "distance":
         return
-    gen = run_cli(
-        "fairseq-generate",
-        str(joined_bin),
-        "--user-dir",
-        "fairseq_tying",
-        "--path",
-        str(resumed / "checkpoint_last.pt"),
-        "--beam",
-        "3",
-        "--batch-size",
-        "8",
-        "--cpu",
-        "--required-batch-size-multiple",
-        "1",
-    )
-    assert len(re.findall(r"^H-\d+\t", gen.stdout, re.M)) == 20
+    assert len(generate(joined_bin, resumed / "checkpoint_last.pt", "--beam", "3")) == 20
 
 
 # --- guards ---------------------------------------------------------------------------------

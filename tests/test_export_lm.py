@@ -5,6 +5,7 @@ cannot express is refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
 from argparse import Namespace
 from pathlib import Path
 
@@ -154,16 +155,75 @@ def test_output_bias_is_refused_by_name():
     assert "ctranslate2" not in str(e.value)  # no CTranslate2 route for a language model
 
 
+def _built(data: Path, arch: str, *flags: str):
+    """(the task, the model config as fairseq-train saves it, the model) for these flags, built
+    on the meta device: the big presets' shapes without their memory."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--task", "language_modeling", "--arch", arch, "--user-dir", "fairseq_tying",
+        *flags])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    with torch.device("meta"):
+        model = task.build_model(cfg.model)
+    return task, cfg.model, model
+
+
+def _stock_build(task, model_cfg):
+    """What stock fairseq builds from a saved model config (as when loading a checkpoint)."""
+    from fairseq.models import build_model
+    from omegaconf import OmegaConf
+
+    with torch.device("meta"):
+        return build_model(OmegaConf.create(model_cfg), task, from_checkpoint=True)
+
+
+def _unnamed(value):
+    """A config without its ``_name`` entries (the arch's name, copied into every group)."""
+    if isinstance(value, dict):
+        return {k: _unnamed(v) for k, v in value.items() if k != "_name"}
+    return value
+
+
+def _anatomy(model) -> tuple[dict, dict]:
+    """(the decoder's built config, the parameter shapes) of a transformer LM."""
+    return (_unnamed(dataclasses.asdict(model.decoder.cfg)),
+            {k: tuple(v.shape) for k, v in model.state_dict().items()})
+
+
 @pytest.mark.parametrize(("arch", "stock"), [("transformer_lm_tied", "transformer_lm"),
                                              ("transformer_lm_tied_big", "transformer_lm_big"),
                                              ("transformer_lm_tied_gpt", "transformer_lm_gpt")])
-def test_presets_map_to_fairseqs(arch, stock):
-    from fairseq.models import ARCH_MODEL_REGISTRY
-    from fairseq.models.transformer_lm import TransformerLanguageModel
+@pytest.mark.parametrize("flags", [(), ("--decoder-embed-dim", "192")])
+def test_presets_export_to_the_model_stock_fairseq_trains(lm_bin, arch, stock, flags):
+    """A decoder-tied ``dot`` LM of each preset is, and exports as, the model of fairseq-train
+    ``--arch <stock preset> --share-decoder-input-output-embed`` with the same flags: the same
+    built config (norm placement, embedding widths, every other field) and parameter shapes."""
+    from fairseq_tying.export.stock import stock_cfg
 
-    import fairseq_tying  # noqa: F401
+    assert stock_lm_arch(arch) == stock
+    task, _, want = _built(lm_bin, stock, "--share-decoder-input-output-embed", *flags)
+    _, args, model = _built(lm_bin, arch, "--output-layer", "dot", *flags)
+    assert _anatomy(model)[0] == _anatomy(want)[0]
+    _, export_flags = bake_lm(model.state_dict(), args)
+    exported = stock_cfg({"model": None}, args, export_flags, stock)["model"]
+    assert _anatomy(_stock_build(task, exported)) == _anatomy(want)
 
-    assert stock_lm_arch(arch) == stock and ARCH_MODEL_REGISTRY[stock] is TransformerLanguageModel
+
+def test_configs_trained_before_the_stock_defaults_still_export(lm_bin):
+    """transformer_lm_tied checkpoints of earlier versions hold base_lm_architecture's
+    ``base_shuffle=False``; stock's dataclass refuses a bool there, so the export writes 0."""
+    from fairseq_tying.export.stock import stock_cfg
+
+    task, _, want = _built(lm_bin, "transformer_lm", "--share-decoder-input-output-embed")
+    _, args, model = _built(lm_bin, "transformer_lm_tied", "--output-layer", "dot")
+    args.base_shuffle = False
+    exported = stock_cfg({"model": None}, args, bake_lm(model.state_dict(), args)[1],
+                         "transformer_lm")["model"]
+    assert exported["base_shuffle"] == 0 and type(exported["base_shuffle"]) is int
+    assert _stock_build(task, exported).decoder.cfg.base_shuffle == 0
 
 
 def _decoder(w_in: Tensor, w: Tensor, projection: Tensor, out: Tensor | None) -> dict:

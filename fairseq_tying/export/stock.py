@@ -163,9 +163,10 @@ def _matmul(a: Tensor, b: Tensor) -> Tensor:
     return (a.float() @ b.float()).to(a.dtype)
 
 
-def _shares_rows(args: Namespace, projection: Tensor | None) -> bool:
-    """Whether the stock output matrix is the decoder's input lookup (one tensor)."""
-    return (args.tying != "none" and projection is None
+def _shares_rows(args: Namespace, folded: bool) -> bool:
+    """Whether the stock output matrix is the decoder's input lookup (one tensor): the rule
+    scores with the input rows, and no projection L was ``folded`` into the output matrix."""
+    return (args.tying != "none" and not folded
             and args.output_layer in SHARED_ROWS_LAYERS)
 
 
@@ -183,9 +184,10 @@ def _bake_decoder(model: dict[str, Tensor], decoder_in: Tensor, w_out: Tensor,
 def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], dict]:
     """The stock state dict and the sharing flags for a plugin translation model's state dict."""
     decoder_in, w_out, projection = _decoder_matrices(model, args)
-    if projection is not None:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ
+    folded = projection is not None
+    if folded:  # s = (L h)·W_outᵀ = h·(W_out L)ᵀ
         w_out = _matmul(w_out, projection)
-    tied = _shares_rows(args, projection)
+    tied = _shares_rows(args, folded)
     new = _bake_decoder(model, decoder_in, w_out, tied)
     new["encoder.embed_tokens.weight"] = (
         new["decoder.embed_tokens.weight"] if args.tying == "three_way"
@@ -204,17 +206,15 @@ def bake_lm(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor
     output matrix stays V×K (shared with the input rows where the rule allows). With K = M
     stock has no room for L, and it is folded into the output matrix as for translation."""
     decoder_in, w_out, projection = _decoder_matrices(model, args)
-    new_out = None
-    if projection is not None and w_out.shape[1] != args.decoder_embed_dim:
-        out = model.get("decoder.project_out_dim.weight")
-        new_out = projection.clone() if out is None else _matmul(projection, out)
-        projection = None
-    elif projection is not None:
+    folded = projection is not None and w_out.shape[1] == args.decoder_embed_dim
+    if folded:
         w_out = _matmul(w_out, projection)
-    tied = _shares_rows(args, projection)
+    tied = _shares_rows(args, folded)
     new = _bake_decoder(model, decoder_in, w_out, tied)
-    if new_out is not None:
-        new["decoder.project_out_dim.weight"] = new_out
+    if projection is not None and not folded:  # K ≠ M: L·P_out is stock's project_out_dim
+        out = model.get("decoder.project_out_dim.weight")
+        new["decoder.project_out_dim.weight"] = (projection.clone() if out is None
+                                                 else _matmul(projection, out))
     flags = {"share_decoder_input_output_embed": tied, "decoder_input_dim": decoder_in.shape[1],
              "decoder_output_dim": new["decoder.output_projection.weight"].shape[1]}
     return new, flags
@@ -261,10 +261,13 @@ def stock_cfg(cfg: dict, args: Namespace, flags: dict, arch: str = "transformer"
 
 
 def _fit_lm_config(model: dict) -> dict:
-    """``model`` with values stock transformer_lm's dataclass config accepts. The plugin's LM
-    parser has no defaults, so fairseq's architecture function fills some with another type
-    (``base_shuffle=False`` where the dataclass has ``Optional[int]``): a bool becomes the
-    int it means; any other mismatch stops the export, naming the key."""
+    """``model`` with the types stock transformer_lm's dataclass config requires on load.
+
+    Stock fairseq merges a saved ``transformer_lm`` config into that dataclass. Checkpoints of
+    ``transformer_lm_tied`` trained before it took the dataclass's defaults hold fairseq's
+    ``base_lm_architecture`` fallback ``base_shuffle=False``, which the dataclass
+    (``Optional[int]``) refuses: a bool becomes the int it means; any other mismatch stops
+    the export, naming the key."""
     from fairseq.models.transformer_lm import TransformerLanguageModelConfig
     from omegaconf import OmegaConf
     from omegaconf.errors import ValidationError

@@ -21,6 +21,7 @@ from tests.test_launch_plateau import first_stop
 
 STOP = {"patience": 1, "min_gain": 0.02, "min_epoch": 1, "max_epoch": 3}
 TINY = {"decoder_layers": 1, "decoder_embed_dim": 16, "decoder_ffn_embed_dim": 32,
+        "decoder_input_dim": 16, "decoder_output_dim": 16,
         "decoder_attention_heads": 2, "tokens_per_sample": 16, "warmup_updates": 10,
         "lr": 0.01, "keep_last_epochs": 2, "log_interval": 5}
 REPORT = "# LM\n\n<!-- lm:begin -->\nold\n<!-- lm:end -->\n\nWritten by hand.\n"

@@ -6,10 +6,15 @@ H is ``--decoder-output-dim``; the matrix has D = ``--tied-embed-dim`` columns (
 ``--decoder-input-dim``), and H ≠ D needs ``--tied-projection``: the learned map L of
 Gulordava et al.'s tied+L, s = score(L·h, W). fairseq's decoder maps D to its model size with
 its own input projection, as for ``--decoder-input-dim``.
+
+The presets are fairseq's, value for value: ``transformer_lm_tied`` with ``--tying decoder
+--output-layer dot`` builds the model of stock ``--arch transformer_lm
+--share-decoder-input-output-embed``, and likewise for ``_big`` and ``_gpt``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from argparse import Namespace
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
@@ -18,7 +23,6 @@ from fairseq.models.transformer_lm import (
     DEFAULT_MAX_TARGET_POSITIONS,
     TransformerLanguageModel,
     TransformerLanguageModelConfig,
-    base_lm_architecture,
     transformer_lm_big,
     transformer_lm_gpt,
 )
@@ -45,7 +49,7 @@ class TiedTransformerLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
-        base_lm_architecture(args)
+        stock_defaults(args)
         spec = lm_spec(args, task)
         guards.check_resume(args)
         args.share_decoder_input_output_embed = spec.mode == "decoder"
@@ -90,10 +94,23 @@ def load_vectors(args: Namespace, task, embed: TiedEmbedding, spec: TyingSpec) -
         pretrained.freeze(embed)
 
 
+def stock_defaults(args: Namespace) -> None:
+    """Fill what is unset as stock ``--arch transformer_lm`` does: with its dataclass's defaults.
+    fairseq registers no architecture function for that preset, so base_lm_architecture's
+    values are not its own: it builds post-norm layers (``decoder_normalize_before=False``),
+    embeddings of 512 columns whatever ``--decoder-embed-dim`` (``--decoder-input-dim`` and
+    ``--decoder-output-dim`` default to 512) and ``base_shuffle=1``."""
+    for field in dataclasses.fields(TransformerLanguageModelConfig):
+        value = getattr(TransformerLanguageModelConfig, field.name, None)
+        if field.name != "_name" and not hasattr(args, field.name) and not str(
+                value).startswith("${"):  # II(...): fairseq resolves those from the task
+            setattr(args, field.name, value)
+
+
 @register_model_architecture("transformer_lm_tying", "transformer_lm_tied")
 def transformer_lm_tied(args: Namespace) -> None:
     tying_defaults(args, "decoder")
-    base_lm_architecture(args)
+    stock_defaults(args)
 
 
 @register_model_architecture("transformer_lm_tying", "transformer_lm_tied_big")
