@@ -1,5 +1,6 @@
 """The plugin's architectures: the registered names and their key defaults, pinned against a
-literal table written here (not derived from the code under test)."""
+literal table written here (not derived from the code under test), and each built beside the
+stock fairseq preset it claims to be."""
 
 from __future__ import annotations
 
@@ -71,3 +72,48 @@ def test_flags_given_on_the_command_line_win_over_the_defaults(arch):
     assert (args.encoder_layers, args.encoder_embed_dim) == (3, 64)
     if arch.startswith("dynamicconv"):
         assert args.encoder_kernel_size_list == [3, 7, 15]  # follows the layer count
+
+
+# plugin arch -> the stock fairseq arch it is, value for value (the README's table)
+STOCK = {
+    "transformer": "transformer", "transformer_iwslt_de_en": "transformer_iwslt_de_en",
+    "transformer_wmt_en_de_big": "transformer_wmt_en_de_big", "dynamicconv": "lightconv",
+    "dynamicconv_iwslt_de_en": "lightconv_iwslt_de_en",
+    "dynamicconv_wmt_en_de_big": "lightconv_wmt_en_de_big",
+}
+SHARE = {"dwt": "--share-decoder-input-output-embed", "twwt": "--share-all-embeddings"}
+# set by fairseq's own TransformerModel.build_model for FSDP wrapping, which the plugin's
+# build does not do (fully sharded training is not supported)
+NOT_COMPARED = {"arch", "min_params_to_wrap"}
+
+
+def _built(data, arch: str, *flags: str):
+    """(args, model) as fairseq-train parses and builds them, on the meta device."""
+    import torch
+    from fairseq import options, tasks
+
+    from fairseq_tying.common import PLUGIN_DIR
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *flags])
+    with torch.device("meta"):
+        return args, tasks.setup_task(args).build_model(args)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_each_architecture_builds_its_stock_fairseq_model(joined_bin, arch):
+    """With --output-layer dot, each arch is fairseq-train's stock preset with the matching
+    sharing flag: every stock hyper-parameter equal, every parameter of the same shape (the
+    plugin's output matrix is its scorer's)."""
+    mode = "twwt" if "_twwt" in arch else "dwt"
+    stock_args, stock = _built(joined_bin, STOCK[arch.replace(f"_{mode}", "")], SHARE[mode])
+    args, model = _built(joined_bin, arch)
+    want = {k: v for k, v in vars(stock_args).items() if k not in NOT_COMPARED}
+    assert {k: getattr(args, k, "<unset>") for k in want} == want
+
+    def shapes(m, output_key: str) -> dict:
+        return {("output" if k == output_key else k): tuple(v.shape)
+                for k, v in m.state_dict().items()}
+
+    assert shapes(model, "decoder.scorer.weight") == shapes(
+        stock, "decoder.output_projection.weight")
