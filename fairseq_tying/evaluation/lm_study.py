@@ -145,7 +145,8 @@ def finding(summary: dict[str, Any]) -> str:
         ours = (f"{format_stat(base)} → {format_stat(tied['test_ppl'])}; Δ "
                 f"{format_stat(diff)} over seeds {', '.join(map(str, diff['seeds']))}")
         answer = diff["verdict"]
-    rows = [["Press & Wolf (2017), LSTM LMs, Penn Treebank", "tying lowers perplexity", ""],
+    rows = [["Press & Wolf (2017), LSTM LMs, Penn Treebank and others",
+             "significantly lower with tying, on a variety of models", "yes (their finding)"],
             ["this study, Transformer LM, Bible English (word level)", ours, answer]]
     return markdown_table(["", "untied → tied test perplexity", "tying lowers perplexity"],
                           rows)
