@@ -143,7 +143,8 @@ def finding(summary: dict[str, Any]) -> str:
         diff = tied["vs_untied_dot"]
         base = summary[label(BASELINE, [])]["test_ppl"]
         ours = (f"{format_stat(base)} → {format_stat(tied['test_ppl'])}; Δ "
-                f"{format_stat(diff)} over seeds {', '.join(map(str, diff['seeds']))}")
+                f"{format_stat(diff)} over seed{'s' * (len(diff['seeds']) > 1)} "
+                f"{', '.join(map(str, diff['seeds']))}")
         answer = diff["verdict"]
     rows = [["Press & Wolf (2017), LSTM LMs, Penn Treebank and others",
              "significantly lower with tying, on a variety of models", "yes (their finding)"],
