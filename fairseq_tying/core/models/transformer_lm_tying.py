@@ -101,10 +101,14 @@ def stock_defaults(args: Namespace) -> None:
     embeddings of 512 columns whatever ``--decoder-embed-dim`` (``--decoder-input-dim`` and
     ``--decoder-output-dim`` default to 512) and ``base_shuffle=1``."""
     for field in dataclasses.fields(TransformerLanguageModelConfig):
-        value = getattr(TransformerLanguageModelConfig, field.name, None)
-        if field.name != "_name" and not hasattr(args, field.name) and not str(
-                value).startswith("${"):  # II(...): fairseq resolves those from the task
-            setattr(args, field.name, value)
+        if field.name == "_name" or hasattr(args, field.name):
+            continue
+        if field.default_factory is not dataclasses.MISSING:
+            value = field.default_factory()
+        else:
+            value = field.default
+        if value is not dataclasses.MISSING and not str(value).startswith("${"):
+            setattr(args, field.name, value)  # II(...) values: fairseq takes those from the task
 
 
 @register_model_architecture("transformer_lm_tying", "transformer_lm_tied")
