@@ -146,6 +146,21 @@ def build_model(data: Path, arch: str, *flags: str):
     return task.build_model(args), task
 
 
+def build_on_meta(data: Path, arch: str, *flags: str) -> tuple:
+    """(task, model config as fairseq-train saves it, model) for exactly these flags, built on
+    the meta device: the shapes of any preset, the big ones too, without their memory."""
+    import torch
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *flags])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    with torch.device("meta"):
+        return task, cfg.model, task.build_model(cfg.model)
+
+
 def decode_full_and_incremental(model, task) -> tuple:
     """(encoder output, random target prefixes, the decoder's scores in one full pass, the same
     scores step by step through fairseq's incremental state) for a translation model in eval

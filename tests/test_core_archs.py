@@ -10,6 +10,7 @@ import pytest
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
 import fairseq_tying  # noqa: F401  (registration)
+from tests.conftest import build_on_meta
 
 # arch -> (model, default tying, embed dim, ffn dim, attention heads, encoder layers, dropout)
 ARCHS = {
@@ -84,20 +85,7 @@ STOCK = {
 SHARE = {"dwt": "--share-decoder-input-output-embed", "twwt": "--share-all-embeddings"}
 # set by fairseq's own TransformerModel.build_model for FSDP wrapping, which the plugin's
 # build does not do (fully sharded training is not supported)
-NOT_COMPARED = {"arch", "min_params_to_wrap"}
-
-
-def _built(data, arch: str, *flags: str):
-    """(args, model) as fairseq-train parses and builds them, on the meta device."""
-    import torch
-    from fairseq import options, tasks
-
-    from fairseq_tying.common import PLUGIN_DIR
-
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *flags])
-    with torch.device("meta"):
-        return args, tasks.setup_task(args).build_model(args)
+NOT_COMPARED = {"arch", "_name", "min_params_to_wrap"}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -106,8 +94,9 @@ def test_each_architecture_builds_its_stock_fairseq_model(joined_bin, arch):
     sharing flag: every stock hyper-parameter equal, every parameter of the same shape (the
     plugin's output matrix is its scorer's)."""
     mode = "twwt" if "_twwt" in arch else "dwt"
-    stock_args, stock = _built(joined_bin, STOCK[arch.replace(f"_{mode}", "")], SHARE[mode])
-    args, model = _built(joined_bin, arch)
+    stock = STOCK[arch.replace(f"_{mode}", "")]
+    _, stock_args, stock = build_on_meta(joined_bin, stock, SHARE[mode])
+    _, args, model = build_on_meta(joined_bin, arch)
     want = {k: v for k, v in vars(stock_args).items() if k not in NOT_COMPARED}
     assert {k: getattr(args, k, "<unset>") for k in want} == want
 

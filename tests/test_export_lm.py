@@ -16,7 +16,7 @@ from torch import Tensor
 from fairseq_tying import export
 from fairseq_tying.core import scoring
 from fairseq_tying.export.stock import PLUGIN_ARCHS, bake_lm, stock_arch, stock_lm_arch
-from tests.conftest import run_cli, run_module
+from tests.conftest import build_on_meta, run_cli, run_module
 
 TIED_L = ("--tied-embed-dim", "8", "--tied-projection")  # D = 8 under H = 16
 CASES = {  # name: (--output-layer, extra fairseq-train flags)
@@ -27,6 +27,7 @@ CASES = {  # name: (--output-layer, extra fairseq-train flags)
     "none-l2norm-vectors": ("l2norm", ("--tying", "none")),  # + --decoder-embed-path
     "tiedL-l2norm": ("l2norm", TIED_L),
 }
+LM = ("--task", "language_modeling")
 NO_VECTORS = ("--model-overrides", "{'decoder_embed_path': None}")
 
 
@@ -155,22 +156,6 @@ def test_output_bias_is_refused_by_name():
     assert "ctranslate2" not in str(e.value)  # no CTranslate2 route for a language model
 
 
-def _built(data: Path, arch: str, *flags: str):
-    """(the task, the model config as fairseq-train saves it, the model) for these flags, built
-    on the meta device: the big presets' shapes without their memory."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data), "--task", "language_modeling", "--arch", arch, "--user-dir", "fairseq_tying",
-        *flags])
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    with torch.device("meta"):
-        model = task.build_model(cfg.model)
-    return task, cfg.model, model
-
-
 def _stock_build(task, model_cfg):
     """What stock fairseq builds from a saved model config (as when loading a checkpoint)."""
     from fairseq.models import build_model
@@ -204,8 +189,8 @@ def test_presets_export_to_the_model_stock_fairseq_trains(lm_bin, arch, stock, f
     from fairseq_tying.export.stock import stock_cfg
 
     assert stock_lm_arch(arch) == stock
-    task, _, want = _built(lm_bin, stock, "--share-decoder-input-output-embed", *flags)
-    _, args, model = _built(lm_bin, arch, "--output-layer", "dot", *flags)
+    task, _, want = build_on_meta(lm_bin, stock, *LM, "--share-decoder-input-output-embed", *flags)
+    _, args, model = build_on_meta(lm_bin, arch, *LM, "--output-layer", "dot", *flags)
     assert _anatomy(model)[0] == _anatomy(want)[0]
     _, export_flags = bake_lm(model.state_dict(), args)
     exported = stock_cfg({"model": None}, args, export_flags, stock)["model"]
@@ -217,8 +202,9 @@ def test_configs_trained_before_the_stock_defaults_still_export(lm_bin):
     ``base_shuffle=False``; stock's dataclass refuses a bool there, so the export writes 0."""
     from fairseq_tying.export.stock import stock_cfg
 
-    task, _, want = _built(lm_bin, "transformer_lm", "--share-decoder-input-output-embed")
-    _, args, model = _built(lm_bin, "transformer_lm_tied", "--output-layer", "dot")
+    task, _, want = build_on_meta(lm_bin, "transformer_lm", *LM,
+                                  "--share-decoder-input-output-embed")
+    _, args, model = build_on_meta(lm_bin, "transformer_lm_tied", *LM, "--output-layer", "dot")
     args.base_shuffle = False
     exported = stock_cfg({"model": None}, args, bake_lm(model.state_dict(), args)[1],
                          "transformer_lm")["model"]
