@@ -6,7 +6,7 @@ import json
 import shlex
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,10 @@ from tqdm import tqdm
 from fairseq_tying.common import PLUGIN_DIR, RUN_JSON, atomic
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
+from fairseq_tying.launch.plateau import read_history
+
+# how often the local progress bar redraws while runs train: its clock, and each run's epoch
+REFRESH_S = 30.0
 
 
 @dataclass
@@ -181,11 +185,24 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted) -> None:
         ex.submit(EvalJob(run.describe(), sweep.eval_args, sweep.eval_also)).results()
 
 
+def training_now(runs: list[Run]) -> str:
+    """Each run's last validated epoch and the value the plateau rule watches, for the progress
+    bar: ``none.dot.s3 epoch 4 (6.434)``, its name without the dataset and arch all share."""
+    def label(run: Run) -> str:
+        name = run.name.removeprefix(f"{run.dataset}.{run.arch}.")
+        history = read_history(run.run_dir)
+        if not history:
+            return f"{name} starting"
+        return f"{name} epoch {history[-1]['epoch']} ({history[-1]['value']:.4g})"
+
+    return ", ".join(label(r) for r in runs)
+
+
 def run_local(sweep: Sweep, runs: list[Run], workers: int = 1) -> Submitted:
     """The same jobs on this machine without SLURM: ``workers`` runs side by side (all ranks of
     a run on this host), seed by seed so that a partial sweep has whole seeds, with a progress
-    bar over runs. A rerun skips finished runs and resumes unfinished ones from their
-    ``checkpoint_last.pt``."""
+    bar over runs that names the epoch each running run has reached. A rerun skips finished
+    runs and resumes unfinished ones from their ``checkpoint_last.pt``."""
     out = Submitted()
     order = sorted(runs, key=lambda r: (r.block, r.seed))
     finished = [r for r in order if (r.run_dir / DONE).exists()
@@ -196,10 +213,13 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1) -> Submitted:
                file=sys.stderr, dynamic_ncols=True, smoothing=0)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(_run_one_local, sweep, run, out): run for run in todo}
-        for future in as_completed(futures):
-            future.result()  # a failed run stops the sweep with its error
-            bar.update()
-            bar.set_postfix_str(futures[future].name)
+        pending: set[Future] = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=REFRESH_S, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()  # a failed run stops the sweep with its error
+                bar.update()
+            bar.set_postfix_str(training_now([futures[f] for f in pending if f.running()]))
     bar.close()
     if sweep.eval_enabled and sweep.task != "language_modeling":  # collect compares BLEU
         CollectJob(str(sweep.output_dir), str(sweep.output_dir))()

@@ -10,6 +10,8 @@ from conftest import REPO, launch, write_sweep
 
 from fairseq_tying.launch.__main__ import main
 from fairseq_tying.launch.config import SweepError, load_sweep
+from fairseq_tying.launch.plateau import record_epoch, write_history
+from fairseq_tying.launch.submit import training_now
 
 
 @pytest.mark.parametrize(("changes", "key"), [
@@ -74,6 +76,22 @@ def test_the_lm_study_sweep_expands_to_its_21_runs():
     assert {(r.tying, r.output_layer) for r in sweep.runs if r.tag is None} == {
         ("none", "dot"), *(("decoder", la) for la in ("dot", "l2norm", "sqnorm", "distance",
                                                        "cosine"))}
+
+
+def test_progress_names_the_epoch_each_running_run_has_reached(tmp_path):
+    """The local progress bar's line: the last validated epoch of each running run, read from
+    its valid_history.json, under its name without the dataset and arch."""
+    import dataclasses
+
+    sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
+    runs = [dataclasses.replace(r, run_dir=tmp_path / r.name) for r in sweep.runs[:2]]
+    history: list[dict] = []
+    for epoch, value in enumerate([7.552, 6.878, 6.571], start=1):
+        history = record_epoch(history, epoch, 211 * epoch, value)
+    (tmp_path / runs[0].name).mkdir()
+    write_history(tmp_path / runs[0].name, history, "loss")
+    assert training_now(runs) == "none.dot.s1 epoch 3 (6.571), none.dot.s2 starting"
+    assert training_now([]) == ""
 
 
 def test_lm_sweep_refuses_translation_evaluation_flags(tmp_path):
