@@ -79,20 +79,23 @@ def plot_norm_histograms(
 def _panels(panels: dict[str, dict[str, tuple]], out: str | os.PathLike, xlabel: str,
             ylabel: str, title: str, draw: Callable[[Any, int, str, tuple], None],
             integer_x: bool = False) -> None:
-    """One panel per key of ``panels``, sharing the y axis; ``draw(ax, k, label, data)`` draws
-    the k-th line of a panel."""
+    """One panel per key of ``panels``, sharing the y axis, each with its legend;
+    ``draw(ax, k, label, data)`` draws a line in colour ``k``, one colour per label in every
+    panel (a panel may lack some labels)."""
+    colours = {label: k for k, label in enumerate(
+        dict.fromkeys(label for lines in panels.values() for label in lines))}
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False,
-                             sharey=True)
+                             sharey=True, layout="constrained")
     for ax, (name, lines) in zip(axes[0], panels.items(), strict=True):
-        for k, (label, data) in enumerate(lines.items()):
-            draw(ax, k, label, data)
+        for label, data in lines.items():
+            draw(ax, colours[label], label, data)
         if integer_x:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(name)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
+        ax.legend()
     axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend()
     fig.suptitle(title)
     _save(fig, out)
 
@@ -101,8 +104,8 @@ def plot_curves(panels: dict[str, dict[str, tuple[Sequence[float], Sequence[floa
                 out: str | os.PathLike, xlabel: str, ylabel: str, title: str) -> None:
     """One panel per key, one line per label: ``panels[panel][label] = (x, y)``."""
 
-    def draw(ax, _k: int, label: str, data: tuple) -> None:
-        ax.plot(*data, marker="o", markersize=3, label=label)
+    def draw(ax, k: int, label: str, data: tuple) -> None:
+        ax.plot(*data, marker="o", markersize=3, color=f"C{k}", label=label)
 
     _panels(panels, out, xlabel, ylabel, title, draw)
 
