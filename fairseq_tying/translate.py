@@ -45,7 +45,12 @@ def read_meta(model: Path) -> dict:
     if not meta.is_file():
         raise TranslateError(f"--model {model} has no {META_FILE} (how to segment raw text); "
                              "export it with python -m fairseq_tying.export --format ctranslate2")
-    return json.loads(meta.read_text())
+    record = json.loads(meta.read_text())
+    if record.get("task") == "language_modeling":
+        raise TranslateError(f"--model {model} is a language model ({record['arch']}), which "
+                             "translates nothing: load it with ctranslate2.Generator to score "
+                             "or generate text (docs/language_models.md)")
+    return record
 
 
 def text_processors(model: Path, meta: dict) -> tuple[Callable[[str], list[str]],

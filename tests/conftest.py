@@ -126,7 +126,8 @@ def trained_lms(lm_bin, tmp_path_factory):
         if key not in cache:
             save = tmp_path_factory.mktemp(f"lm-{output_layer}")
             run_cli("fairseq-train", str(lm_bin), "--arch", "transformer_lm_tied",
-                    "--output-layer", output_layer, *flags, "--save-dir", str(save), *LM_TRAIN)
+                    "--output-layer", output_layer, "--save-dir", str(save), *LM_TRAIN,
+                    *flags)  # last: they override LM_TRAIN's sizes
             cache[key] = save / "checkpoint_last.pt"
         return cache[key]
 

@@ -6,6 +6,8 @@ cannot express is refused by name."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from argparse import Namespace
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from fairseq_tying import export
+from fairseq_tying import export, translate
 from fairseq_tying.core import scoring
 from fairseq_tying.export.stock import PLUGIN_ARCHS, bake_lm, stock_arch, stock_lm_arch
 from tests.conftest import build_on_meta, run_cli, run_module
@@ -124,19 +126,107 @@ def test_distance_is_refused_and_nothing_is_written(trained_lms, tmp_path):
     proc = run_module("fairseq_tying.export", trained_lms("distance"), out, check=False)
     assert proc.returncode == 2
     assert "--output-layer distance" in proc.stderr and "bias" in proc.stderr
-    assert "transformer_lm" in proc.stderr and "ctranslate2" not in proc.stderr
+    assert "transformer_lm" in proc.stderr and "--format ctranslate2" in proc.stderr
     assert not out.exists() and not out.parent.exists()
 
 
+# name: (--output-layer, flags); each exercises one way of reaching CTranslate2's decoder
+CT2_CASES = {
+    "dot": ("dot", ()),
+    "distance-bias": ("distance", ("--output-bias",)),  # a bias on the output projection
+    "none-sqnorm": ("sqnorm", ("--tying", "none")),
+    "tiedL-l2norm": ("l2norm", TIED_L),  # project_in_dim alone: identity project_out
+    "wideH-cosine": ("cosine", ("--decoder-output-dim", "24", "--tied-projection")),  # folded
+}
+
+
+def _ct2_scores(generator, d, rows: list[list[int]]) -> list[list[float]]:
+    results = generator.score_batch([[d[i] for i in row] for row in rows])
+    return [list(r.log_probs) for r in results]
+
+
+def _greedy(model, eos: int, prompt: list[int], steps: int) -> list[int]:
+    """Greedy continuation by full forward passes of the plugin model (no cache)."""
+    ids = [eos, *prompt]
+    with torch.no_grad():
+        for _ in range(steps):
+            token = int(model(torch.tensor([ids]))[0][0, -1].argmax())
+            if token == eos:
+                break
+            ids.append(token)
+    return ids[1 + len(prompt):]
+
+
 @pytest.mark.slow
-def test_ctranslate2_is_refused_for_a_language_model(trained_lms, tmp_path, capsys):
+@pytest.mark.parametrize("case", list(CT2_CASES))
+def test_ctranslate2_generator_reproduces_the_plugin(trained_lms, lm_bin, tmp_path, case):
+    """The CTranslate2 export scores every test token with the plugin's log-probability and
+    continues prompts greedily as the plugin does, for each route into CTranslate2's decoder."""
+    import ctranslate2
+
+    output_layer, flags = CT2_CASES[case]
+    ckpt = trained_lms(output_layer, *flags)
     out = tmp_path / "ct2"
-    assert export.main([str(trained_lms("dot")), str(out), "--format", "ctranslate2",
-                        "--no-subword"]) == 2
-    err = capsys.readouterr().err
-    assert "--arch transformer_lm_tied is a language model" in err
-    assert "--format ctranslate2" in err and "--format fairseq" in err
-    assert not out.exists()
+    assert export.main([str(ckpt), str(out), "--format", "ctranslate2", "--no-subword"]) == 0
+    meta = json.loads((out / "fairseq_tying.json").read_text())
+    assert (meta["task"], meta["output_bias"]) == ("language_modeling", case == "distance-bias")
+    plugin, task = _load(ckpt, lm_bin)
+    decoder = plugin.decoder
+    projections = (decoder.project_in_dim is not None, decoder.project_out_dim is not None)
+    assert projections == {"tiedL-l2norm": (True, False),
+                           "wideH-cosine": (False, True)}.get(case, (False, False))
+
+    d = task.dictionary
+    task.load_dataset("test")
+    rows = [[d.eos(), *task.dataset("test")[i]["target"].tolist()] for i in range(3)]
+    want = []
+    with torch.no_grad():
+        for row in rows:
+            lprobs = torch.log_softmax(plugin(torch.tensor([row[:-1]]))[0][0].double(), -1)
+            want.append(lprobs.gather(-1, torch.tensor(row[1:])[:, None])[:, 0].tolist())
+    generator = ctranslate2.Generator(str(out), device="cpu", intra_threads=1)
+    for got, ref in zip(_ct2_scores(generator, d, rows), want, strict=True):
+        assert got == pytest.approx(ref, abs=1e-4)
+
+    prompts = [row[1:4] for row in rows]
+    results = generator.generate_batch([[d[i] for i in [d.eos(), *p]] for p in prompts],
+                                       max_length=8, sampling_topk=1,
+                                       include_prompt_in_result=False)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert [d.index(t) for t in result.sequences[0]] == _greedy(plugin, d.eos(), prompt, 8)
+
+    assert translate.main(["--model", str(out)]) == 2  # a Translator cannot load it
+
+
+@pytest.mark.slow
+def test_serve_bench_scores_a_language_model_as_fairseq_eval_lm(trained_lms, lm_bin, tmp_path):
+    """bench --mode serve on an LM: fairseq's side is fairseq-eval-lm's loss, CTranslate2's
+    float32 the same perplexity, int8 close to it; the report is written as JSON."""
+    from fairseq_tying.bench import serve
+
+    ckpt = trained_lms("distance", "--output-bias")
+    report = serve.main(["--checkpoint", str(ckpt), "--batch-size", "4",
+                         "--out", str(tmp_path / "lm.json")])
+    rows = report["results"]
+    loss, ppl = _eval_lm(lm_bin, ckpt, "--user-dir", "fairseq_tying")
+    fairseq = rows["fairseq"]
+    assert -fairseq["log_prob"] / fairseq["tokens"] / math.log(2) == pytest.approx(loss, abs=1e-4)
+    assert fairseq["perplexity"] == pytest.approx(ppl, abs=0.006)
+    assert rows["ct2_float32"]["perplexity"] == pytest.approx(fairseq["perplexity"], rel=1e-5)
+    assert rows["ct2_int8"]["perplexity"] == pytest.approx(fairseq["perplexity"], rel=0.05)
+    assert json.loads((tmp_path / "lm.json").read_text())["task"] == "language_modeling"
+
+
+def test_word_level_data_needs_no_subword_model(tmp_path):
+    """A word-level LM set (prep.json: subword word) exports for whitespace-split text."""
+    from fairseq_tying.export.ct2 import Subword, find_subword
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "prep.json").write_text(json.dumps({"subword": "word"}))
+    assert find_subword(tmp_path / "bin") == Subword("none")
+    (tmp_path / "prep.json").write_text(json.dumps({"subword": "sentencepiece"}))
+    with pytest.raises(export.ExportError, match="--no-subword"):
+        find_subword(tmp_path / "bin")  # its spm.model is missing
 
 
 def _lm_args(**kw) -> Namespace:
@@ -153,7 +243,7 @@ def test_output_bias_is_refused_by_name():
     assert stock_arch(_lm_args(), formats=families) == "transformer_lm"  # D = 8 < 16 is fine
     with pytest.raises(export.ExportError, match="--output-bias .*transformer_lm") as e:
         stock_arch(_lm_args(output_bias=True), formats=families)
-    assert "ctranslate2" not in str(e.value)  # no CTranslate2 route for a language model
+    assert "--format ctranslate2" in str(e.value)  # CTranslate2 has an output bias
 
 
 def _stock_build(task, model_cfg):

@@ -3,7 +3,8 @@
 - ``layers`` (default, ``layers.py``): training step, beam search and memory of every output
   layer against fairseq's built-in tied Transformer, in one process, as ratios.
 - ``serve`` (``serve.py``): a trained checkpoint decoded by fairseq-generate and by CTranslate2
-  (float32, int8): speed, agreement and BLEU.
+  (float32, int8): speed, agreement and BLEU; a language model scored as fairseq-eval-lm
+  scores it and by CTranslate2: speed and perplexity.
 - ``gpu-check`` (``gpu_check.py``): the acceptance run on one CUDA GPU (fp16 training,
   fairseq-generate, CTranslate2 float16, ``layers`` on CUDA); ``make gpu-check``.
 """

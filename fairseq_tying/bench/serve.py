@@ -14,11 +14,17 @@ Sources are the token sequences fairseq read from the binarized subset, so both 
 the same input; tokens/s counts the hypothesis tokens plus ``</s>``, as fairseq does. Reports the
 share of sentences with identical hypotheses, BLEU (sacrebleu, detokenized, against the raw
 references when ``--refs`` or the prepared data's ``raw/test.<tgt>`` is there) and the ratios.
+
+A language model is scored instead, as ``fairseq-eval-lm`` scores it (the subset in blocks of
+the checkpoint's ``--tokens-per-sample``, no extra context): fairseq's forward pass against
+CTranslate2's ``Generator.score_batch`` on the same blocks, ``--batch-size`` blocks at a time;
+it reports the perplexity each computes and the tokens scored per second.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import tempfile
@@ -30,6 +36,7 @@ from fairseq_tying.common import atomic
 from fairseq_tying.export.ct2 import ExportError, Subword, export_ct2, find_subword
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+MODEL_KEYS = ("arch", "tying", "output_layer", "tied_projection", "output_bias")
 
 
 def run_fairseq(opts: argparse.Namespace) -> dict:
@@ -106,6 +113,76 @@ def _references(opts: argparse.Namespace, ids: list[int], tgt: str) -> list[str]
     return [lines[i] for i in ids]
 
 
+def score_fairseq(opts: argparse.Namespace) -> dict:
+    """fairseq-eval-lm's sum of log-probabilities over the subset's blocks (context window 0),
+    timed around the forward passes only; also the blocks as token rows for CTranslate2."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    import fairseq_tying  # noqa: F401  (registers the models; allowlists fairseq checkpoints)
+
+    torch.set_num_threads(opts.threads)
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(opts.checkpoint)], arg_overrides={"data": str(opts.data)})
+    model = models[0].eval()
+    task.load_dataset(opts.subset)
+    batches = task.get_batch_iterator(
+        dataset=task.dataset(opts.subset), max_sentences=opts.batch_size,
+        required_batch_size_multiple=1).next_epoch_itr(shuffle=False)
+    pad, symbols = task.dictionary.pad(), task.dictionary.symbols
+    clock, seconds, total, rows = CLOCKS[opts.clock], 0.0, 0.0, []
+    with torch.no_grad():
+        for sample in batches:
+            source, target = sample["net_input"]["src_tokens"], sample["target"]
+            start = clock()
+            lprobs = model.get_normalized_probs(model(source), log_probs=True)
+            scores = lprobs.double().gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            total += float(scores.masked_fill(target.eq(pad), 0).sum())
+            seconds += clock() - start
+            rows += [_row(src, tgt, pad, symbols) for src, tgt in zip(source, target, strict=True)]
+    return {"log_prob": total, "rows": rows, "seconds": seconds}
+
+
+def _row(source, target, pad: int, symbols: list[str]) -> list[str]:
+    """One block as CTranslate2 scores it: the first input token, then the targets."""
+    src, tgt = source[source.ne(pad)].tolist(), target[target.ne(pad)].tolist()
+    if src[1:] != tgt[:-1]:
+        raise ExportError("the LM task's targets are not its inputs shifted by one token "
+                          "(--output-dictionary-size, --self-target or --past-target?): "
+                          "CTranslate2 scores the next token only")
+    return [symbols[i] for i in (src[0], *tgt)]
+
+
+def score_ct2(model: Path, rows: list[list[str]], opts: argparse.Namespace,
+              compute_type: str) -> dict:
+    """CTranslate2's sum of log-probabilities of the same blocks, timed around scoring."""
+    import ctranslate2
+
+    generator = ctranslate2.Generator(str(model), device="cpu", compute_type=compute_type,
+                                      intra_threads=opts.threads, inter_threads=1)
+    generator.score_batch(rows[:opts.batch_size])  # warm-up: first-call allocations
+    clock = CLOCKS[opts.clock]
+    start = clock()
+    results = generator.score_batch(rows, max_batch_size=opts.batch_size)
+    seconds = clock() - start
+    return {"log_prob": float(sum(sum(r.log_probs) for r in results)), "seconds": seconds}
+
+
+def measure_lm(opts: argparse.Namespace, model: Path, meta: dict) -> dict:
+    fs = score_fairseq(opts)
+    tokens = sum(len(row) - 1 for row in fs["rows"])
+    rows = {"fairseq": {"log_prob": fs["log_prob"], "seconds": fs["seconds"]}}
+    for compute_type in ("float32", "int8"):
+        rows[f"ct2_{compute_type}"] = score_ct2(model, fs["rows"], opts, compute_type)
+    for row in rows.values():
+        row["tokens"] = tokens
+        row["perplexity"] = math.exp(-row["log_prob"] / tokens)
+        row["tokens_per_s"] = tokens / row["seconds"]
+        row["speedup"] = rows["fairseq"]["seconds"] / row["seconds"]
+    return {"model": {k: meta[k] for k in MODEL_KEYS}, "task": "language_modeling",
+            "blocks": len(fs["rows"]), "tokens": tokens, "results": rows}
+
+
 def measure(opts: argparse.Namespace, workdir: Path) -> dict:
     try:
         subword = find_subword(opts.data)
@@ -113,6 +190,8 @@ def measure(opts: argparse.Namespace, workdir: Path) -> dict:
         subword = Subword("none")
     model = workdir / "ct2"
     meta = export_ct2(opts.checkpoint, model, opts.data, "none", subword)
+    if meta["task"] == "language_modeling":
+        return measure_lm(opts, model, meta)
     _, decode = translate.text_processors(model, meta)
     fs = run_fairseq(opts)
     ids = sorted(fs["sources"])
@@ -138,12 +217,16 @@ def measure(opts: argparse.Namespace, workdir: Path) -> dict:
         row["tokens_per_s"] = row["tokens"] / row["seconds"]
         row["speedup_sentences"] = row["sentences_per_s"] / (
             rows["fairseq"]["sentences"] / rows["fairseq"]["seconds"])
-    return {"model": {k: meta[k] for k in ("arch", "tying", "output_layer", "tied_projection",
-                                           "output_bias")},
+    return {"model": {k: meta[k] for k in MODEL_KEYS}, "task": "translation",
             "sentences": len(ids), "results": rows}
 
 
 def table(report: dict) -> str:
+    if report["task"] == "language_modeling":
+        lines = ["| scorer | tokens/s | speed-up | perplexity |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} | {row['tokens_per_s']:.0f} | {row['speedup']:.2f}× | "
+                  f"{row['perplexity']:.2f} |" for name, row in report["results"].items()]
+        return "\n".join(lines)
     lines = ["| decoder | sentences/s | tokens/s | speed-up | same hypotheses | BLEU |",
              "|---|---:|---:|---:|---:|---:|"]
     for name, row in report["results"].items():
@@ -159,7 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, required=True,
-                   help="a transformer_{dwt,twwt}* checkpoint")
+                   help="a transformer_{dwt,twwt}* or transformer_lm_tied* checkpoint")
     p.add_argument("--data", type=Path, help="fairseq-preprocess folder (default: the one the "
                    "model was trained on)")
     p.add_argument("--subset", default="test")
@@ -167,7 +250,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--lenpen", type=float, default=1.0)
     p.add_argument("--max-len-b", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch, both decoders")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="sentences (a language model: blocks) per batch, both sides")
     p.add_argument("--threads", type=int, default=1, help="CPU threads, both decoders")
     p.add_argument("--clock", choices=CLOCKS, default="wall",
                    help="wall time, or this process's CPU time (steadier on a shared machine "

@@ -6,10 +6,11 @@
   translation models, ``transformer_lm{,_big,_gpt}`` for the language models) with the output
   layer baked in; stock ``fairseq-generate`` / ``fairseq-eval-lm`` load it without
   ``--user-dir`` (``fairseq_tying.export.stock``);
-- ``ctranslate2`` (translation models only): a CTranslate2 model directory with the
-  vocabularies, the subword model and every output layer, ``distance`` included (its bias
-  becomes CTranslate2's output bias);
-  ``python -m fairseq_tying.translate --model OUT`` translates raw text with it
+- ``ctranslate2`` (Transformer translation models and language models): a CTranslate2 model
+  directory with the vocabularies, the subword model and every output layer, ``distance`` and
+  ``--output-bias`` included (the bias becomes CTranslate2's output bias);
+  ``python -m fairseq_tying.translate --model OUT`` translates raw text with a translation
+  model, and ``ctranslate2.Generator(OUT)`` scores or continues text with a language model
   (``fairseq_tying.export.ct2``).
 """
 
@@ -46,7 +47,8 @@ def parser() -> argparse.ArgumentParser:
                                           "CTranslate2 model (directory) to write")
     p.add_argument("--format", choices=FORMATS, default="fairseq",
                    help="fairseq: stock fairseq checkpoint (every model; not the distance "
-                        "output layer nor --output-bias); ctranslate2: translation models only")
+                        "output layer nor --output-bias); ctranslate2: Transformer translation "
+                        "and language models, every output layer")
     p.add_argument("--config-format", choices=CONFIG_FORMATS, default="dict",
                    help="fairseq format: the model config as a plain dict (loads in stock "
                         "fairseq with no allowlist) or as fairseq-train's argparse.Namespace "
@@ -90,10 +92,12 @@ def run(opts: argparse.Namespace) -> str:
     subword = Subword("none") if opts.no_subword else (
         subword_from_file(opts.subword_model) if opts.subword_model else None)
     meta = export_ct2(opts.ckpt, opts.out, opts.data, opts.quantization, subword)
+    use = (f"score or generate with ctranslate2.Generator('{opts.out}')"
+           if meta["task"] == "language_modeling" else
+           f"translate with python -m fairseq_tying.translate --model {opts.out}")
     return (f"wrote CTranslate2 model {opts.out} (output layer {meta['output_layer']}, "
             f"output bias {meta['output_bias']}, quantization {meta['quantization']}, "
-            f"subword {meta['subword']}); translate with python -m fairseq_tying.translate "
-            f"--model {opts.out}")
+            f"subword {meta['subword']}); {use}")
 
 
 def main(argv: list[str] | None = None) -> int:

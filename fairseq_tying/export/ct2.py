@@ -1,4 +1,5 @@
-"""Export a plugin Transformer checkpoint to a CTranslate2 model directory.
+"""Export a plugin Transformer checkpoint to a CTranslate2 model directory: a translation
+model for ``ctranslate2.Translator``, a language model for ``ctranslate2.Generator``.
 
 The plugin model is built by fairseq from the checkpoint and its dictionaries, then turned into
 fairseq's stock module layout in memory, which CTranslate2's own fairseq converter functions
@@ -8,7 +9,11 @@ read (``ctranslate2.converters.fairseq``):
 - the output layer becomes one linear map: its affine map ``s = h·W_outᵀ + b`` taken from
   the decoder's own scorer (``OutputScorer.output_matrix_and_bias``), with the
   ``--tied-projection`` matrix L folded in (W_out·L). A non-zero b (``distance``: −½‖w_i‖²,
-  and any learned output bias) becomes the bias of CTranslate2's output projection.
+  and any learned output bias) becomes the bias of CTranslate2's output projection;
+- a language model's ``project_in_dim`` and ``project_out_dim`` (``--decoder-input-dim``,
+  ``--decoder-output-dim``) are one switch in CTranslate2, both or neither: a lone
+  ``project_out_dim`` is folded into the output matrix, and next to a lone ``project_in_dim``
+  the output side gets the identity.
 
 The directory also holds the vocabularies, the subword model (``spm.model`` or ``bpe.codes``)
 and ``fairseq_tying.json``, which ``python -m fairseq_tying.translate`` reads.
@@ -29,6 +34,7 @@ from fairseq_tying.common.atomic import building_dir
 from fairseq_tying.export.stock import ExportError, stock_arch
 
 QUANTIZATIONS = ("none", "int8", "int8_float16", "float16")
+FAMILIES = ("transformer", "transformer_lm")  # stock families CTranslate2 reads
 META_FILE = "fairseq_tying.json"
 SUBWORD_FILES = {"sentencepiece": "spm.model", "subword_nmt": "bpe.codes"}
 
@@ -64,13 +70,15 @@ def find_subword(data: Path) -> Subword:
         model = data.parent / SUBWORD_FILES.get(kind, "")
         if kind in SUBWORD_FILES and model.is_file():
             return Subword(kind, model, record.get("detokenizer"))
+        if kind == "word":  # a word-level language-model set reads whitespace-split text
+            return Subword("none")
     raise ExportError(f"found no subword model for {data} (no prep.json with spm.model or "
                       "bpe.codes beside it): pass --subword-model FILE (a sentencepiece model or "
                       "subword-nmt codes), or --no-subword if the text is already tokenized")
 
 
 def load_model(ckpt: Path, data: Path | None):
-    """The plugin model (eval mode, no grad), its task and its model config."""
+    """The plugin model (eval mode, no grad), its task and its config."""
     from fairseq import checkpoint_utils, tasks
 
     import fairseq_tying  # noqa: F401  (registers the archs; allowlists fairseq checkpoints)
@@ -80,7 +88,7 @@ def load_model(ckpt: Path, data: Path | None):
     overrides = {"data": str(data)} if data is not None else None
     state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt), overrides)
     cfg = state["cfg"]
-    stock_arch(cfg.model, formats=("transformer",), allow_bias=True)
+    stock_arch(cfg.model, formats=FAMILIES, allow_bias=True)
     try:
         task = tasks.setup_task(cfg.task)
     except (FileNotFoundError, OSError, ValueError) as e:
@@ -115,22 +123,38 @@ def _lookup_table(embedding: nn.Module) -> nn.Embedding:
 def to_stock_layout(model: nn.Module) -> bool:
     """Replace the plugin's lookups and scorer with fairseq's stock modules, in place;
     returns whether the output projection has a bias."""
-    w_out, bias = output_affine(model.decoder)
-    model.encoder.embed_tokens = _lookup_table(model.encoder.embed_tokens)
-    model.decoder.embed_tokens = _lookup_table(model.decoder.embed_tokens)
-    projection = nn.Linear(w_out.shape[1], w_out.shape[0], bias=bias is not None)
-    projection.weight = nn.Parameter(w_out, requires_grad=False)
-    if bias is not None:
-        projection.bias = nn.Parameter(bias, requires_grad=False)
-    model.decoder.output_projection = projection
-    del model.decoder.scorer
+    decoder = model.decoder
+    w_out, bias = output_affine(decoder)
+    if getattr(model, "encoder", None) is not None:
+        model.encoder.embed_tokens = _lookup_table(model.encoder.embed_tokens)
+    decoder.embed_tokens = _lookup_table(decoder.embed_tokens)
+    if decoder.project_in_dim is None and decoder.project_out_dim is not None:
+        w_out = w_out @ decoder.project_out_dim.weight.float()  # s = (W P_out) x
+        decoder.project_out_dim = None
+    elif decoder.project_in_dim is not None and decoder.project_out_dim is None:
+        width = decoder.project_in_dim.weight.shape[0]
+        decoder.project_out_dim = _linear(torch.eye(width), None)
+    decoder.output_projection = _linear(w_out, bias)
+    del decoder.scorer
     return bias is not None
 
 
-def build_spec(model: nn.Module, task, args: Namespace):
-    """The CTranslate2 TransformerSpec, filled by CTranslate2's fairseq converter functions."""
+def _linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:
+    """A frozen ``nn.Linear`` computing x·weightᵀ (+ bias)."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias, requires_grad=False)
+    return linear
+
+
+def build_spec(model: nn.Module, task, cfg):
+    """The CTranslate2 model spec, filled by CTranslate2's fairseq converter functions."""
     from ctranslate2.converters import fairseq as ct2_fairseq
 
+    args = cfg.model
+    if stock_arch(args, formats=FAMILIES, allow_bias=True) == "transformer_lm":
+        return _lm_spec(model, task, cfg)
     spec = ct2_fairseq._get_model_spec(Namespace(**{**vars(args), "arch": "transformer"}))
     ct2_fairseq.set_transformer_encoder(spec.encoder, model.encoder)
     ct2_fairseq.set_transformer_decoder(spec.decoder, model.decoder)
@@ -139,6 +163,22 @@ def build_spec(model: nn.Module, task, args: Namespace):
     # fairseq starts decoding from </s> and appends </s> to every source sentence.
     spec.config.decoder_start_token = spec.config.eos_token
     spec.config.add_source_eos = True
+    return spec
+
+
+def _lm_spec(model: nn.Module, task, cfg):
+    """A decoder-only spec, as CTranslate2's converter builds it for fairseq's transformer_lm."""
+    from ctranslate2.converters import fairseq as ct2_fairseq
+
+    decoder = model.decoder
+    args = Namespace(**{**vars(cfg.model), "arch": "transformer_lm",
+                        "decoder_input_dim": decoder.embed_tokens.embedding_dim,
+                        "decoder_embed_dim": decoder.embed_dim})
+    spec = ct2_fairseq._get_model_spec(args)
+    ct2_fairseq.set_transformer_decoder(spec.decoder, decoder, with_encoder_attention=False)
+    spec.register_vocabulary(ct2_fairseq._get_vocab(task.dictionary))
+    if not getattr(cfg.task, "add_bos_token", False):  # fairseq's LM starts from </s>
+        spec.config.bos_token = spec.config.eos_token
     return spec
 
 
@@ -154,13 +194,14 @@ def export_ct2(ckpt: Path, out: Path, data: Path | None = None, quantization: st
     subword = subword if subword is not None else find_subword(Path(cfg.task.data))
     args = cfg.model
     has_bias = to_stock_layout(model)
-    spec = build_spec(model, task, args)
+    spec = build_spec(model, task, cfg)
 
     class _SpecConverter(Converter):
         def _load(self):
             return spec
 
-    meta = {"source_lang": cfg.task.source_lang, "target_lang": cfg.task.target_lang,
+    meta = {"task": cfg.task._name, "source_lang": cfg.task.get("source_lang"),
+            "target_lang": cfg.task.get("target_lang"),
             "subword": subword.kind,
             "subword_model": SUBWORD_FILES.get(subword.kind),
             "detokenizer": subword.detokenizer, "arch": args.arch, "tying": args.tying,

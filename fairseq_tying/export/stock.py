@@ -90,10 +90,6 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
     decoder."""
     arch = getattr(args, "arch", None)
     family = _family(arch)
-    if family == "transformer_lm" and family not in formats:
-        raise ExportError(f"--arch {arch} is a language model, which this format does not "
-                          "export (--format ctranslate2 is for translation models); export it "
-                          "with --format fairseq to stock transformer_lm")
     if family not in formats:
         plugin = " or ".join(PLUGIN_ARCHS[f] for f in formats)
         raise ExportError(f"--arch {arch} is not one of the plugin's {plugin} architectures: "
@@ -110,7 +106,7 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
 
 def _refuse_bias(args: Namespace, family: str) -> None:
     """fairseq's output projections have no bias: refuse the scores that need one."""
-    ct2 = ", or export with --format ctranslate2" if family == "transformer" else ""
+    ct2 = ", or export with --format ctranslate2" if family != "lightconv" else ""
     if args.output_layer == "distance":
         raise ExportError(f"--output-layer distance adds a per-token bias −½‖w_i‖² to the "
                           f"scores, which fairseq's {family} (a bias-free output projection) "
