@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import write_lines
 
 META_FILE = "fairseq_tying.json"
@@ -46,7 +47,7 @@ def read_meta(model: Path) -> dict:
         raise TranslateError(f"--model {model} has no {META_FILE} (how to segment raw text); "
                              "export it with python -m fairseq_tying.export --format ctranslate2")
     record = json.loads(meta.read_text())
-    if record.get("task") == "language_modeling":
+    if record.get("task") == LM_TASK:
         raise TranslateError(f"--model {model} is a language model ({record['arch']}), which "
                              "translates nothing: load it with ctranslate2.Generator to score "
                              "or generate text (docs/language_models.md)")

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from fairseq_tying import translate
-from fairseq_tying.common import atomic
+from fairseq_tying.common import LM_TASK, atomic
 from fairseq_tying.export.ct2 import ExportError, Subword, export_ct2, find_subword
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -179,7 +179,7 @@ def measure_lm(opts: argparse.Namespace, model: Path, meta: dict) -> dict:
         row["perplexity"] = math.exp(-row["log_prob"] / tokens)
         row["tokens_per_s"] = tokens / row["seconds"]
         row["speedup"] = rows["fairseq"]["seconds"] / row["seconds"]
-    return {"model": {k: meta[k] for k in MODEL_KEYS}, "task": "language_modeling",
+    return {"model": {k: meta[k] for k in MODEL_KEYS}, "task": LM_TASK,
             "blocks": len(fs["rows"]), "tokens": tokens, "results": rows}
 
 
@@ -190,7 +190,7 @@ def measure(opts: argparse.Namespace, workdir: Path) -> dict:
         subword = Subword("none")
     model = workdir / "ct2"
     meta = export_ct2(opts.checkpoint, model, opts.data, "none", subword)
-    if meta["task"] == "language_modeling":
+    if meta["task"] == LM_TASK:
         return measure_lm(opts, model, meta)
     _, decode = translate.text_processors(model, meta)
     fs = run_fairseq(opts)
@@ -222,7 +222,7 @@ def measure(opts: argparse.Namespace, workdir: Path) -> dict:
 
 
 def table(report: dict) -> str:
-    if report["task"] == "language_modeling":
+    if report["task"] == LM_TASK:
         lines = ["| scorer | tokens/s | speed-up | perplexity |", "|---|---:|---:|---:|"]
         lines += [f"| {name} | {row['tokens_per_s']:.0f} | {row['speedup']:.2f}× | "
                   f"{row['perplexity']:.2f} |" for name, row in report["results"].items()]

@@ -6,6 +6,9 @@ from pathlib import Path
 # The folder to pass as fairseq's --user-dir.
 PLUGIN_DIR = str(Path(__file__).resolve().parents[1])
 
+# fairseq's --task of the language models (the translation models': "translation")
+LM_TASK = "language_modeling"
+
 # Files of a run folder that several tools read or write.
 RUN_JSON = "run.json"  # the launcher's settings of the run (name, method, seed, data_dir, ...)
 VALID_HISTORY = "valid_history.json"  # per-epoch validations under the plateau rule

@@ -20,12 +20,13 @@ from __future__ import annotations
 from argparse import Namespace
 from pathlib import Path
 
+from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.moses import moses_tokenize
 from fairseq_tying.data import prepare
 
 
 def lm_record(args: Namespace) -> dict:
-    return {"task": "language_modeling", "corpus": prepare.corpus_id(args.corpus),
+    return {"task": LM_TASK, "corpus": prepare.corpus_id(args.corpus),
             "lang": args.lm, "subword": args.subword, "vocab_size": args.vocab_size,
             "spm_type": args.spm_type if args.subword == "sentencepiece" else None,
             "train_limit": args.train_limit,

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import read_lines
 from fairseq_tying.evaluation.presets import PRESET_CHOICES
 
@@ -101,7 +102,7 @@ def evaluate_options(args: Sequence[str], task: str = "translation") -> dict[str
     arguments (and ``data``) from the flags without RUN_DIR, e.g. a sweep's
     ``evaluation.args`` such as ``["--average-last", "5"]``."""
     parser = _RaisingParser(prog="evaluation.args", add_help=False)
-    if task == "language_modeling":
+    if task == LM_TASK:
         add_evaluate_lm_arguments(parser)
     else:
         add_evaluate_arguments(parser)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.common import PLUGIN_DIR, checkpoints
+from fairseq_tying.common import LM_TASK, PLUGIN_DIR, checkpoints
 from fairseq_tying.common.atomic import write_json, write_text
 from fairseq_tying.common.reproducible import pinned_env
 from fairseq_tying.evaluation.evaluate import (
@@ -29,7 +29,6 @@ from fairseq_tying.evaluation.evaluate import (
 from fairseq_tying.evaluation.generate import fairseq_exe
 from fairseq_tying.evaluation.records import read_run_json, record_for_run
 
-TASK = "language_modeling"
 _LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+|inf|nan), Perplexity: ([0-9.]+|inf|nan)")
 _TOKENS = re.compile(r"Evaluated ([\d,]+) tokens in")
 
@@ -106,7 +105,7 @@ def evaluate_lm_run(run_dir: str | os.PathLike, data: str | os.PathLike | None, 
     scores, output = run_eval_lm(cmd, run_dir.name)
     stem = eval_json_name(subset, tag).removesuffix(".json")
     write_text(run_dir / f"{stem}.log", output)  # fairseq-eval-lm's whole output
-    result = {"task": TASK, "run": record, "run_dir": str(run_dir), "checkpoint": str(ckpt),
+    result = {"task": LM_TASK, "run": record, "run_dir": str(run_dir), "checkpoint": str(ckpt),
               "averaged": averaged, "data": str(bin_dir), "subset": subset, "tag": tag,
               **blocks, **scores, "eval_lm_command": cmd}
     write_json(run_dir / eval_json_name(subset, tag), result)

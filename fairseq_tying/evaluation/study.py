@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import markers, replace_block, write_json
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
@@ -251,7 +252,7 @@ def build(records_dir: str | os.PathLike, report: str | os.PathLike, plots_dir: 
     the Transformer) get their own tables below the first one's."""
     exported = study_records.export(runs, records_dir) if runs else []
     records = study_records.load(records_dir)
-    lm = [r for r in records if r.get("task") == study_records.LM_TASK]
+    lm = [r for r in records if r.get("task") == LM_TASK]
     if lm:  # the perplexity study: its own view on the same statistics
         if len(lm) != len(records):
             raise ValueError(f"{records_dir}: language-model and translation records mixed; "

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.common import EVAL_JSON, TRAIN_DONE, VALID_HISTORY
+from fairseq_tying.common import EVAL_JSON, LM_TASK, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, write_json
 from fairseq_tying.evaluation import norms
 from fairseq_tying.evaluation.records import read_run_json
@@ -22,7 +22,6 @@ EVAL_KEYS = ("bleu", "bleu_signature", "bleu_verbose", "chrf", "chrf_signature",
              "tok_bleu_signature", "preset", "beam", "lenpen", "subset", "n_sentences",
              "references_sha256")
 RUN_KEYS = ("name", "dataset", "arch", "tying", "output_layer", "seed", "train_args")
-LM_TASK = "language_modeling"
 LM_RUN_KEYS = (*RUN_KEYS, "task", "tag")
 LM_EVAL_KEYS = ("loss", "perplexity", "n_tokens", "subset", "tokens_per_sample",
                 "sample_break_mode")

@@ -20,6 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fairseq_tying.common import LM_TASK
 from fairseq_tying.export.stock import (
     CONFIG_FORMATS,
     ExportError,
@@ -93,7 +94,7 @@ def run(opts: argparse.Namespace) -> str:
         subword_from_file(opts.subword_model) if opts.subword_model else None)
     meta = export_ct2(opts.ckpt, opts.out, opts.data, opts.quantization, subword)
     use = (f"score or generate with ctranslate2.Generator('{opts.out}')"
-           if meta["task"] == "language_modeling" else
+           if meta["task"] == LM_TASK else
            f"translate with python -m fairseq_tying.translate --model {opts.out}")
     return (f"wrote CTranslate2 model {opts.out} (output layer {meta['output_layer']}, "
             f"output bias {meta['output_bias']}, quantization {meta['quantization']}, "

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from fairseq_tying.common import LM_TASK
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.scoring import OUTPUT_LAYERS
 from fairseq_tying.launch import plateau
@@ -464,7 +465,7 @@ def _check_eval_args(args: list, where: str, task: str) -> None:
     try:
         evaluate_options([str(a) for a in args], task)
     except ValueError as err:
-        tool = "evaluate-lm" if task == "language_modeling" else "evaluate"
+        tool = "evaluate-lm" if task == LM_TASK else "evaluate"
         raise SweepError(f"{where}: {err} (the flags of `python -m fairseq_tying.evaluation "
                          f"{tool}`, for fairseq's --task {task})") from err
 

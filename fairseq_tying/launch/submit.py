@@ -14,7 +14,7 @@ import submitit
 from submitit.slurm.slurm import _make_sbatch_string
 from tqdm import tqdm
 
-from fairseq_tying.common import PLUGIN_DIR, RUN_JSON, atomic
+from fairseq_tying.common import LM_TASK, PLUGIN_DIR, RUN_JSON, atomic
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
 from fairseq_tying.launch.plateau import read_history
@@ -114,7 +114,7 @@ def dry_run(sweep: Sweep, runs: list[Run]) -> None:
         print("# evaluation array, each task after its training task (aftercorr):")
         print(_make_sbatch_string(command="<python -m fairseq_tying.evaluation RUN_DIR>",
                                   folder=folder, **params))
-        if sweep.task != "language_modeling":
+        if sweep.task != LM_TASK:
             print(f"# then: python -m fairseq_tying.evaluation collect {sweep.output_dir} "
                   f"--out {sweep.output_dir}")
 
@@ -148,7 +148,7 @@ def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
             for run in to_eval:
                 job = EvalJob(run.describe(), sweep.eval_args, sweep.eval_also)
                 out.evaluate.append(ex.submit(job))
-    if sweep.task == "language_modeling":  # collect compares BLEU; `study` reports an LM sweep
+    if sweep.task == LM_TASK:  # collect compares BLEU; `study` reports an LM sweep
         return out
     params = eval_params(sweep, f"{sweep.name}-collect")
     params.update(cpus_per_task=1, additional_parameters={})
@@ -221,7 +221,7 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1) -> Submitted:
                 bar.update()
             bar.set_postfix_str(training_now([futures[f] for f in pending if f.running()]))
     bar.close()
-    if sweep.eval_enabled and sweep.task != "language_modeling":  # collect compares BLEU
+    if sweep.eval_enabled and sweep.task != LM_TASK:  # collect compares BLEU
         CollectJob(str(sweep.output_dir), str(sweep.output_dir))()
     return out
 
