@@ -12,10 +12,11 @@ output; one matrix when tied) it reports
   the mean of the rows of its subword pieces (the ``--spm`` sentencepiece model); a word with a
   piece missing from the dictionary is out of vocabulary, and coverage says how many pairs
   were scored. A subword model splits almost any word, so the "whole-word" variant scores
-  only the pairs whose two words are each a single piece;
+  only the pairs whose two words are each a single piece. A word-level vocabulary (``--spm
+  none``, or data prepared with ``--subword word``) gives each word its own row;
 - geometry: Spearman ρ between a row's norm and its token's frequency on that role's side of
   the binarized training data (source side for the encoder, target side for the decoder, both
-  for a three-way tied matrix), and
+  for a three-way tied matrix; a language model's one text), and
   the mean pairwise cosine of the rows (anisotropy), both over the rows seen on that side; the
   rows never seen there (the other language's pieces of a joined dictionary) are counted apart.
 
@@ -27,6 +28,7 @@ Writes ``analysis.json``, ``analysis.md``, ``norms_vs_frequency.png`` and ``simi
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -41,7 +43,7 @@ import torch
 from fairseq.data import Dictionary
 from scipy.stats import spearmanr
 
-from fairseq_tying.common import checkpoints
+from fairseq_tying.common import LM_TASK, checkpoints
 from fairseq_tying.common.atomic import (
     atomic_write,
     markers,
@@ -59,6 +61,7 @@ BENCHMARKS = {"SimLex-999": "simlex999.txt", "WordSim-353": "wordsim353.tsv"}
 # every word (mean of its pieces' rows), and only the pairs of words that are one piece each
 VARIANTS = {"": False, " whole-word": True}
 BEGIN, END = markers("analysis")
+WORDS = "none"  # --spm value of a word-level vocabulary: a word is its own row
 
 
 @dataclass
@@ -110,6 +113,7 @@ class Side:
     dictionary: Dictionary
     counts: np.ndarray
     counted_in: str
+    label: str  # for plots: the side's language ("es+en" for both), or a language model's text
 
 
 def token_counts(prefix: Path, dictionary: Dictionary) -> np.ndarray | None:
@@ -122,9 +126,23 @@ def token_counts(prefix: Path, dictionary: Dictionary) -> np.ndarray | None:
     return np.bincount(tokens, minlength=len(dictionary)).astype(np.float64)
 
 
+def _side(dict_path: Path, prefix: Path, label: str) -> Side:
+    dictionary = Dictionary.load(str(dict_path))
+    counts = token_counts(prefix, dictionary)
+    if counts is None:  # no binarized training split: the dictionary's own counts
+        counts, prefix = np.array(dictionary.count, dtype=np.float64), dict_path
+    return Side(dictionary, counts, str(prefix), label)
+
+
 def sides(state: dict, data: str | None) -> dict[str, Side]:
-    """Dictionaries and per-side token counts of the checkpoint's training data."""
+    """Dictionaries and per-side token counts of the checkpoint's training data (a language
+    model's one text is its decoder's, the target side)."""
     folder = Path(data or checkpoints.config_value(state, "data", "task") or "")
+    if checkpoints.task_of(state) == LM_TASK:
+        if not (folder / "dict.txt").is_file():
+            raise SystemExit(f"dictionary {folder / 'dict.txt'} not found: pass --data, the "
+                             "fairseq-preprocess output the language model was trained on")
+        return {"target": _side(folder / "dict.txt", folder / "train", "LM text")}
     src = checkpoints.config_value(state, "source_lang", "task")
     tgt = checkpoints.config_value(state, "target_lang", "task")
     if src is None or tgt is None:  # fairseq-train infers them from the binarized files
@@ -136,36 +154,37 @@ def sides(state: dict, data: str | None) -> dict[str, Side]:
     if missing:
         raise SystemExit(f"dictionaries {missing} not found: pass --data, the "
                          "fairseq-preprocess output the checkpoint was trained on")
-    found = {}
-    for (side, path), lang in zip(paths.items(), (src, tgt), strict=True):
-        dictionary = Dictionary.load(str(path))
-        prefix = folder / f"train.{src}-{tgt}.{lang}"
-        counts = token_counts(prefix, dictionary)
-        if counts is None:  # no binarized training split: the dictionary's own counts
-            counts, prefix = np.array(dictionary.count, dtype=np.float64), path
-        found[side] = Side(dictionary, counts, str(prefix))
-    return found
+    return {side: _side(path, folder / f"train.{src}-{tgt}.{lang}", lang)
+            for (side, path), lang in zip(paths.items(), (src, tgt), strict=True)}
 
 
 def subword_model(path: str | None, state: dict, data: str | None):
-    """The sentencepiece model: --spm, or ``spm.model`` beside the binarized data."""
+    """(path, processor) of the sentencepiece model: --spm, or ``spm.model`` beside the
+    binarized data; (None, None) for a word-level vocabulary (``--spm none``, or ``prep.json``
+    beside the data saying ``"subword": "word"``)."""
     import sentencepiece as spm
 
     folder = Path(data or checkpoints.config_value(state, "data", "task") or ".")
+    prep = folder.parent / "prep.json"
+    if path == WORDS or (path is None and prep.is_file()
+                         and json.loads(prep.read_text()).get("subword") == "word"):
+        return None, None
     candidate = Path(path) if path else folder.parent / "spm.model"
     if not candidate.is_file():
         raise SystemExit(f"no sentencepiece model at {candidate}: pass --spm MODEL (the subword "
-                         "model the training data was encoded with)")
+                         f"model the training data was encoded with), or --spm {WORDS} for a "
+                         "word-level vocabulary")
     return candidate, spm.SentencePieceProcessor(model_file=str(candidate))
 
 
 # --- measures -------------------------------------------------------------------------------
 
 def word_pieces(words: set[str], dictionary: Dictionary, sp) -> dict[str, list[int]]:
-    """The dictionary ids of every word's pieces, for words whose pieces all are entries."""
+    """The dictionary ids of every word's pieces, for words whose pieces all are entries
+    (``sp`` None: a word-level vocabulary, the word is its one piece)."""
     found = {}
     for word in sorted(words):
-        ids = [dictionary.index(p) for p in sp.encode(word, out_type=str)]
+        ids = [dictionary.index(p) for p in (sp.encode(word, out_type=str) if sp else [word])]
         if ids and dictionary.unk() not in ids:
             found[word] = ids
     return found
@@ -235,16 +254,26 @@ def side_of(roles: list[str], sides: dict[str, Side]) -> Side:
         return sides[wanted[0]]
     both = [sides[w] for w in wanted]
     return Side(both[0].dictionary, sum(s.counts for s in both),
-                " + ".join(s.counted_in for s in both))
+                " + ".join(s.counted_in for s in both), "+".join(s.label for s in both))
 
 
 def matrices(model: dict[str, torch.Tensor]) -> list[tuple[str, list[str]]]:
-    """(first key, roles) per distinct matrix: tied roles share one storage."""
-    groups: dict[int, tuple[str, list[str]]] = {}
+    """(first key, roles) per distinct matrix: tied roles share one storage, or hold equal
+    copies (an averaged checkpoint averages each key on its own)."""
+    groups: list[tuple[str, list[str]]] = []
     for key, (role, _side) in ROLES.items():
-        if key in model:
-            groups.setdefault(model[key].data_ptr(), (key, []))[1].append(role)
-    return list(groups.values())
+        if key not in model:
+            continue
+        same = next((g for g in groups if _same_matrix(model[g[0]], model[key])), None)
+        if same is None:
+            groups.append((key, [role]))
+        else:
+            same[1].append(role)
+    return groups
+
+
+def _same_matrix(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() or (a.shape == b.shape and torch.equal(a, b))
 
 
 def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> ModelReport:
@@ -259,8 +288,8 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
         side = side_of(roles, dicts)
         pieces = word_pieces(words, side.dictionary, sp)
         sims = {}
-        for name in BENCHMARKS:
-            for variant, whole in VARIANTS.items():
+        for name in BENCHMARKS:  # whole-word is every word when words are the vocabulary
+            for variant, whole in (VARIANTS if sp is not None else {"": False}).items():
                 vectors = word_vectors(pieces, matrix, whole_words=whole)
                 sims[name + variant] = similarity(vectors, matrix.shape[1], name)
         report.matrices.append(MatrixReport(key, roles, matrix.shape[0], matrix.shape[1], sims,
@@ -281,8 +310,8 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def markdown(reports: Sequence[ModelReport], subword: str) -> str:
-    names = [n + v for n in BENCHMARKS for v in VARIANTS]
+def markdown(reports: Sequence[ModelReport], vectors: str) -> str:
+    names = list(reports[0].matrices[0].similarity)
     head = ["model", "matrix (roles)", *(f"{n} ρ (pairs)" for n in names), "ρ(norm, freq)",
             "mean cos", "mean ‖w‖ (seen rows)", "mean ‖w‖ (unseen rows)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
@@ -297,10 +326,9 @@ def markdown(reports: Sequence[ModelReport], subword: str) -> str:
                                             f"{_fmt(m.mean_norm_unseen, 2)} ({m.rows_unseen})",
                                             ]) + " |")
     lines.append("")
-    lines.append(f"Word vectors: mean of the rows of the word's pieces under {subword} "
-                 "(whole-word: only pairs of words that are one piece each); ρ from gensim's "
-                 "KeyedVectors.evaluate_word_pairs. Geometry over the rows whose token occurs on "
-                 "the role's side of the training data (seen); unseen rows apart.")
+    lines.append(f"Word vectors: {vectors}; ρ from gensim's KeyedVectors.evaluate_word_pairs. "
+                 "Geometry over the rows whose token occurs on the role's side of the training "
+                 "data (seen); unseen rows apart.")
     return "\n".join(lines) + "\n"
 
 
@@ -322,15 +350,15 @@ def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[st
         ax.scatter(side.counts[keep], np.linalg.norm(matrix[keep], axis=1), s=3, alpha=0.4)
         ax.set_xscale("log")
         ax.set_title(f"{r.label}\n{' = '.join(m.roles)}", fontsize=8)
-        langs = "+".join(part.rsplit(".", 1)[-1] for part in side.counted_in.split(" + "))
-        ax.set_xlabel(f"token frequency ({langs} side of training)")
+        ax.set_xlabel(f"token frequency in training ({side.label})")
         ax.set_ylabel("row norm ‖w‖")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.tight_layout()
     _save(fig, out / "norms_vs_frequency.png")
 
-    roles = [role for role, _ in ROLES.values()]
+    roles = [role for role, _ in ROLES.values()
+             if any(role in m.roles for r in reports for m in r.matrices)]
     fig, axes = plt.subplots(1, len(BENCHMARKS), figsize=(max(6, 1.6 * len(reports)) * 2, 3.8),
                              squeeze=False)
     width = 0.8 / len(roles)
@@ -338,7 +366,8 @@ def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[st
         for j, role in enumerate(roles):
             values = [next((m.similarity[name]["spearman"] or 0.0 for m in r.matrices
                             if role in m.roles), np.nan) for r in reports]
-            ax.bar(np.arange(len(reports)) + (j - 1) * width, values, width, label=role)
+            offset = (j - (len(roles) - 1) / 2) * width
+            ax.bar(np.arange(len(reports)) + offset, values, width, label=role)
         ax.axhline(0, color="black", linewidth=0.5)
         ax.set_xticks(np.arange(len(reports)), [r.label for r in reports], rotation=30,
                       ha="right", fontsize=8)
@@ -364,14 +393,18 @@ def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str 
                for i, (p, s) in enumerate(states.items())]
     benchmarks = {n: {"file": f"gensim.test.utils.datapath('{f}')",
                       "pairs": len(benchmark_pairs(n)[1])} for n, f in BENCHMARKS.items()}
+    if sp is None:
+        vectors = "the lower-cased word's own row (a word-level vocabulary)"
+    else:  # the model's name and size, not the machine's path to it: the table is committed
+        vectors = (f"mean of the rows of the word's pieces under the sentencepiece model "
+                   f"{Path(subword).name} ({sp.get_piece_size()} pieces) (whole-word: only "
+                   "pairs of words that are one piece each)")
     write_json(out / "analysis.json", {
-        "subword_model": str(subword), "benchmarks": benchmarks,
-        "word_vector": "mean of the rows of the word's sentencepiece pieces (lower-cased word)",
+        "subword_model": None if subword is None else str(subword), "benchmarks": benchmarks,
+        "word_vector": vectors,
         "token_counts": {p: {k: v.counted_in for k, v in d.items()} for p, d in dicts.items()},
         "models": [asdict(r) for r in reports]}, indent=2)
-    # the model's name and size, not the machine's path to it: the table is committed
-    table = markdown(reports, f"the sentencepiece model {Path(subword).name} "
-                              f"({sp.get_piece_size()} pieces)")
+    table = markdown(reports, vectors)
     write_text(out / "analysis.md", table)
     plot(reports, states, dicts, out)
     if report is not None:
@@ -385,8 +418,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", help="fairseq_tying checkpoints")
     p.add_argument("--out", required=True, type=Path, help="folder for the JSON, table, PNGs")
-    p.add_argument("--spm", help="sentencepiece model of the training data "
-                                 "(default: spm.model beside the binarized data folder)")
+    p.add_argument("--spm", help="sentencepiece model of the training data (default: spm.model "
+                                 f"beside the binarized data folder); {WORDS}: a word-level "
+                                 "vocabulary, found from prep.json when the data says so")
     p.add_argument("--data", help="fairseq-preprocess folder with the dictionaries "
                                   "(default: the checkpoint's own data path)")
     p.add_argument("--labels", nargs="+", help="one name per checkpoint for the table and plots")

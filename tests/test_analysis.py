@@ -144,3 +144,79 @@ def test_analysis_names_a_missing_subword_model(simlex_run, tmp_path):
                        "--spm", str(tmp_path / "nope.model")])
     assert "--spm" in str(error.value) and "nope.model" in str(error.value)
     assert not (tmp_path / "analysis.json").exists()
+
+
+@pytest.fixture(scope="module")
+def simlex_lms(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """A word-level LM set over SimLex words (prep.json says so, as data.prepare writes it) and
+    an untied and a decoder-tied language model trained on it."""
+    from tests.conftest import LM_TRAIN, binarize_lm
+
+    root = tmp_path_factory.mktemp("simlex-lm")
+    words = sorted({w for a, b, _ in _simlex()[0][:60] for w in (a, b)})
+    rng = random.Random(1)
+    (root / "text").mkdir()
+    for split, n in (("train", 200), ("valid", 20), ("test", 20)):
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(n)]
+        (root / "text" / f"{split}.en").write_text("\n".join(lines) + "\n")
+    (root / "prep.json").write_text(json.dumps({"task": "language_modeling", "subword": "word"}))
+    data = binarize_lm(root / "text", "en", root / "bin")
+    ckpts = {}
+    for tying in ("none", "decoder"):
+        run_cli("fairseq-train", str(data), "--arch", "transformer_lm_tied", "--tying", tying,
+                "--save-dir", str(root / tying), *LM_TRAIN)
+        ckpts[tying] = root / tying / "checkpoint_last.pt"
+    return root, ckpts
+
+
+def _direct_word_rho(ckpt: Path, root: Path, key: str) -> tuple[float, int]:
+    """SimLex ρ with each word's own row, over the pairs of dictionary words, without gensim."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary.load(str(root / "bin" / "dict.txt"))
+    matrix = torch.load(ckpt, weights_only=True)["model"][key].double().numpy()
+    gold, model = [], []
+    for a, b, score in _simlex()[0]:
+        if d.unk() not in (d.index(a), d.index(b)):
+            va, vb = matrix[d.index(a)], matrix[d.index(b)]
+            gold.append(score)
+            model.append(va @ vb / np.linalg.norm(va) / np.linalg.norm(vb))
+    return float(spearmanr(gold, model)[0]), len(gold)
+
+
+@pytest.mark.slow
+def test_analysis_of_word_level_language_models(simlex_lms, tmp_path):
+    """An LM's input and output roles (one matrix when tied), each word its own row, token
+    counts from the LM's training text."""
+    from fairseq_tying import analysis
+
+    root, ckpts = simlex_lms
+    reports = analysis.run([str(ckpts["none"]), str(ckpts["decoder"])], tmp_path)
+    untied, tied = reports
+    assert [m.roles for m in untied.matrices] == [["decoder input"], ["decoder output"]]
+    assert [m.roles for m in tied.matrices] == [["decoder input", "decoder output"]]
+    for report in reports:
+        for m in report.matrices:
+            assert list(m.similarity) == ["SimLex-999", "WordSim-353"]  # no whole-word copy
+            rho, scored = _direct_word_rho(Path(report.checkpoint), root, m.key)
+            assert m.similarity["SimLex-999"]["pairs_scored"] == scored > 50
+            assert m.similarity["SimLex-999"]["spearman"] == pytest.approx(rho, abs=1e-3)
+    train_words = {w for line in (root / "text" / "train.en").read_text().splitlines()
+                   for w in line.split()}
+    assert untied.matrices[1].rows_seen == len(train_words)
+    saved = json.loads((tmp_path / "analysis.json").read_text())
+    assert saved["subword_model"] is None and "own row" in saved["word_vector"]
+    assert "the lower-cased word's own row" in (tmp_path / "analysis.md").read_text()
+
+
+def test_tied_roles_are_one_matrix_in_an_averaged_checkpoint():
+    """Averaging checkpoints writes each key on its own: equal copies are still one matrix."""
+    from fairseq_tying.analysis import matrices
+
+    w = torch.randn(6, 4)
+    shared = {"decoder.embed_tokens.weight": w, "decoder.scorer.weight": w}
+    copied = {"decoder.embed_tokens.weight": w, "decoder.scorer.weight": w.clone()}
+    untied = {"decoder.embed_tokens.weight": w, "decoder.scorer.weight": w + 1e-6}
+    both = [("decoder.embed_tokens.weight", ["decoder input", "decoder output"])]
+    assert matrices(shared) == matrices(copied) == both
+    assert [roles for _, roles in matrices(untied)] == [["decoder input"], ["decoder output"]]

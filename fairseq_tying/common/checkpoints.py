@@ -74,6 +74,11 @@ def task_data(state: dict[str, Any]) -> str | None:
     return None if value is None else str(value)
 
 
+def task_of(state: dict[str, Any]) -> str | None:
+    """fairseq's ``--task`` the model was trained with (``cfg.task._name``)."""
+    return _get(_get(state.get("cfg"), "task"), "_name") or _get(state.get("args"), "task")
+
+
 def arch_of(state: dict[str, Any]) -> str | None:
     model = model_args(state)
     return _get(model, "arch") or _get(model, "_name")
