@@ -24,7 +24,7 @@ from typing import Any
 
 import submitit
 
-from fairseq_tying.common import EVAL_JSON, PLUGIN_DIR, TRAIN_DONE, atomic
+from fairseq_tying.common import EVAL_JSON, LM_TASK, PLUGIN_DIR, TRAIN_DONE, atomic
 from fairseq_tying.launch import plateau
 
 logger = logging.getLogger("fairseq_tying.launch")
@@ -295,7 +295,7 @@ def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None,
     ``RUN/eval.json`` (``RUN/eval.TAG.json`` with a tag)."""
     from fairseq_tying.evaluation.cli import evaluate_options
     from fairseq_tying.evaluation.evaluate import eval_json_name, evaluate_run
-    from fairseq_tying.evaluation.perplexity import TASK, evaluate_lm_run
+    from fairseq_tying.evaluation.perplexity import evaluate_lm_run
 
     opts = evaluate_options(args, task)
     opts["cpu"] = opts["cpu"] or cpu
@@ -306,7 +306,7 @@ def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None,
         raise ValueError(f"evaluation.args: --subset {opts['subset']} would write "
                          f"{eval_json_name(opts['subset'], opts['tag'])}, not the {out.name} "
                          "that marks a run evaluated; leave --subset out of the sweep")
-    (evaluate_lm_run if task == TASK else evaluate_run)(run_dir, opts.pop("data"), **opts)
+    (evaluate_lm_run if task == LM_TASK else evaluate_run)(run_dir, opts.pop("data"), **opts)
     if not out.exists():
         raise RuntimeError(f"evaluation of {run_dir} with {args} wrote no {out.name}")
     return out
