@@ -5,13 +5,26 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import os
 import sys
 from pathlib import Path
 
 from fairseq_tying.common.reproducible import pinned_env
-from fairseq_tying.launch.config import SweepError, load_sweep
+from fairseq_tying.launch.config import Run, SweepError, load_sweep
 from fairseq_tying.launch.submit import dry_run, record, run_local, submit_slurm
+
+
+def recorded_stops(records: Path, runs: list[Run]) -> list[int]:
+    """The stop epochs (``train.stop.epoch``) in the study records of these runs."""
+    stops = []
+    for run in runs:
+        path = records / f"{run.name}.json"
+        if path.is_file():
+            stop = json.loads(path.read_text()).get("train", {}).get("stop")
+            if stop:
+                stops.append(stop["epoch"])
+    return stops
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,12 +57,15 @@ def main(argv: list[str] | None = None) -> int:
             if not runs:
                 raise SweepError(f"--only {args.only}: no run matches; runs are: "
                                  + ", ".join(r.name for r in sweep.runs))
+        stops: list[int] = []
         if args.skip_recorded:
+            stops = recorded_stops(args.skip_recorded, runs)
             runs = [r for r in runs if not (args.skip_recorded / f"{r.name}.json").is_file()]
         if args.dry_run:
             dry_run(sweep, runs)
             return 0
-        sub = run_local(sweep, runs, args.workers) if args.local else submit_slurm(sweep, runs)
+        sub = (run_local(sweep, runs, args.workers, stops) if args.local
+               else submit_slurm(sweep, runs))
         record(sweep, sub)
     except SweepError as err:
         print(f"error: {args.sweep}: {err}", file=sys.stderr)

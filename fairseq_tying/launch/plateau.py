@@ -53,6 +53,11 @@ class Plateau:
                 return "plateau"
         return "cap" if epoch >= self.max_epoch else None
 
+    @property
+    def earliest_stop(self) -> int:
+        """The first epoch after which the rule can stop a run."""
+        return min(max(self.patience + 1, self.min_epoch), self.max_epoch)
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -6,6 +6,8 @@ import json
 import shlex
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,7 @@ from tqdm import tqdm
 from fairseq_tying.common import LM_TASK, PLUGIN_DIR, RUN_JSON, atomic
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
-from fairseq_tying.launch.plateau import read_history
+from fairseq_tying.launch.plateau import Plateau, read_history
 
 # how often the local progress bar redraws while runs train: its clock, and each run's epoch
 REFRESH_S = 30.0
@@ -198,19 +200,80 @@ def training_now(runs: list[Run]) -> str:
     return ", ".join(label(r) for r in runs)
 
 
-def run_local(sweep: Sweep, runs: list[Run], workers: int = 1) -> Submitted:
+def epochs_done(run: Run) -> int:
+    """Epochs the run has validated so far (its valid_history.json)."""
+    history = read_history(run.run_dir)
+    return history[-1]["epoch"] if history else 0
+
+
+def stop_epoch(run: Run) -> int | None:
+    """The epoch at which a finished run stopped (its train.done), None if not known."""
+    done = run.run_dir / DONE
+    if not done.is_file():
+        return None
+    return json.loads(done.read_text()).get("stop", {}).get("epoch")
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+class Forecast:
+    """Time left for a sweep of plateau-stopped runs, at the pace since it started here (epochs
+    validated by all workers together per second). A run is expected to stop at the mean stop
+    epoch of the finished runs (``stops``: recorded ones, and those that finish here); while
+    none has finished, at the rule's earliest stop, and the estimate is a lower bound."""
+
+    def __init__(self, runs: list[Run], stops: Iterable[int],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rule = Plateau(**runs[0].stopping) if runs and runs[0].stopping else None
+        self.stops = list(stops)
+        self.runs = runs
+        self.start = sum(map(epochs_done, runs))
+        self.clock, self.t0 = clock, clock()
+
+    def finished(self, run: Run) -> None:
+        if (epoch := stop_epoch(run)) is not None:
+            self.stops.append(epoch)
+
+    def __call__(self, unfinished: list[Run]) -> str:
+        """``≈ 2 h 05 min left (runs of 13.5 epochs)`` for the ``unfinished`` runs; "" without
+        a plateau rule or before an epoch has ended here."""
+        if self.rule is None or not unfinished:
+            return ""
+        trained = sum(map(epochs_done, self.runs)) - self.start
+        elapsed = self.clock() - self.t0
+        if trained <= 0 or elapsed <= 0:
+            return ""
+        if self.stops:
+            sign, expected = "≈", min(sum(self.stops) / len(self.stops), self.rule.max_epoch)
+        else:
+            sign, expected = "≥", self.rule.earliest_stop
+        left = sum(max(expected - epochs_done(r), 0) for r in unfinished) * elapsed / trained
+        more = "" if self.stops else " or more"
+        return f"{sign} {_duration(left)} left (runs of {expected:.3g} epochs{more})"
+
+
+def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
+              recorded_stops: Iterable[int] = ()) -> Submitted:
     """The same jobs on this machine without SLURM: ``workers`` runs side by side (all ranks of
     a run on this host), seed by seed so that a partial sweep has whole seeds, with a progress
     bar over runs that names the epoch each running run has reached. A rerun skips finished
-    runs and resumes unfinished ones from their ``checkpoint_last.pt``."""
+    runs and resumes unfinished ones from their ``checkpoint_last.pt``. Under a plateau rule
+    the bar's estimate of the time left is a :class:`Forecast` (``recorded_stops``: the stop
+    epochs of runs finished elsewhere), not tqdm's runs per second."""
     out = Submitted()
     order = sorted(runs, key=lambda r: (r.block, r.seed))
     finished = [r for r in order if (r.run_dir / DONE).exists()
                 and (not sweep.eval_enabled or (r.run_dir / "eval.json").exists())]
     todo = [r for r in order if r not in finished]
     out.skipped += [r.name for r in finished]
+    forecast = Forecast(todo, [*recorded_stops, *filter(None, map(stop_epoch, finished))])
+    bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} runs [{elapsed}{postfix}]" \
+        if forecast.rule else None
     bar = tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
-               file=sys.stderr, dynamic_ncols=True, smoothing=0)
+               file=sys.stderr, dynamic_ncols=True, smoothing=0, bar_format=bar_format)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(_run_one_local, sweep, run, out): run for run in todo}
         pending: set[Future] = set(futures)
@@ -218,8 +281,11 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1) -> Submitted:
             done, pending = wait(pending, timeout=REFRESH_S, return_when=FIRST_COMPLETED)
             for future in done:
                 future.result()  # a failed run stops the sweep with its error
+                forecast.finished(futures[future])
                 bar.update()
-            bar.set_postfix_str(training_now([futures[f] for f in pending if f.running()]))
+            left = forecast([futures[f] for f in pending])
+            now = training_now([futures[f] for f in pending if f.running()])
+            bar.set_postfix_str("; ".join(filter(None, (now, left))))
     bar.close()
     if sweep.eval_enabled and sweep.task != LM_TASK:  # collect compares BLEU
         CollectJob(str(sweep.output_dir), str(sweep.output_dir))()

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, launch, write_sweep
 
-from fairseq_tying.launch.__main__ import main
+from fairseq_tying.launch.__main__ import main, recorded_stops
 from fairseq_tying.launch.config import SweepError, load_sweep
+from fairseq_tying.launch.job import DONE
 from fairseq_tying.launch.plateau import record_epoch, write_history
-from fairseq_tying.launch.submit import training_now
+from fairseq_tying.launch.submit import Forecast, training_now
 
 
 @pytest.mark.parametrize(("changes", "key"), [
@@ -92,6 +93,52 @@ def test_progress_names_the_epoch_each_running_run_has_reached(tmp_path):
     write_history(tmp_path / runs[0].name, history, "loss")
     assert training_now(runs) == "none.dot.s1 epoch 3 (6.571), none.dot.s2 starting"
     assert training_now([]) == ""
+
+
+def _validated(run, epochs: int) -> None:
+    history: list[dict] = []
+    for epoch in range(1, epochs + 1):
+        history = record_epoch(history, epoch, 211 * epoch, 8.0 - epoch / 10)
+    run.run_dir.mkdir(exist_ok=True)
+    write_history(run.run_dir, history, "loss")
+
+
+def test_forecast_of_the_time_left_from_the_pace_and_the_finished_runs(tmp_path):
+    """slurm/bible_lm.yaml stops a run at epoch 5 at the earliest. Run A starts at epoch 2, B
+    from scratch; 20 minutes later they are at 4 and 2: 4 epochs in 1,200 s, 300 s an epoch.
+    Before any run has finished, each needs at least 5 epochs: (5-4) + (5-2) = 4 epochs left,
+    20 min, a lower bound. Runs recorded at 12 and 15 epochs make 13.5 the expectation:
+    9.5 + 11.5 = 21 epochs, 105 min. A run that finishes here at epoch 10 adds its stop."""
+    import dataclasses
+
+    sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
+    a, b = (dataclasses.replace(r, run_dir=tmp_path / r.name) for r in sweep.runs[:2])
+    _validated(a, 2)
+    now = [0.0]
+    fresh = Forecast([a, b], [], clock=lambda: now[0])
+    recorded = Forecast([a, b], [12, 15], clock=lambda: now[0])
+    now[0] = 600.0
+    assert fresh([a, b]) == ""  # no epoch has ended here yet: no pace
+    _validated(a, 4)
+    _validated(b, 2)
+    now[0] = 1200.0
+    assert fresh([a, b]) == "≥ 20 min left (runs of 5 epochs or more)"
+    assert recorded([a, b]) == "≈ 1 h 45 min left (runs of 13.5 epochs)"
+    (b.run_dir / DONE).write_text('{"stop": {"epoch": 10, "update": 2110, "reason": "plateau"}}')
+    fresh.finished(b)
+    assert fresh.stops == [10] and fresh([a]) == "≈ 30 min left (runs of 10 epochs)"
+    assert Forecast([dataclasses.replace(a, stopping=None)], [12])([a]) == ""
+
+
+def test_recorded_runs_tell_the_forecast_their_stop_epochs(tmp_path):
+    sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
+    runs = sweep.runs[:3]
+    (tmp_path / f"{runs[0].name}.json").write_text('{"train": {"stop": {"epoch": 12}}}')
+    (tmp_path / f"{runs[2].name}.json").write_text('{"train": {"stop": {"epoch": 15}}}')
+    (tmp_path / "bible_en.other.json").write_text('{"train": {"stop": {"epoch": 30}}}')
+    assert recorded_stops(tmp_path, runs) == [12, 15]
+    seed1 = [r for r in sweep.runs if r.name.endswith((".none.dot.s1", ".decoder.dot.s1"))]
+    assert recorded_stops(REPO / "docs" / "lm" / "records", seed1) == [12, 15]  # committed
 
 
 def test_lm_sweep_refuses_translation_evaluation_flags(tmp_path):
