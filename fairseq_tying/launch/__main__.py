@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fairseq_tying.common.reproducible import pinned_env
 from fairseq_tying.launch.config import Run, SweepError, load_sweep
+from fairseq_tying.launch.job import RunBusy
 from fairseq_tying.launch.submit import dry_run, record, run_local, submit_slurm
 
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         sub = (run_local(sweep, runs, args.workers, stops) if args.local
                else submit_slurm(sweep, runs))
         record(sweep, sub)
-    except SweepError as err:
+    except (SweepError, RunBusy) as err:
         print(f"error: {args.sweep}: {err}", file=sys.stderr)
         return 2
     return 0

@@ -9,6 +9,7 @@ training entry point in this process. On SIGUSR2 (SLURM's timeout/preemption sig
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import submitit
 
@@ -29,6 +30,32 @@ from fairseq_tying.launch import plateau
 
 logger = logging.getLogger("fairseq_tying.launch")
 DONE = TRAIN_DONE  # marker of a finished training run
+LOCK = "train.lock"  # held by the process that trains the run (its rank 0)
+
+
+class RunBusy(RuntimeError):
+    """Another process is training this run."""
+
+
+def hold_run(run_dir: Path) -> IO[str]:
+    """Take ``RUN/train.lock`` for as long as the returned file stays open. Two trainers of one
+    run would write the same checkpoints (a launcher started again while a job of the last one
+    still runs: submitit's jobs ignore SIGTERM), so the second stops here. The kernel drops
+    the lock when its process ends, however it ends: no stale lock to clean up."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(run_dir / LOCK, "a+")  # noqa: SIM115 - held open for the training's length
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RunBusy(f"{run_dir.name} is being trained by {holder} ({run_dir / LOCK}): wait "
+                      "for it to end, or stop that process, then launch again") from None
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle
 
 
 class Preempted(Exception):
@@ -191,6 +218,14 @@ class TrainJob(submitit.helpers.Checkpointable):
             return json.loads(done.read_text())
         env = submitit.JobEnvironment()
         rank = env.global_rank
+        lock = hold_run(run_dir) if rank == 0 else None
+        try:
+            return self._train(run_dir, env, rank)
+        finally:
+            if lock is not None:
+                lock.close()
+
+    def _train(self, run_dir: Path, env: submitit.JobEnvironment, rank: int) -> dict:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "ranks").mkdir(exist_ok=True)
         if self._resume_stopping(run_dir):  # stopped before, killed before train.done

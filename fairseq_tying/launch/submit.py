@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from fairseq_tying.common import LM_TASK, PLUGIN_DIR, RUN_JSON, atomic
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
-from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
+from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, hold_run, write_json
 from fairseq_tying.launch.plateau import Plateau, read_history
 
 # how often the local progress bar redraws while runs train: its clock, and each run's epoch
@@ -175,6 +175,7 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted) -> None:
     if (run.run_dir / DONE).exists():
         out.skipped.append(run.name)
     else:
+        hold_run(run.run_dir).close()  # another process trains it: refuse now, by name
         prepare_run_dir(sweep, run)
         ex = _local_executor(sweep, res.world_size, res.gpus_per_node * res.nodes)
         job = ex.submit(TrainJob(run.describe(), PLUGIN_DIR))
@@ -280,6 +281,8 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
         while pending:
             done, pending = wait(pending, timeout=REFRESH_S, return_when=FIRST_COMPLETED)
             for future in done:
+                if future.exception() is not None:
+                    pool.shutdown(wait=False, cancel_futures=True)  # start no other run
                 future.result()  # a failed run stops the sweep with its error
                 forecast.finished(futures[future])
                 bar.update()

@@ -23,3 +23,60 @@ def test_local_two_workers(tiny_data, tmp_path):
     assert argv[argv.index("--distributed-world-size") + 1] == "2"
     assert argv[argv.index("--distributed-backend") + 1] == "gloo"
     assert argv[argv.index("--update-freq") + 1] == "1"  # target_gpus 2 on 2 workers
+
+
+HOLD = """import sys, time
+from pathlib import Path
+from fairseq_tying.launch.job import hold_run
+lock = hold_run(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def _holder(run_dir):
+    """A process that trains ``run_dir`` as far as the lock is concerned, until killed."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_run_is_trained_by_one_process_at_a_time(tmp_path):
+    """RUN/train.lock: a second holder fails naming the first one's pid; the lock goes with
+    its process, even one killed with SIGKILL, and the run can then be taken again."""
+    from fairseq_tying.launch.job import RunBusy, hold_run
+
+    run_dir = tmp_path / "bible.transformer_twwt.three_way.dot.s1"
+    proc = _holder(run_dir)
+    try:
+        with pytest.raises(RunBusy, match=rf"three_way.dot.s1 is being trained by pid {proc.pid} "):
+            hold_run(run_dir)
+    finally:
+        proc.kill()
+        proc.wait()
+    hold_run(run_dir).close()
+
+
+def test_launcher_refuses_a_run_another_process_trains(tiny_data, tmp_path):
+    """A launcher started again while a job of the last one still trains a run stops with an
+    error naming the run, and trains nothing."""
+    sweep = write_sweep(tmp_path / "local.yaml", grid={"output_layer": ["dot"], "seed": [1]},
+                        evaluation={"enabled": False})
+    out = tmp_path / "runs"
+    dry = launch(str(sweep), "--dry-run", "--output-dir", str(out), data=tiny_data)
+    lines = dry.stdout.splitlines()
+    (name,) = [lines[i - 1][2:] for i, line in enumerate(lines) if line.startswith("fairseq-train")]
+    proc = _holder(out / name)
+    try:
+        refused = launch(str(sweep), "--local", "--output-dir", str(out), data=tiny_data,
+                         check=False)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert refused.returncode == 2
+    assert f"{name} is being trained by pid {proc.pid}" in refused.stderr
+    assert not (out / name / "checkpoints").exists()
