@@ -221,18 +221,21 @@ def _duration(seconds: float) -> str:
 
 
 class Forecast:
-    """Time left for a sweep of plateau-stopped runs, at the pace since it started here (epochs
-    validated by all workers together per second). A run is expected to stop at the mean stop
-    epoch of the finished runs (``stops``: recorded ones, and those that finish here); while
-    none has finished, at the rule's earliest stop, and the estimate is a lower bound."""
+    """Time left for a sweep of plateau-stopped runs, at the pace since it started here: the
+    epochs validated by all workers together, over the time from the start to the last epoch
+    seen to end (so the estimate holds still between epochs). A run is expected to stop at the
+    mean stop epoch of the finished runs (``stops``: recorded ones, and those that finish
+    here); while none has finished, at the rule's earliest stop, and the estimate is a lower
+    bound."""
 
     def __init__(self, runs: list[Run], stops: Iterable[int],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.rule = Plateau(**runs[0].stopping) if runs and runs[0].stopping else None
         self.stops = list(stops)
         self.runs = runs
-        self.start = sum(map(epochs_done, runs))
-        self.clock, self.t0 = clock, clock()
+        self.start = self.seen = sum(map(epochs_done, runs))
+        self.clock = clock
+        self.t0 = self.t_seen = clock()
 
     def finished(self, run: Run) -> None:
         if (epoch := stop_epoch(run)) is not None:
@@ -243,8 +246,9 @@ class Forecast:
         a plateau rule or before an epoch has ended here."""
         if self.rule is None or not unfinished:
             return ""
-        trained = sum(map(epochs_done, self.runs)) - self.start
-        elapsed = self.clock() - self.t0
+        if (total := sum(map(epochs_done, self.runs))) != self.seen:
+            self.seen, self.t_seen = total, self.clock()
+        trained, elapsed = self.seen - self.start, self.t_seen - self.t0
         if trained <= 0 or elapsed <= 0:
             return ""
         if self.stops:

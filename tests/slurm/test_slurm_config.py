@@ -108,7 +108,8 @@ def test_forecast_of_the_time_left_from_the_pace_and_the_finished_runs(tmp_path)
     from scratch; 20 minutes later they are at 4 and 2: 4 epochs in 1,200 s, 300 s an epoch.
     Before any run has finished, each needs at least 5 epochs: (5-4) + (5-2) = 4 epochs left,
     20 min, a lower bound. Runs recorded at 12 and 15 epochs make 13.5 the expectation:
-    9.5 + 11.5 = 21 epochs, 105 min. A run that finishes here at epoch 10 adds its stop."""
+    9.5 + 11.5 = 21 epochs, 105 min, and it holds still until another epoch ends. A run that
+    finishes here at epoch 10 adds its stop."""
     import dataclasses
 
     sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
@@ -123,6 +124,8 @@ def test_forecast_of_the_time_left_from_the_pace_and_the_finished_runs(tmp_path)
     _validated(b, 2)
     now[0] = 1200.0
     assert fresh([a, b]) == "≥ 20 min left (runs of 5 epochs or more)"
+    assert recorded([a, b]) == "≈ 1 h 45 min left (runs of 13.5 epochs)"
+    now[0] = 1500.0  # no epoch has ended since 1200 s: the pace is still 300 s an epoch
     assert recorded([a, b]) == "≈ 1 h 45 min left (runs of 13.5 epochs)"
     (b.run_dir / DONE).write_text('{"stop": {"epoch": 10, "update": 2110, "reason": "plateau"}}')
     fresh.finished(b)
