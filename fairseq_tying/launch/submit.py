@@ -277,9 +277,9 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
     forecast = Forecast(todo, [*recorded_stops, *filter(None, map(stop_epoch, finished))])
     bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} runs [{elapsed}{postfix}]" \
         if forecast.rule else None
-    bar = tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
-               file=sys.stderr, dynamic_ncols=True, smoothing=0, bar_format=bar_format)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
+              file=sys.stderr, dynamic_ncols=True, smoothing=0, bar_format=bar_format) as bar, \
+            ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(_run_one_local, sweep, run, out): run for run in todo}
         pending: set[Future] = set(futures)
         while pending:
@@ -293,7 +293,6 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
             left = forecast([futures[f] for f in pending])
             now = training_now([futures[f] for f in pending if f.running()])
             bar.set_postfix_str("; ".join(filter(None, (now, left))))
-    bar.close()
     if sweep.eval_enabled and sweep.task != LM_TASK:  # collect compares BLEU
         CollectJob(str(sweep.output_dir), str(sweep.output_dir))()
     return out
