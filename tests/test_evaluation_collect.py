@@ -132,3 +132,37 @@ def test_collect_and_study_agree_on_the_same_runs(runs):
     assert list(l2["vs_dot"]["per_seed_p"].values()) == methods["l2norm"]["bleu_p_values"]
     # and the paired Δ is the mean of the per-seed BLEU differences, computed independently
     assert vs["delta_bleu"] == pytest.approx(np.mean(bleus["l2norm"]) - np.mean(bleus["dot"]))
+
+
+def _log_line(time: str, name: str, stats: dict) -> str:
+    return f"2026-11-25 {time} | INFO | {name} | {json.dumps(stats)}"
+
+
+def test_training_time_of_a_resumed_run_counts_every_process(tmp_path):
+    """fairseq's "done training in" times the last process only. A run whose first process
+    last logged its wall clock at 4,968 s (train_inner's "wall"; its "train_wall" is the
+    interval's) and that was resumed for 324.2 s trained for 5,292.2 s. An uninterrupted run
+    keeps fairseq's time."""
+    from fairseq_tying.evaluation.study_records import training_summary
+
+    params = "2026-11-25 02:21:50 | INFO | fairseq_cli.train | num. shared model params: " \
+             "1,676,800 (num. trained: 1,676,800)"
+    valid = _log_line("03:46:18", "valid", {"epoch": 14, "valid_loss": "6.036",
+                                            "valid_num_updates": "2954"})
+    first = [params, _log_line("03:44:00", "train_inner", {"epoch": 14, "train_wall": "156",
+                                                           "wall": "4968"}),
+             _log_line("03:46:18", "train", {"epoch": 14, "train_train_wall": "346",
+                                             "train_wall": "5072"}), valid]
+    resumed = [params, _log_line("03:48:00", "train_inner", {"epoch": 15, "train_wall": "67",
+                                                             "wall": "69"}),
+               _log_line("03:52:50", "train", {"epoch": 15, "train_wall": "326"}),
+               _log_line("03:52:50", "valid", {"epoch": 15, "valid_loss": "6.046",
+                                               "valid_num_updates": "3165"}),
+               "2026-11-25 03:52:51 | INFO | fairseq_cli.train | done training in 324.2 seconds"]
+    log = tmp_path / "train.rank0.log"
+    log.write_text("\n".join(first + resumed) + "\n")
+    summary = training_summary(log)
+    assert summary["train_seconds"] == 5292.2
+    assert summary["valid_history"] == [[2954, 6.036], [3165, 6.046]]
+    log.write_text("\n".join([params] + resumed[1:]) + "\n")
+    assert training_summary(log)["train_seconds"] == 324.2

@@ -28,13 +28,22 @@ LM_EVAL_KEYS = ("loss", "perplexity", "n_tokens", "subset", "tokens_per_sample",
 PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+) \(num\. trained: ([\d,]+)\)")
 VALID = re.compile(r"\| valid \| (\{.*\})\s*$")
 DONE = re.compile(r"done training in ([\d.]+) seconds")
+WALL = re.compile(r'"wall": "([\d.]+)"')  # train_inner's seconds since its process started
 
 
 def training_summary(log: Path) -> dict[str, Any]:
     """Parameter count, validations ([updates, NLL] pairs, the last in full) and training time
-    from fairseq's log (json format)."""
+    from fairseq's log (json format). A run resumed after a kill is logged by several processes,
+    and fairseq's "done training in" times the last one only: each earlier process adds the
+    last wall clock it logged (every ``--log-interval`` updates, so up to that many short of
+    where it was killed)."""
     out: dict[str, Any] = {}
+    earlier, wall = 0.0, 0.0
     for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if m := WALL.search(line):
+            if float(m.group(1)) < wall:  # the clock went back: a new process
+                earlier += wall
+            wall = float(m.group(1))
         if m := PARAMS.search(line):
             out["params"] = int(m.group(1).replace(",", ""))
             out["params_trained"] = int(m.group(2).replace(",", ""))
@@ -50,7 +59,7 @@ def training_summary(log: Path) -> dict[str, Any]:
             nll = out["valid"].get("nll_loss", out["valid"]["loss"])
             out["valid_history"].append([updates, nll])
         elif m := DONE.search(line):
-            out["train_seconds"] = float(m.group(1))
+            out["train_seconds"] = round(earlier + float(m.group(1)), 1)
     if "params" not in out or "valid" not in out:
         raise ValueError(f"{log}: no parameter count or validation line; is the run finished "
                          "and logged with --log-format json?")
