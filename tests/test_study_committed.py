@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_tying.common.atomic import markers
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS
 
@@ -32,5 +33,31 @@ def test_rebuilding_from_the_records_reproduces_the_report(tmp_path):
 
     def block(text: str) -> str:
         return text[text.index(BEGIN):text.index(END)]
+
+    assert block(report.read_text()) == block((DOCS / "results.md").read_text())
+
+
+GPU = DOCS / "converged_gpu" / "patience3"
+
+
+def test_the_gpu_records_say_where_and_how_they_were_trained():
+    records = [json.loads(p.read_text()) for p in (GPU / "records").glob("*.json")]
+    assert len(records) == 7
+    for r in records:
+        assert r["train"]["device"] == "NVIDIA H100 80GB HBM3" and "--fp16" in r["train_args"]
+        assert r["arch"] == "transformer_twwt_iwslt_de_en" and r["tying"] == "three_way"
+        assert r["train"]["stop"]["reason"] in ("plateau", "cap")
+
+
+@pytest.mark.slow
+def test_rebuilding_the_gpu_block_from_its_records_reproduces_it(tmp_path):
+    report = tmp_path / "results.md"
+    assert main(["study", "--records", str(GPU / "records"), "--report", str(report),
+                 "--plots", str(tmp_path), "--block", "converged_gpu_patience3"]) == 0
+    assert (tmp_path / "summary.json").read_text() == (GPU / "summary.json").read_text()
+    begin, end = markers("converged_gpu_patience3")
+
+    def block(text: str) -> str:
+        return text[text.index(begin):text.index(end)]
 
     assert block(report.read_text()) == block((DOCS / "results.md").read_text())

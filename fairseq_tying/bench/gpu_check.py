@@ -7,16 +7,20 @@ For each output layer (``--output-layer dot l2norm sqnorm distance cosine`` by d
    es→en corpus for ``--updates`` updates (300). Checked from fairseq's JSON log:
    no NaN/inf loss; the loss falls (mean of the last three logged values below 90 % of the first
    three); no overflow loop (at most 10 % of the updates skipped for gradient overflow) and a
-   stable loss scale (never below 1, never lowered in the last half of the run);
+   stable loss scale (never below 1, halved at most once in the last half of the run: fairseq
+   halves it at each overflow and doubles it back only after ``--fp16-scale-window`` updates,
+   so one late overflow is normal and a collapse halves it again and again);
 2. ``fairseq-generate --fp16`` (beam 5) from the checkpoint: BLEU, and every hypothesis finite;
 3. CTranslate2 float16 decoding on the GPU of the checkpoint exported with
    ``python -m fairseq_tying.export --format ctranslate2``: BLEU and the share of sentences with
    the same hypothesis as step 2 (reported, not checked: fp16 rounding differs between the two).
 
 Then ``python -m fairseq_tying.bench --device cuda --fp16`` once (all output layers against
-fairseq's own tied Transformer). Everything is written under ``--out`` and summarized in
-``OUT/gpu_check.json`` (``"passed"`` per check and overall). Without a CUDA device it stops
-before doing anything, with exit status 2.
+fairseq's own tied Transformer). Everything is written under ``--out``: each output layer's
+result in ``OUT/layers/LAYER.json`` as soon as it is checked (a rerun skips the layers that have
+one, so a check cut off midway keeps what it did), and the summary in ``OUT/gpu_check.json``
+(``"passed"`` per check and overall). Without a CUDA device it stops before doing anything,
+with exit status 2.
 """
 
 from __future__ import annotations
@@ -69,11 +73,12 @@ def train_log_checks(log: str, updates: int) -> dict:
     finite = bool(losses) and all(math.isfinite(x) for x in losses)
     head, tail = losses[:3], losses[-3:]
     falling = finite and len(losses) >= 6 and sum(tail) / 3 < 0.9 * sum(head) / 3
-    half = len(scales) // 2
-    scale_stable = bool(scales) and min(scales + overflow_scales) >= 1.0 and all(
-        b >= a for a, b in zip(scales[half:], scales[half + 1:], strict=False))
+    late = scales[len(scales) // 2:]
+    late_halvings = math.log2(late[0] / min(late)) if late and min(late) > 0 else math.inf
+    scale_stable = bool(scales) and min(scales + overflow_scales) >= 1.0 and late_halvings <= 1
     no_loop = len(overflow_scales) <= 0.1 * updates
     return {"logged_losses": losses, "loss_scales": scales, "overflows": len(overflow_scales),
+            "late_halvings": late_halvings,
             "finite": finite, "loss_falling": falling, "no_overflow_loop": no_loop,
             "loss_scale_stable": scale_stable,
             "passed": finite and falling and no_loop and scale_stable}
@@ -154,6 +159,21 @@ def check_output_layer(data: Path, output_layer: str, out: Path, opts: argparse.
     return result
 
 
+def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> dict:
+    """The layer's result: from ``OUT/layers/LAYER.json`` if an earlier run checked it with the
+    same settings, else checked now and written there at once."""
+    path = opts.out / "layers" / f"{output_layer}.json"
+    settings = {"updates": opts.updates, "max_tokens": opts.max_tokens}
+    if path.is_file() and (kept := json.loads(path.read_text()))["settings"] == settings:
+        print(f"[gpu-check] {output_layer}: checked before ({path})", file=sys.stderr)
+        return kept["result"]
+    print(f"[gpu-check] {output_layer}: fp16 training, fairseq-generate, CTranslate2 float16",
+          file=sys.stderr)
+    result = check_output_layer(data, output_layer, opts.out, opts)
+    atomic.write_json(path, {"settings": settings, "result": result})
+    return result
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m fairseq_tying.bench --mode gpu-check",
                                 description=__doc__,
@@ -189,13 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     data = prepare_data(opts.out)
     for output_layer in opts.output_layers:
-        print(
-            f"[gpu-check] {output_layer}: fp16 training, fairseq-generate, CTranslate2 float16",
-            file=sys.stderr,
-        )
-        summary["output_layers"][output_layer] = check_output_layer(
-            data, output_layer, opts.out, opts
-        )
+        summary["output_layers"][output_layer] = checked_layer(data, output_layer, opts)
     if not opts.no_bench:
         bench_dir = opts.out / "bench"
         run(

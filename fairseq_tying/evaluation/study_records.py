@@ -79,11 +79,15 @@ def plateau_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def _train(run_dir: Path) -> dict[str, Any]:
-    """The record's ``train``: what fairseq's log and the plateau rule's files say."""
+    """The record's ``train``: what fairseq's log and the plateau rule's files say, and the
+    device that trained it (``ranks/rank0.json``; records made before it was kept have none)."""
     logs = sorted((run_dir / "logs").glob("train.rank0*.log"))
     if not logs:
         raise FileNotFoundError(f"{run_dir}/logs/train.rank0.log: missing")
-    return {**training_summary(logs[-1]), **plateau_summary(run_dir)}
+    rank0 = run_dir / "ranks" / "rank0.json"
+    device = json.loads(rank0.read_text()).get("device") if rank0.is_file() else None
+    return {**training_summary(logs[-1]), **plateau_summary(run_dir),
+            **({"device": device} if device else {})}
 
 
 def _evaluations(run_dir: Path, result: dict[str, Any], keys: tuple[str, ...]

@@ -24,7 +24,7 @@ from fairseq_tying.launch import plateau
 
 TOP_KEYS = {"name", "output_dir", "datasets", "grid", "fairseq", "batch", "resources",
             "evaluation", "stopping"}
-GRID_KEYS = {"dataset", "arch", "tying", "output_layer", "seed", "flags", "tag"}
+GRID_KEYS = {"dataset", "arch", "tying", "output_layer", "seed", "flags", "tag", "priority"}
 BATCH_KEYS = {"max_tokens", "target_gpus", "update_freq", "fp16"}
 RESOURCE_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb",
                  "partition", "time", "constraint", "account", "qos", "max_num_timeout",
@@ -119,7 +119,7 @@ class Run:
     train_args: list[str]
     resources: Resources
     stopping: dict[str, Any] | None = None
-    block: int = 0  # index of its grid when `grid` is a list (priority order)
+    block: int = 0  # its grid's `priority` (default: the grid's position in the list)
     task: str = "translation"  # fairseq's --task: what the evaluation job does with the run
     tag: str | None = None  # the grid block's name tag (its extra `flags`)
 
@@ -292,8 +292,10 @@ def known_archs() -> set[str]:
 
 def expand_grid(raw: Any, block: int, blocks: int, data_dirs: dict[str, Path],
                 shared: dict[str, Any] | None = None) -> list[tuple]:
-    """The points (block, dataset, arch, tying, output_layer, seed, tag, flags) of one grid
-    mapping; ``shared`` is the ``fairseq:`` section its ``flags`` may not repeat."""
+    """The points (priority, dataset, arch, tying, output_layer, seed, tag, flags) of one grid
+    mapping; ``shared`` is the ``fairseq:`` section its ``flags`` may not repeat. A local sweep
+    trains grids in ``priority`` order (default: their position in the list, from 1), and
+    the grids of one priority seed by seed together."""
     where = f"grid[{block}]" if blocks > 1 else "grid"
     grid = _check_keys(raw, GRID_KEYS, where)
     ds = _grid_values(grid, "dataset", set(data_dirs), where)
@@ -312,7 +314,11 @@ def expand_grid(raw: Any, block: int, blocks: int, data_dirs: dict[str, Path],
         if isinstance(s, bool) or not isinstance(s, int):
             raise SweepError(f"{where}.seed: expected integers, got {s!r}")
     tag, flags = _block_flags(grid, where, shared or {})
-    return [(block, *point, tag, flags)
+    priority = grid.get("priority", block + 1)
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 1:
+        raise SweepError(f"{where}.priority: expected an integer >= 1 (lower trains first; "
+                         f"grids of one priority go seed by seed together), got {priority!r}")
+    return [(priority, *point, tag, flags)
             for point in itertools.product(ds, archs, tyings, layers, seeds)]
 
 

@@ -178,7 +178,7 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
             write_json(run_dir / "ranks" / f"rank{rank}.json",
                        {"rank": rank, "num_updates": updates, "param_sum": params,
                         "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-                        "pid": os.getpid()})
+                        "device": device_name(device), "pid": os.getpid()})
         if stop.item() > 0 and not should_stop:
             checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, valid_losses[0])
             logger.warning("stop requested: saved checkpoint_last.pt at update %d", updates)
@@ -187,6 +187,13 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
 
     validate_and_save.__wrapped__ = original
     fairseq_train.validate_and_save = validate_and_save
+
+
+def device_name(device) -> str:
+    """What trained the run, for its record: the GPU's name, or "cpu"."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _log_to(path: Path) -> logging.Handler:

@@ -260,6 +260,12 @@ class Forecast:
         return f"{sign} {_duration(left)} left (runs of {expected:.3g} epochs{more})"
 
 
+def local_order(runs: list[Run]) -> list[Run]:
+    """The order of a local sweep: by the grids' ``priority``, then seed by seed (so that a
+    partial sweep has whole seeds), then as listed."""
+    return sorted(runs, key=lambda r: (r.block, r.seed))
+
+
 def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
               recorded_stops: Iterable[int] = ()) -> Submitted:
     """The same jobs on this machine without SLURM: ``workers`` runs side by side (all ranks of
@@ -269,7 +275,7 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
     the bar's estimate of the time left is a :class:`Forecast` (``recorded_stops``: the stop
     epochs of runs finished elsewhere), not tqdm's runs per second."""
     out = Submitted()
-    order = sorted(runs, key=lambda r: (r.block, r.seed))
+    order = local_order(runs)
     finished = [r for r in order if (r.run_dir / DONE).exists()
                 and (not sweep.eval_enabled or (r.run_dir / "eval.json").exists())]
     todo = [r for r in order if r not in finished]

@@ -88,6 +88,7 @@ def test_converged_records_and_report(plateau_runs, tiny_data, tmp_path):
         done = json.loads((run / "train.done").read_text())
         history = json.loads((run / "valid_history.json").read_text())["epochs"]
         assert rec["train"]["stop"] == done["stop"]
+        assert rec["train"]["device"] == "cpu"  # what trained it (a GPU's name on a GPU)
         assert rec["train"]["valid_epochs"] == [[h["epoch"], h["update"], h["value"]]
                                                for h in history]
         assert rec["eval_best"]["bleu"] == json.loads((run / "eval.best.json").read_text())["bleu"]

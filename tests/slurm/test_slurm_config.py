@@ -12,7 +12,7 @@ from fairseq_tying.launch.__main__ import main, recorded_stops
 from fairseq_tying.launch.config import SweepError, load_sweep
 from fairseq_tying.launch.job import DONE
 from fairseq_tying.launch.plateau import record_epoch, write_history
-from fairseq_tying.launch.submit import Forecast, training_now
+from fairseq_tying.launch.submit import Forecast, local_order, training_now
 
 
 @pytest.mark.parametrize(("changes", "key"), [
@@ -34,6 +34,7 @@ from fairseq_tying.launch.submit import Forecast, training_now
     ({"grid": {"flags": {"max_epoch": 3}, "tag": "x"}}, "grid.flags.max_epoch"),
     ({"grid": {"flags": [1], "tag": "x"}}, "grid.flags: expected a mapping"),
     ({"grid": {"tag": "tied L"}}, "grid.tag"),
+    ({"grid": {"priority": 0}}, "grid.priority"),
     ({"evaluation": {"args": ["--beem", "2"]}}, "evaluation.args"),
     ({"evaluation": {"also": {"best": ["--nosuch"]}}}, "evaluation.also.best"),
 ])
@@ -151,6 +152,31 @@ def test_lm_sweep_refuses_translation_evaluation_flags(tmp_path):
     sweep.write_text(text)
     with pytest.raises(SweepError, match=r"evaluation\.args: .*--beam.*evaluate-lm"):
         load_sweep(sweep, check_data=False)
+
+
+@pytest.mark.parametrize("name", ["bible_converged.yaml", "bible_converged_gpu.yaml"])
+def test_converged_sweeps_train_p1_seed_by_seed(name):
+    """P1's two grids share a priority: a local sweep trains seed 1 of all 7 cells (the untied
+    and decoder-tied baselines included) before any seed 2, and P2/P3 after all of P1."""
+    sweep = load_sweep(REPO / "slurm" / name, check_data=False)
+    order = [(r.tying, r.output_layer, r.seed, r.arch) for r in local_order(sweep.runs)]
+    p1 = {("three_way", la) for la in ("dot", "l2norm", "sqnorm", "distance", "cosine")} | {
+        ("none", "dot"), ("decoder", "dot")}
+    for seed in (1, 2, 3):
+        block = order[7 * (seed - 1):7 * seed]
+        assert {(t, la) for t, la, _, _ in block} == p1 and {s for _, _, s, _ in block} == {seed}
+    assert all(a.startswith("transformer_twwt") for *_, a in order[:21])
+    assert len(order) == (39 if name == "bible_converged.yaml" else 21)
+
+
+def test_the_gpu_converged_sweep_is_fp16_at_the_iwslt_size():
+    sweep = load_sweep(REPO / "slurm" / "bible_converged_gpu.yaml", check_data=False)
+    run = sweep.runs[0]
+    args = run.train_args
+    assert run.arch == "transformer_twwt_iwslt_de_en" and run.resources.gpu
+    assert "--fp16" in args and "--cpu" not in args
+    assert args[args.index("--max-tokens") + 1] == "8192"
+    assert run.stopping["patience"] == 6 and run.stopping["max_epoch"] == 40
 
 
 def test_dry_run_of_the_fp16_gpu_sweep():
