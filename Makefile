@@ -44,6 +44,8 @@ demo: setup
 STUDY_DATA ?= work/study/data
 STUDY_RUNS ?= work
 WORKERS ?= 2
+NO_START_AFTER ?=
+LOCAL_FLAGS = --local --workers $(WORKERS) $(if $(NO_START_AFTER),--no-start-after $(NO_START_AFTER))
 STUDY_ENV := FAIRSEQ_TYING_STUDY_DATA=$(STUDY_DATA) PYTHONWARNINGS=ignore
 
 # The converged study: every run trained to a validation plateau, grids in priority order
@@ -52,7 +54,7 @@ study: setup
 	$(PY) -m fairseq_tying.data.prepare --corpus bible --src es --tgt en \
 	  --subword sentencepiece --vocab-size 4000 --out $(STUDY_DATA)
 	$(STUDY_ENV) FAIRSEQ_TYING_CONVERGED_RUNS=$(STUDY_RUNS)/converged/runs \
-	  $(PY) -m fairseq_tying.launch slurm/bible_converged.yaml --local --workers $(WORKERS) \
+	  $(PY) -m fairseq_tying.launch slurm/bible_converged.yaml $(LOCAL_FLAGS) \
 	  --skip-recorded docs/converged/records $(if $(ONLY),--only '$(ONLY)')
 	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/converged/runs \
 	  --records docs/converged/records --report docs/results.md --plots docs/converged \
@@ -76,7 +78,7 @@ lm-study: setup
 	$(PY) -m fairseq_tying.data.prepare --corpus bible --lm en --subword word \
 	  --vocab-size 10000 --out $(LM_DATA)
 	PYTHONWARNINGS=ignore FAIRSEQ_TYING_LM_DATA=$(LM_DATA) FAIRSEQ_TYING_LM_RUNS=$(STUDY_RUNS)/lm/runs \
-	  $(PY) -m fairseq_tying.launch slurm/bible_lm.yaml --local --workers $(WORKERS) \
+	  $(PY) -m fairseq_tying.launch slurm/bible_lm.yaml $(LOCAL_FLAGS) \
 	  --skip-recorded docs/lm/records $(if $(ONLY),--only '$(ONLY)')
 	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/lm/runs \
 	  --records docs/lm/records --report docs/language_models.md --plots docs/lm --block lm

@@ -1,5 +1,5 @@
-"""``python -m fairseq_tying.launch slurm/SWEEP.yaml [--dry-run | --local [--workers N]]
-[--only PATTERN] [--skip-recorded DIR]``."""
+"""``python -m fairseq_tying.launch slurm/SWEEP.yaml [--dry-run | --local [--workers N]
+[--no-start-after MIN]] [--only PATTERN] [--skip-recorded DIR]``."""
 
 from __future__ import annotations
 
@@ -46,10 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-recorded", type=Path, metavar="DIR",
                         help="skip runs that have a study record DIR/NAME.json (finished and "
                         "exported, e.g. on another machine)")
+    parser.add_argument("--no-start-after", type=float, metavar="MIN",
+                        help="with --local: start or resume no run after MIN minutes (those "
+                        "left are trained by the next call), e.g. on a machine that is yours "
+                        "for a limited time")
     args = parser.parse_args(argv)
     os.environ.update(pinned_env())  # inherited by local jobs and by sbatch (--export=ALL)
     if args.workers < 1 or (args.workers > 1 and not args.local):
         parser.error("--workers: a positive number, and only with --local")
+    if args.no_start_after is not None and (args.no_start_after < 0 or not args.local):
+        parser.error("--no-start-after: minutes (>= 0), and only with --local")
     try:
         sweep = load_sweep(args.sweep, args.output_dir, check_data=not args.dry_run)
         runs = sweep.runs
@@ -65,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             dry_run(sweep, runs)
             return 0
-        sub = (run_local(sweep, runs, args.workers, stops) if args.local
+        sub = (run_local(sweep, runs, args.workers, stops, args.no_start_after) if args.local
                else submit_slurm(sweep, runs))
         record(sweep, sub)
     except (SweepError, RunBusy) as err:

@@ -31,6 +31,7 @@ class Submitted:
     evaluate: list[Any] = field(default_factory=list)
     collect: Any = None
     skipped: list[str] = field(default_factory=list)
+    not_started: list[str] = field(default_factory=list)  # left for a later call (--no-start-after)
 
 
 def train_params(sweep: Sweep, name: str) -> dict[str, Any]:
@@ -169,11 +170,15 @@ def _local_executor(sweep: Sweep, tasks: int, gpus: int) -> submitit.LocalExecut
     return ex
 
 
-def _run_one_local(sweep: Sweep, run: Run, out: Submitted) -> None:
-    """Train (or resume) one run and evaluate it, each as a local job of its own."""
+def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | None) -> bool:
+    """Train (or resume) one run and evaluate it, each as a local job of its own; False if its
+    training was due after ``deadline`` (``time.monotonic()``) and it was left for later."""
     res = sweep.resources
     if (run.run_dir / DONE).exists():
         out.skipped.append(run.name)
+    elif deadline is not None and time.monotonic() > deadline:
+        out.not_started.append(run.name)
+        return False
     else:
         hold_run(run.run_dir).close()  # another process trains it: refuse now, by name
         prepare_run_dir(sweep, run)
@@ -186,6 +191,7 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted) -> None:
     if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
         ex = _local_executor(sweep, 1, min(res.gpus_per_node, 1))
         ex.submit(EvalJob(run.describe(), sweep.eval_args, sweep.eval_also)).results()
+    return True
 
 
 def training_now(runs: list[Run]) -> str:
@@ -267,14 +273,18 @@ def local_order(runs: list[Run]) -> list[Run]:
 
 
 def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
-              recorded_stops: Iterable[int] = ()) -> Submitted:
+              recorded_stops: Iterable[int] = (), no_start_after: float | None = None
+              ) -> Submitted:
     """The same jobs on this machine without SLURM: ``workers`` runs side by side (all ranks of
     a run on this host), seed by seed so that a partial sweep has whole seeds, with a progress
     bar over runs that names the epoch each running run has reached. A rerun skips finished
     runs and resumes unfinished ones from their ``checkpoint_last.pt``. Under a plateau rule
     the bar's estimate of the time left is a :class:`Forecast` (``recorded_stops``: the stop
-    epochs of runs finished elsewhere), not tqdm's runs per second."""
+    epochs of runs finished elsewhere), not tqdm's runs per second. With ``no_start_after``
+    (minutes), no training starts or resumes after that long: on a machine that is only
+    yours for a while, a run that cannot finish is better left whole for the next call."""
     out = Submitted()
+    deadline = None if no_start_after is None else time.monotonic() + 60 * no_start_after
     order = local_order(runs)
     finished = [r for r in order if (r.run_dir / DONE).exists()
                 and (not sweep.eval_enabled or (r.run_dir / "eval.json").exists())]
@@ -286,19 +296,22 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
     with tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
               file=sys.stderr, dynamic_ncols=True, smoothing=0, bar_format=bar_format) as bar, \
             ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_one_local, sweep, run, out): run for run in todo}
+        futures = {pool.submit(_run_one_local, sweep, run, out, deadline): run for run in todo}
         pending: set[Future] = set(futures)
         while pending:
             done, pending = wait(pending, timeout=REFRESH_S, return_when=FIRST_COMPLETED)
             for future in done:
                 if future.exception() is not None:
                     pool.shutdown(wait=False, cancel_futures=True)  # start no other run
-                future.result()  # a failed run stops the sweep with its error
-                forecast.finished(futures[future])
-                bar.update()
+                if future.result():  # a failed run stops the sweep with its error
+                    forecast.finished(futures[future])
+                    bar.update()
             left = forecast([futures[f] for f in pending])
             now = training_now([futures[f] for f in pending if f.running()])
             bar.set_postfix_str("; ".join(filter(None, (now, left))))
+    if out.not_started:
+        tqdm.write(f"not started (--no-start-after {no_start_after:g} min): "
+                   f"{', '.join(out.not_started)}; the same command trains them", file=sys.stderr)
     if sweep.eval_enabled and sweep.task != LM_TASK:  # collect compares BLEU
         CollectJob(str(sweep.output_dir), str(sweep.output_dir))()
     return out
@@ -310,6 +323,6 @@ def record(sweep: Sweep, sub: Submitted) -> None:
     jobs = {"train": {name: j.job_id for name, j in sub.train.items()},
             "evaluate": [j.job_id for j in sub.evaluate],
             "collect": sub.collect.job_id if sub.collect is not None else None,
-            "skipped": sub.skipped}
+            "skipped": sub.skipped, "not_started": sub.not_started}
     write_json(sweep.output_dir / "jobs.json", jobs)
     print(json.dumps(jobs, indent=1))

@@ -80,3 +80,24 @@ def test_launcher_refuses_a_run_another_process_trains(tiny_data, tmp_path):
     assert refused.returncode == 2
     assert f"{name} is being trained by pid {proc.pid}" in refused.stderr
     assert not (out / name / "checkpoints").exists()
+
+
+def test_no_start_after_leaves_runs_whole_for_the_next_call(tiny_data, tmp_path):
+    """``--no-start-after 0``: nothing is started, jobs.json names the runs left; the same
+    command without it then trains them (one of them here)."""
+    sweep = write_sweep(tmp_path / "s.yaml", grid={"output_layer": ["dot"], "seed": [1, 2]},
+                        evaluation={"enabled": False})
+    out = tmp_path / "runs"
+    proc = launch(str(sweep), "--local", "--no-start-after", "0", "--output-dir", str(out),
+                  data=tiny_data)
+    jobs = json.loads((out / "jobs.json").read_text())
+    assert jobs["train"] == {} and len(jobs["not_started"]) == 2
+    assert "not started (--no-start-after 0 min)" in proc.stderr
+    assert not any((out / name / "train.done").exists() for name in jobs["not_started"])
+    launch(str(sweep), "--local", "--only", "*.s1", "--output-dir", str(out), data=tiny_data)
+    jobs = json.loads((out / "jobs.json").read_text())
+    assert list(jobs["train"]) == [n for n in jobs["train"] if n.endswith(".s1")] != []
+    assert jobs["not_started"] == []
+    bad = launch(str(sweep), "--no-start-after", "5", "--output-dir", str(out), data=tiny_data,
+                 check=False)
+    assert bad.returncode == 2 and "--no-start-after" in bad.stderr and "--local" in bad.stderr
