@@ -119,7 +119,7 @@ class Run:
     train_args: list[str]
     resources: Resources
     stopping: dict[str, Any] | None = None
-    block: int = 0  # its grid's `priority` (default: the grid's position in the list)
+    priority: int = 1  # its grid's `priority:` (default: the grid's position in the list)
     task: str = "translation"  # fairseq's --task: what the evaluation job does with the run
     tag: str | None = None  # the grid block's name tag (its extra `flags`)
 
@@ -314,10 +314,7 @@ def expand_grid(raw: Any, block: int, blocks: int, data_dirs: dict[str, Path],
         if isinstance(s, bool) or not isinstance(s, int):
             raise SweepError(f"{where}.seed: expected integers, got {s!r}")
     tag, flags = _block_flags(grid, where, shared or {})
-    priority = grid.get("priority", block + 1)
-    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 1:
-        raise SweepError(f"{where}.priority: expected an integer >= 1 (lower trains first; "
-                         f"grids of one priority go seed by seed together), got {priority!r}")
+    priority = _int(grid, "priority", where, block + 1, 1)
     return [(priority, *point, tag, flags)
             for point in itertools.product(ds, archs, tyings, layers, seeds)]
 
@@ -481,7 +478,7 @@ def _runs(points: list[tuple], data_dirs: dict[str, Path], out: Path, common: li
     """One :class:`Run` per grid point, named
     ``dataset.arch[.tying][.output_layer][.tag].sSEED``."""
     runs: list[Run] = []
-    for block, d, arch, tying, layer, seed, tag, flags in points:
+    for priority, d, arch, tying, layer, seed, tag, flags in points:
         parts = [d, arch, tying, layer, tag, f"s{seed}"]
         rname = ".".join(str(p) for p in parts if p is not None)
         if any(r.name == rname for r in runs):
@@ -492,7 +489,7 @@ def _runs(points: list[tuple], data_dirs: dict[str, Path], out: Path, common: li
         runs.append(Run(name=rname, run_dir=out / rname, data_dir=data_dirs[d], dataset=d,
                         arch=arch, tying=tying, output_layer=layer, seed=seed,
                         train_args=args + flags + common, resources=res, stopping=stopping,
-                        block=block, task=task, tag=tag))
+                        priority=priority, task=task, tag=tag))
     return runs
 
 

@@ -269,7 +269,7 @@ class Forecast:
 def local_order(runs: list[Run]) -> list[Run]:
     """The order of a local sweep: by the grids' ``priority``, then seed by seed (so that a
     partial sweep has whole seeds), then as listed."""
-    return sorted(runs, key=lambda r: (r.block, r.seed))
+    return sorted(runs, key=lambda r: (r.priority, r.seed))
 
 
 def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
