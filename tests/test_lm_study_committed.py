@@ -5,6 +5,7 @@ study has records."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,16 @@ def test_docs_block_is_what_the_committed_records_give(tmp_path):
 ])
 def test_the_verdict_follows_the_ci_of_the_paired_differences(diffs, want):
     assert verdict(stat(diffs)) == want
+
+
+def test_decoder_tied_cells_are_compared_with_tied_dot_seed_by_seed(tmp_path):
+    _rebuild(FIXTURE / "records", tmp_path / "report.md", tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    ppl = {p.stem: json.loads(p.read_text())["eval"]["perplexity"]
+           for p in (FIXTURE / "records").glob("*.json")}
+    tied_l = summary["decoder × dot + tiedL (D = 8)"]["vs_tied_dot"]
+    assert tied_l["seeds"] == [1]
+    assert tied_l["mean"] == pytest.approx(ppl["toy.transformer_lm_tied.decoder.dot.tiedL.s1"]
+                                           - ppl["toy.transformer_lm_tied.decoder.dot.s1"])
+    assert "vs_tied_dot" not in summary["decoder × dot"]
+    assert "vs_tied_dot" not in summary["none × dot"]

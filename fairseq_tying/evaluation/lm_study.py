@@ -7,7 +7,9 @@
 export and the same statistics (``aggregate.stat``: mean ± 95 % CI over seeds) as the
 translation study, with test perplexity in place of BLEU. A cell is (tying, output layer, tag);
 Press & Wolf's finding (tying lowers perplexity) is decided from the 95 % CI of the per-seed
-difference between the decoder-tied and the untied dot-product model.
+difference between the decoder-tied and the untied dot-product model; every other decoder-tied
+cell (the normalized layers, tied+L) is also compared with the decoder-tied dot-product model,
+the one it changes.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ def summarize(cells: dict[CellKey, dict[int, Record]]) -> dict[str, Any]:
                             "reasons": [r["train"]["stop"]["reason"] for r in records]}
         if key != BASELINE and (diff := difference(runs, cells.get(BASELINE))):
             cell["vs_untied_dot"] = diff
+        if key[0] == TIED[0] and key != TIED and (diff := difference(runs, cells.get(TIED))):
+            cell["vs_tied_dot"] = diff
         out[cell["label"]] = cell
     return out
 
@@ -113,11 +117,11 @@ def _epochs(cell: dict[str, Any]) -> str:
     return f"{np.mean(stop['epochs']):.1f} ({'/'.join(map(str, stop['epochs']))}; {reasons})"
 
 
-def _delta(cell: dict[str, Any]) -> str:
-    if "vs_untied_dot" not in cell:
+def _delta(cell: dict[str, Any], to: str, base: CellKey) -> str:
+    if to not in cell:
         return "baseline" if (cell["tying"], cell["output_layer"], cell["tag"]) == \
-            (*BASELINE[:2], None) else "–"
-    diff = cell["vs_untied_dot"]
+            (*base[:2], None) else "–"
+    diff = cell[to]
     return f"{format_stat(diff)} ({diff['verdict']})"
 
 
@@ -129,9 +133,10 @@ def main_table(summary: dict[str, Any]) -> str:
         rel = f" ({c['params'][0] / untied:.1%})" if untied and len(c["params"]) == 1 else ""
         rows.append([name, f"{format_stat(c['test_ppl'])} (n={len(c['seeds'])})",
                      format_stat(c["test_ppl_best"]) if "test_ppl_best" in c else "–",
-                     _delta(c), params + rel, _epochs(c)])
+                     _delta(c, "vs_untied_dot", BASELINE), _delta(c, "vs_tied_dot", TIED),
+                     params + rel, _epochs(c)])
     return markdown_table(["tying × output layer", "test perplexity", "best checkpoint",
-                           "Δ vs untied dot", "parameters (of untied)",
+                           "Δ vs untied dot", "Δ vs tied dot", "parameters (of untied)",
                            "epochs (per seed; stop)"], rows)
 
 
@@ -159,8 +164,9 @@ def tables(summary: dict[str, Any]) -> str:
         f"Seeds: {', '.join(map(str, seeds))}. Test perplexity (fairseq-eval-lm) of the average "
         "of the last epoch checkpoints, and of the best single checkpoint (lowest validation "
         "loss); mean ± 95 % CI (Student t over seeds). Δ: per-seed difference to the untied "
-        "dot-product model, mean ± 95 % CI; supported / contradicted / unresolved: the CI lies "
-        "below 0 / above 0 / contains 0.\n",
+        "dot-product model, and for the decoder-tied cells to the decoder-tied dot-product "
+        "model, mean ± 95 % CI; supported / contradicted / unresolved (lower perplexity): the "
+        "CI lies below 0 / above 0 / contains 0.\n",
         main_table(summary),
         "\n**Press & Wolf's finding side by side**\n",
         finding(summary)])

@@ -128,6 +128,12 @@ def test_records_and_report(lm_runs, tmp_path):
     summary = json.loads((plots / "summary.json").read_text())
     tied = summary["decoder × dot"]
     assert tied["vs_untied_dot"]["verdict"] == verdict(tied["vs_untied_dot"])
+    tied_l = summary["decoder × dot + tiedL (D = 8)"]
+    ppl = {r.name: json.loads((r / "eval.json").read_text())["perplexity"] for r in _runs(lm_runs)}
+    assert tied_l["vs_tied_dot"]["mean"] == pytest.approx(
+        ppl["toy.transformer_lm_tied.decoder.dot.tiedL.s1"]
+        - ppl["toy.transformer_lm_tied.decoder.dot.s1"])
+    assert "vs_tied_dot" not in tied and "vs_tied_dot" not in summary["none × dot"]
     assert (plots / "valid_ppl_epochs.png").stat().st_size > 10_000
     first = text
     assert main(args) == 0  # from the records alone: the same report
