@@ -92,6 +92,6 @@ def format_delta(test: dict[str, Any], per_seed: bool = True) -> str:
 
 
 def points(label: str, s: dict[str, Any], baseline: bool = False) -> MethodPoints:
-    """A ``stat`` as the markers of the BLEU plots."""
+    """A ``stat`` as the markers of the per-method plots (seeds, mean ± CI)."""
     return MethodPoints(label, s["values"], s["mean"], np.nan if s["ci95"] is None else s["ci95"],
                         baseline=baseline)

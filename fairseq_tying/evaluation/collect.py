@@ -25,7 +25,7 @@ from fairseq_tying.evaluation.aggregate import (
     points,
     stats_of,
 )
-from fairseq_tying.evaluation.plots import plot_bleu
+from fairseq_tying.evaluation.plots import plot_methods
 from fairseq_tying.evaluation.records import RunRecord, read_run_json
 from fairseq_tying.evaluation.tables import markdown_table
 
@@ -201,9 +201,10 @@ def collect(root: str | os.PathLike, out: str | os.PathLike, baseline: str | Non
     out = Path(out)
     markdown = "# Results\n\n" + "\n".join(group_markdown(g) for g in summaries)
     results = {"root": str(Path(root).resolve()), "groups": summaries}
-    plot_bleu({g["title"]: [points(m["method"], {"values": m["bleu_values"], "mean": m["bleu_mean"],
-                                                 "ci95": m["bleu_ci95"]}, m["baseline"])
-                            for m in g["methods"]] for g in summaries}, out / "bleu.png")
+    plot_methods({g["title"]: [points(m["method"], {"values": m["bleu_values"],
+                                                    "mean": m["bleu_mean"],
+                                                    "ci95": m["bleu_ci95"]}, m["baseline"])
+                               for m in g["methods"]] for g in summaries}, out / "bleu.png")
     write_json(out / "results.json", results)
     write_text(out / "results.md", markdown)
     return {"markdown": markdown, "results": results}

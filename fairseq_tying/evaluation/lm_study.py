@@ -23,8 +23,8 @@ import numpy as np
 
 from fairseq_tying.common.atomic import replace_block, write_json
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
-from fairseq_tying.evaluation.aggregate import format_stat, shared_seeds, stat, stats_of
-from fairseq_tying.evaluation.plots import plot_bands
+from fairseq_tying.evaluation.aggregate import format_stat, points, shared_seeds, stat, stats_of
+from fairseq_tying.evaluation.plots import plot_bands, plot_methods
 from fairseq_tying.evaluation.tables import markdown_table
 
 Record = dict[str, Any]
@@ -185,16 +185,22 @@ def _ppl_band(records: list[Record]) -> tuple[list, list, list, list]:
 
 def plot(cells: dict[CellKey, dict[int, Record]], summary: dict[str, Any], out: Path
          ) -> list[Path]:
-    """Validation perplexity against epochs: one panel per tying, one line per cell."""
+    """Test perplexity per cell (seeds, mean ± CI); validation perplexity against epochs, one
+    panel per tying, one line per cell."""
+    test = out / "test_ppl.png"
+    plot_methods({"test set, average of the last epoch checkpoints": [
+        points(name, c["test_ppl"], baseline=key == BASELINE)
+        for key, (name, c) in zip(cells, summary.items(), strict=True)]}, test,
+        metric="test perplexity (fairseq-eval-lm)")
     if not all("valid_epochs" in r["train"] for runs in cells.values() for r in runs.values()):
-        return []
+        return [test]
     panels: dict[str, dict[str, tuple]] = defaultdict(dict)
     for (key, runs), name in zip(cells.items(), summary, strict=True):
         panels[f"tying: {key[0]}"][name] = _ppl_band(list(runs.values()))
     path = out / "valid_ppl_epochs.png"
     plot_bands(dict(panels), path, "epoch", "validation perplexity",
                "Validation perplexity per epoch: mean over seeds, band from min to max")
-    return [path]
+    return [test, path]
 
 
 def build(records: list[Record], report: str | os.PathLike, plots_dir: str | os.PathLike,

@@ -1,4 +1,4 @@
-"""PNG plots: BLEU per method with seed error bars; histograms of embedding row norms."""
+"""PNG plots: a metric per method with seed error bars; histograms of embedding row norms."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from fairseq_tying.common.atomic import atomic_write  # noqa: E402
 @dataclass
 class MethodPoints:
     method: str
-    seeds_bleu: list[float]
+    seed_values: list[float]  # the metric of each seed
     mean: float
     ci: float  # NaN for one seed
     baseline: bool = False
@@ -31,7 +31,8 @@ def _save(fig, out: str | os.PathLike) -> None:
     plt.close(fig)
 
 
-def plot_bleu(groups: dict[str, list[MethodPoints]], out: str | os.PathLike) -> None:
+def plot_methods(groups: dict[str, list[MethodPoints]], out: str | os.PathLike,
+                 metric: str = "BLEU (sacrebleu)") -> None:
     """One panel per test set: each seed as a dot, the mean with its 95% CI as an error bar."""
     fig, axes = plt.subplots(
         1, len(groups), figsize=(max(4.0, 1.6 * max(len(m) for m in groups.values()) + 2) *
@@ -41,8 +42,8 @@ def plot_bleu(groups: dict[str, list[MethodPoints]], out: str | os.PathLike) -> 
         x = np.arange(len(methods))
         for i, m in enumerate(methods):
             color = "tab:gray" if m.baseline else "tab:blue"
-            jitter = np.linspace(-0.12, 0.12, len(m.seeds_bleu)) if len(m.seeds_bleu) > 1 else [0]
-            ax.scatter(i + np.asarray(jitter), m.seeds_bleu, s=14, color=color, alpha=0.5,
+            jitter = np.linspace(-0.12, 0.12, len(m.seed_values)) if len(m.seed_values) > 1 else [0]
+            ax.scatter(i + np.asarray(jitter), m.seed_values, s=14, color=color, alpha=0.5,
                        zorder=2)
             err = None if np.isnan(m.ci) else m.ci
             ax.errorbar(i, m.mean, yerr=err, fmt="o", color=color, capsize=6, markersize=7,
@@ -50,10 +51,11 @@ def plot_bleu(groups: dict[str, list[MethodPoints]], out: str | os.PathLike) -> 
         ax.set_xticks(x, [m.method + (" (baseline)" if m.baseline else "") for m in methods],
                       rotation=20, ha="right")
         ax.set_xlim(-0.5, len(methods) - 0.5)
-        ax.set_ylabel("BLEU (sacrebleu)")
+        ax.set_ylabel(metric)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("BLEU per method: seeds (dots), mean ± 95% CI")
+    name = metric.split(" (")[0]
+    fig.suptitle(f"{name[:1].upper()}{name[1:]} per method: seeds (dots), mean ± 95% CI")
     _save(fig, out)
 
 
@@ -133,7 +135,7 @@ def plot_bleu_grid(series: dict[str, list[MethodPoints]], out: str | os.PathLike
         offset = (k - (len(series) - 1) / 2) * width
         for m in points:
             x = layers.index(m.method) + offset
-            ax.scatter([x] * len(m.seeds_bleu), m.seeds_bleu, s=12, color=color, alpha=0.45,
+            ax.scatter([x] * len(m.seed_values), m.seed_values, s=12, color=color, alpha=0.45,
                        zorder=2)
             ax.errorbar(x, m.mean, yerr=None if np.isnan(m.ci) else m.ci, fmt="o", color=color,
                         capsize=4, markersize=6, zorder=3,

@@ -135,6 +135,7 @@ def test_records_and_report(lm_runs, tmp_path):
         - ppl["toy.transformer_lm_tied.decoder.dot.s1"])
     assert "vs_tied_dot" not in tied and "vs_tied_dot" not in summary["none × dot"]
     assert (plots / "valid_ppl_epochs.png").stat().st_size > 10_000
+    assert (plots / "test_ppl.png").stat().st_size > 10_000
     first = text
     assert main(args) == 0  # from the records alone: the same report
     assert report.read_text() == first
