@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fairseq_tying.common.atomic import markers
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS
+from fairseq_tying.launch.plateau import Plateau
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 RECORDS = DOCS / "study" / "records"
@@ -56,6 +58,49 @@ def test_rebuilding_the_gpu_block_from_its_records_reproduces_it(tmp_path):
                  "--plots", str(tmp_path), "--block", "converged_gpu_patience3"]) == 0
     assert (tmp_path / "summary.json").read_text() == (GPU / "summary.json").read_text()
     begin, end = markers("converged_gpu_patience3")
+
+    def block(text: str) -> str:
+        return text[text.index(begin):text.index(end)]
+
+    assert block(report.read_text()) == block((DOCS / "results.md").read_text())
+
+
+CONVERGED = DOCS / "converged"
+
+
+def _converged_records() -> list[dict]:
+    records = [json.loads(p.read_text()) for p in (CONVERGED / "records").glob("*.json")]
+    if not records:
+        pytest.skip("the converged study has no committed records yet")
+    return records
+
+
+def test_converged_records_follow_the_protocol():
+    """Each run stopped where the sweep's rule says, on the CPU, scored as the average of its
+    last 5 epoch checkpoints (and its best one) with the paper's beam."""
+    sweep = yaml.safe_load((DOCS.parent / "slurm" / "bible_converged.yaml").read_text())
+    rule = Plateau(**sweep["stopping"])
+    for r in _converged_records():
+        stop, epochs = r["train"]["stop"], r["train"]["valid_epochs"]
+        history = [{"epoch": e, "value": v} for e, _, v in epochs]
+        assert all(rule.decide(history[:i]) is None for i in range(1, len(history)))
+        assert rule.decide(history) == stop["reason"]
+        assert epochs[-1][:2] == [stop["epoch"], stop["update"]]
+        assert r["train"]["device"] == "cpu" and "--fp16" not in r["train_args"]
+        last5 = [f"checkpoint{e}.pt" for e in range(stop["epoch"] - 4, stop["epoch"] + 1)]
+        assert r["checkpoint"] == "checkpoint.avg5.pt" and r["eval"]["averaged"] == last5
+        for ev in (r["eval"], r["eval_best"]):
+            assert (ev["beam"], ev["lenpen"], ev["n_sentences"]) == (5, 1.0, 1434)
+
+
+@pytest.mark.slow
+def test_rebuilding_the_converged_block_from_its_records_reproduces_it(tmp_path):
+    _converged_records()
+    report = tmp_path / "results.md"
+    assert main(["study", "--records", str(CONVERGED / "records"), "--report", str(report),
+                 "--plots", str(tmp_path), "--block", "converged"]) == 0
+    assert (tmp_path / "summary.json").read_text() == (CONVERGED / "summary.json").read_text()
+    begin, end = markers("converged")
 
     def block(text: str) -> str:
         return text[text.index(begin):text.index(end)]
