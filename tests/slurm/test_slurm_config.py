@@ -167,6 +167,9 @@ def test_converged_sweeps_train_p1_seed_by_seed(name):
         assert {(t, la) for t, la, _, _ in block} == p1 and {s for _, _, s, _ in block} == {seed}
     assert all(a.startswith("transformer_twwt") for *_, a in order[:21])
     assert len(order) == (39 if name == "bible_converged.yaml" else 21)
+    if name == "bible_converged.yaml":  # two workers: the baselines first, every delta needs them
+        assert [(t, la) for t, la, _, _ in order[:3]] == [
+            ("none", "dot"), ("decoder", "dot"), ("three_way", "dot")]
 
 
 def test_the_gpu_converged_sweep_is_fp16_at_the_iwslt_size():
