@@ -49,7 +49,7 @@ LOCAL_FLAGS = --local --workers $(WORKERS) $(if $(NO_START_AFTER),--no-start-aft
 STUDY_ENV := FAIRSEQ_TYING_STUDY_DATA=$(STUDY_DATA) PYTHONWARNINGS=ignore
 
 # The converged study: every run trained to a validation plateau, grids in priority order
-# (P1: 21 runs, about 15 h on 2 cores; P2, P3 after it).
+# (P1: 21 runs, about 16.5 h on 2 cores; P2, P3 after it).
 study: setup
 	$(PY) -m fairseq_tying.data.prepare --corpus bible --src es --tgt en \
 	  --subword sentencepiece --vocab-size 4000 --out $(STUDY_DATA)
