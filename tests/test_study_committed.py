@@ -51,19 +51,23 @@ def test_the_gpu_records_say_where_and_how_they_were_trained():
         assert r["train"]["stop"]["reason"] in ("plateau", "cap")
 
 
-@pytest.mark.slow
-def test_rebuilding_the_gpu_block_from_its_records_reproduces_it(tmp_path):
+def _assert_block_rebuilds(tmp_path: Path, folder: Path, block_name: str) -> None:
+    """The report block and summary.json of ``folder``'s records are what the records give."""
     report = tmp_path / "results.md"
-    assert main(["study", "--records", str(GPU / "records"), "--report", str(report),
-                 "--plots", str(tmp_path), "--block", "converged_gpu_patience3"]) == 0
-    assert (tmp_path / "summary.json").read_text() == (GPU / "summary.json").read_text()
-    begin, end = markers("converged_gpu_patience3")
+    assert main(["study", "--records", str(folder / "records"), "--report", str(report),
+                 "--plots", str(tmp_path), "--block", block_name]) == 0
+    assert (tmp_path / "summary.json").read_text() == (folder / "summary.json").read_text()
+    begin, end = markers(block_name)
 
     def block(text: str) -> str:
         return text[text.index(begin):text.index(end)]
 
     assert block(report.read_text()) == block((DOCS / "results.md").read_text())
 
+
+@pytest.mark.slow
+def test_rebuilding_the_gpu_block_from_its_records_reproduces_it(tmp_path):
+    _assert_block_rebuilds(tmp_path, GPU, "converged_gpu_patience3")
 
 CONVERGED = DOCS / "converged"
 
@@ -96,13 +100,4 @@ def test_converged_records_follow_the_protocol():
 @pytest.mark.slow
 def test_rebuilding_the_converged_block_from_its_records_reproduces_it(tmp_path):
     _converged_records()
-    report = tmp_path / "results.md"
-    assert main(["study", "--records", str(CONVERGED / "records"), "--report", str(report),
-                 "--plots", str(tmp_path), "--block", "converged"]) == 0
-    assert (tmp_path / "summary.json").read_text() == (CONVERGED / "summary.json").read_text()
-    begin, end = markers("converged")
-
-    def block(text: str) -> str:
-        return text[text.index(begin):text.index(end)]
-
-    assert block(report.read_text()) == block((DOCS / "results.md").read_text())
+    _assert_block_rebuilds(tmp_path, CONVERGED, "converged")
