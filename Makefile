@@ -85,7 +85,8 @@ lm-study: setup
 
 # GPU acceptance on one CUDA GPU (docs/performance.md): per output layer, --fp16 training of
 # transformer_twwt_iwslt_de_en on the Bible corpus (300 updates), fairseq-generate --fp16,
-# CTranslate2 float16 decoding; then bench --device cuda --fp16. Summary: work/gpu_check/gpu_check.json.
+# CTranslate2 float16 decoding, the five layers side by side (--jobs); then bench --device cuda --fp16.
+# Summary: work/gpu_check/gpu_check.json.
 gpu-check: setup
 	$(PY) -m fairseq_tying.bench --mode gpu-check --out work/gpu_check
 

@@ -4,6 +4,7 @@ fp16 training log from the CPU and on one from an H100). The GPU run itself is n
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -77,19 +78,86 @@ def test_log_checks_on_the_h100_run():
     assert not failed["passed"]
 
 
+H100_LAYERS = {  # make gpu-check on an H100, the five output layers side by side:
+    # (overflows, late halvings, first and last logged loss scale)
+    "l2norm": (3, 0, 64, 16),
+    "sqnorm": (3, 0, 64, 16),
+    "distance": (4, 1, 64, 8),
+    "cosine": (2, 0, 64, 32),
+}
+
+
+@pytest.mark.parametrize("output_layer", sorted(H100_LAYERS))
+def test_log_checks_on_the_h100_runs_of_the_normalized_layers(output_layer):
+    """Their fp16 training passed on the GPU: finite, falling losses and a stable loss scale
+    (distance's one late overflow, 16 -> 8, is the halving the check allows)."""
+    log = (Path(__file__).parent / "fixtures" / f"h100_fp16_{output_layer}_train.log").read_text()
+    checks = gpu_check.train_log_checks(log, updates=300)
+    overflows, late, first, last = H100_LAYERS[output_layer]
+    assert (checks["overflows"], checks["late_halvings"]) == (overflows, late)
+    assert (checks["loss_scales"][0], checks["loss_scales"][-1]) == (first, last)
+    assert len(checks["logged_losses"]) == 30 and 80 < checks["seconds"] < 100
+    assert checks["passed"], checks
+
+
+class GpuSteps:
+    """check_output_layer and ct2_fp16 need a GPU: here they are replaced by stubs that count
+    their calls and, like the real steps, keep steps 1-2 on disk before step 3."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[str] = []
+        monkeypatch.setattr(gpu_check, "check_output_layer", self.check)
+        monkeypatch.setattr(gpu_check, "ct2_fp16", self.decode)
+        monkeypatch.setattr(gpu_check, "generated_hypotheses", lambda run_dir: {})
+
+    def check(self, data, layer, out, opts, settings):
+        self.calls.append(f"check {layer}")
+        result = {"passed": True}
+        gpu_check.atomic.write_json(gpu_check.layer_path(out, layer),
+                                    {"settings": settings, "result": result})
+        return result
+
+    def decode(self, data, run_dir, reference):
+        self.calls.append(f"decode {run_dir.name}")
+        return {"bleu": 1.0}
+
+
 def test_a_checked_layer_is_kept_and_not_checked_again(tmp_path, monkeypatch):
-    """A cut-off check resumes: a layer with a result for the same settings is not run again;
-    with other settings it is. (check_output_layer needs a GPU: here it is replaced by a stub
-    that counts its calls.)"""
-    calls = []
-    monkeypatch.setattr(gpu_check, "check_output_layer",
-                        lambda data, layer, out, opts: calls.append(layer) or {"passed": True})
+    """A cut-off check resumes: a layer with a complete result for the same settings is not run
+    again; one cut off during CTranslate2 decoding is only decoded again; with other settings
+    it is checked again."""
+    steps = GpuSteps(monkeypatch)
     opts = gpu_check.parse_args(["--out", str(tmp_path)])
-    assert gpu_check.checked_layer(tmp_path, "l2norm", opts) == {"passed": True}
-    kept = json.loads((tmp_path / "layers" / "l2norm.json").read_text())
-    assert kept == {"settings": {"updates": 300, "max_tokens": 4096}, "result": {"passed": True}}
-    assert gpu_check.checked_layer(tmp_path, "l2norm", opts) == {"passed": True}
-    assert calls == ["l2norm"]
+    done = {"passed": True, "ct2_float16": {"bleu": 1.0}}
+    assert gpu_check.checked_layer(tmp_path, "l2norm", opts) == done
+    path = gpu_check.layer_path(tmp_path, "l2norm")
+    assert json.loads(path.read_text()) == {
+        "settings": {"updates": 300, "max_tokens": 4096}, "result": done}
+    assert gpu_check.checked_layer(tmp_path, "l2norm", opts) == done
+    assert steps.calls == ["check l2norm", "decode l2norm"]
+
+    kept = json.loads(path.read_text())
+    del kept["result"]["ct2_float16"]
+    path.write_text(json.dumps(kept))
+    assert gpu_check.checked_layer(tmp_path, "l2norm", opts) == done
+    assert steps.calls == ["check l2norm", "decode l2norm", "decode l2norm"]
+
     gpu_check.checked_layer(tmp_path, "l2norm", gpu_check.parse_args(
         ["--out", str(tmp_path), "--updates", "600"]))
-    assert calls == ["l2norm", "l2norm"]
+    assert steps.calls[3:] == ["check l2norm", "decode l2norm"]
+
+
+def test_output_layers_are_checked_side_by_side(tmp_path, monkeypatch):
+    """--jobs N runs N layers at once (the stubs wait at a barrier that only N concurrent calls
+    pass) and keeps the layers' order; the default is all of them."""
+    assert gpu_check.parse_args([]).jobs == 5
+    assert gpu_check.parse_args(["--output-layer", "dot", "cosine"]).jobs == 2
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--jobs", "0"])
+    barrier = threading.Barrier(3, timeout=20)
+    monkeypatch.setattr(gpu_check, "checked_layer",
+                        lambda data, layer, opts: barrier.wait() is not None and layer)
+    opts = gpu_check.parse_args(["--out", str(tmp_path), "--output-layer", "cosine", "dot",
+                                 "sqnorm", "--jobs", "3"])
+    assert gpu_check.checked_layers(tmp_path, opts) == {
+        "cosine": "cosine", "dot": "dot", "sqnorm": "sqnorm"}

@@ -15,12 +15,17 @@ For each output layer (``--output-layer dot l2norm sqnorm distance cosine`` by d
    ``python -m fairseq_tying.export --format ctranslate2``: BLEU and the share of sentences with
    the same hypothesis as step 2 (reported, not checked: fp16 rounding differs between the two).
 
+The output layers are checked side by side on the one GPU (``--jobs``, default: all of them;
+the data is prepared once), since each small run leaves most of the GPU idle: on an H100 all five
+trained and decoded with fairseq within 5 minutes, about what their trainings alone take one
+after another. ``--jobs 1`` checks them one at a time, for training times of a run alone.
+
 Then ``python -m fairseq_tying.bench --device cuda --fp16`` once (all output layers against
 fairseq's own tied Transformer). Everything is written under ``--out``: each output layer's
-result in ``OUT/layers/LAYER.json`` as soon as it is checked (a rerun skips the layers that have
-one, so a check cut off midway keeps what it did), and the summary in ``OUT/gpu_check.json``
-(``"passed"`` per check and overall). Without a CUDA device it stops before doing anything,
-with exit status 2.
+result in ``OUT/layers/LAYER.json`` as soon as steps 1 and 2 are checked, and again with step 3
+(a rerun skips the layers that have a complete result, and for a layer cut off during step 3
+only decodes again), and the summary in ``OUT/gpu_check.json`` (``"passed"`` per check and
+overall). Without a CUDA device it stops before doing anything, with exit status 2.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fairseq_tying.common import PLUGIN_DIR, atomic
@@ -77,7 +83,9 @@ def train_log_checks(log: str, updates: int) -> dict:
     late_halvings = math.log2(late[0] / min(late)) if late and min(late) > 0 else math.inf
     scale_stable = bool(scales) and min(scales + overflow_scales) >= 1.0 and late_halvings <= 1
     no_loop = len(overflow_scales) <= 0.1 * updates
-    return {"logged_losses": losses, "loss_scales": scales, "overflows": len(overflow_scales),
+    seconds = re.search(r"done training in ([\d.]+) seconds", log)
+    return {"seconds": float(seconds.group(1)) if seconds else None,
+            "logged_losses": losses, "loss_scales": scales, "overflows": len(overflow_scales),
             "late_halvings": late_halvings,
             "finite": finite, "loss_falling": falling, "no_overflow_loop": no_loop,
             "loss_scale_stable": scale_stable,
@@ -125,8 +133,13 @@ def generate(data: Path, run_dir: Path) -> dict:
     bleu = re.search(r"BLEU = ([\d.]+)", log)
     finite = bool(hyps) and all(math.isfinite(float(score)) for _, score, _ in hyps)
     return {"sentences": len(hyps), "bleu": float(bleu.group(1)) if bleu else None,
-            "finite_scores": finite, "hypotheses": {int(i): h for i, _, h in hyps},
-            "passed": finite and bleu is not None}
+            "finite_scores": finite, "passed": finite and bleu is not None}
+
+
+def generated_hypotheses(run_dir: Path) -> dict[int, str]:
+    """fairseq-generate's detokenized hypotheses (``D-`` lines of its log) by sentence id."""
+    log = (run_dir / "generate.log").read_text()
+    return {int(i): h for i, h in re.findall(r"^D-(\d+)\t\S+\t(.*)$", log, re.M)}
 
 
 def ct2_fp16(data: Path, run_dir: Path, reference: dict[int, str]) -> dict:
@@ -148,30 +161,50 @@ def ct2_fp16(data: Path, run_dir: Path, reference: dict[int, str]) -> dict:
             "sentences_per_s": len(hyps) / seconds, "same_as_fairseq_fp16": same / len(hyps)}
 
 
-def check_output_layer(data: Path, output_layer: str, out: Path, opts: argparse.Namespace) -> dict:
+def layer_path(out: Path, output_layer: str) -> Path:
+    return out / "layers" / f"{output_layer}.json"
+
+
+def check_output_layer(data: Path, output_layer: str, out: Path, opts: argparse.Namespace,
+                       settings: dict) -> dict:
+    """Steps 1 and 2 (the checked ones), kept on disk before step 3 (reported only)."""
     run_dir = out / "runs" / output_layer
     result = {"train": train(data, output_layer, run_dir, opts)}
-    gen = generate(data, run_dir)
-    hyps = gen.pop("hypotheses")
-    result["generate"] = gen
-    result["ct2_float16"] = ct2_fp16(data, run_dir, hyps)
-    result["passed"] = result["train"]["passed"] and gen["passed"]
+    result["generate"] = generate(data, run_dir)
+    result["passed"] = result["train"]["passed"] and result["generate"]["passed"]
+    atomic.write_json(layer_path(out, output_layer), {"settings": settings, "result": result})
     return result
 
 
 def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> dict:
-    """The layer's result: from ``OUT/layers/LAYER.json`` if an earlier run checked it with the
-    same settings, else checked now and written there at once."""
-    path = opts.out / "layers" / f"{output_layer}.json"
+    """The layer's result, from ``OUT/layers/LAYER.json`` if an earlier run checked it with the
+    same settings (decoding again with CTranslate2 if it was cut off there), else checked now."""
+    path = layer_path(opts.out, output_layer)
     settings = {"updates": opts.updates, "max_tokens": opts.max_tokens}
-    if path.is_file() and (kept := json.loads(path.read_text()))["settings"] == settings:
+    kept = json.loads(path.read_text()) if path.is_file() else None
+    if kept and kept["settings"] == settings and "ct2_float16" in kept["result"]:
         print(f"[gpu-check] {output_layer}: checked before ({path})", file=sys.stderr)
         return kept["result"]
-    print(f"[gpu-check] {output_layer}: fp16 training, fairseq-generate, CTranslate2 float16",
-          file=sys.stderr)
-    result = check_output_layer(data, output_layer, opts.out, opts)
+    if kept and kept["settings"] == settings:
+        print(f"[gpu-check] {output_layer}: steps 1-2 checked before, CTranslate2 float16",
+              file=sys.stderr)
+        result = kept["result"]
+    else:
+        print(f"[gpu-check] {output_layer}: fp16 training, fairseq-generate, CTranslate2 "
+              "float16", file=sys.stderr)
+        result = check_output_layer(data, output_layer, opts.out, opts, settings)
+    run_dir = opts.out / "runs" / output_layer
+    result["ct2_float16"] = ct2_fp16(data, run_dir, generated_hypotheses(run_dir))
     atomic.write_json(path, {"settings": settings, "result": result})
     return result
+
+
+def checked_layers(data: Path, opts: argparse.Namespace) -> dict[str, dict]:
+    """Every output layer's result, ``opts.jobs`` layers at a time (threads: each step is a
+    subprocess, or CTranslate2, which releases the GIL)."""
+    with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
+        results = pool.map(lambda layer: checked_layer(data, layer, opts), opts.output_layers)
+        return dict(zip(opts.output_layers, results, strict=True))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -188,8 +221,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--updates", type=int, default=300, help="training updates per output layer")
     p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--jobs", type=int, default=None,
+                   help="output layers checked side by side on the GPU (default: all)")
     p.add_argument("--no-bench", action="store_true", help="skip bench --device cuda --fp16")
     opts = p.parse_args(argv)
+    if opts.jobs is None:
+        opts.jobs = len(opts.output_layers)
+    if opts.jobs < 1:
+        p.error(f"--jobs {opts.jobs}: at least 1 (1 checks the output layers one at a time)")
     if opts.updates < 60:
         p.error(f"--updates {opts.updates}: at least 60 (six logged losses) to judge the trend")
     return opts
@@ -208,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "output_layers": {},
     }
     data = prepare_data(opts.out)
-    for output_layer in opts.output_layers:
-        summary["output_layers"][output_layer] = checked_layer(data, output_layer, opts)
+    summary["output_layers"] = checked_layers(data, opts)
     if not opts.no_bench:
         bench_dir = opts.out / "bench"
         run(
