@@ -37,6 +37,17 @@ class TranslateError(ValueError):
     """Bad input to the translate command (named flag or file)."""
 
 
+def cuda_library_error(error: RuntimeError) -> RuntimeError:
+    """CTranslate2's message for a CUDA library it cannot open, with what to do about it: its
+    wheels open CUDA 12's cuBLAS by name, which a machine with only CUDA 13 lacks
+    (OpenNMT/CTranslate2#1933)."""
+    if "libcublas" not in str(error):
+        return error
+    return RuntimeError(f"{error}: CTranslate2's wheels need CUDA 12's cuBLAS. Install it "
+                        "(pip install nvidia-cublas-cu12) and put its lib folder on "
+                        "LD_LIBRARY_PATH, or decode with --device cpu")
+
+
 def read_meta(model: Path) -> dict:
     meta = model / META_FILE
     if not (model / "model.bin").is_file():
@@ -118,7 +129,10 @@ def translate_tokens(translator, sources: list[list[str]], options: dict, batch_
                desc="translate")
     bar.update(len(sources) - len(todo))
     for chunk in batches(todo, batch_size):
-        results = translator.translate_batch([sources[i] for i in chunk], **options)
+        try:
+            results = translator.translate_batch([sources[i] for i in chunk], **options)
+        except RuntimeError as e:
+            raise cuda_library_error(e) from e
         for i, result in zip(chunk, results, strict=True):
             out[i] = result.hypotheses[0]
         bar.update(len(chunk))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fairseq_tying import translate
 from fairseq_tying.bench import gpu_check
 from tests.conftest import TINY_MODEL, run_cli
 
@@ -119,7 +120,11 @@ class GpuSteps:
 
     def decode(self, data, run_dir, reference):
         self.calls.append(f"decode {run_dir.name}")
+        if self.decode_error:
+            raise translate.cuda_library_error(RuntimeError(self.decode_error))
         return {"bleu": 1.0}
+
+    decode_error = ""
 
 
 def test_a_checked_layer_is_kept_and_not_checked_again(tmp_path, monkeypatch):
@@ -161,3 +166,26 @@ def test_output_layers_are_checked_side_by_side(tmp_path, monkeypatch):
                                  "sqnorm", "--jobs", "3"])
     assert gpu_check.checked_layers(tmp_path, opts) == {
         "cosine": "cosine", "dot": "dot", "sqnorm": "sqnorm"}
+
+
+def test_a_failed_decoding_keeps_the_verdict_and_is_tried_again(tmp_path, monkeypatch):
+    """CTranslate2 float16 is reported, not checked: when it fails (here: the error CTranslate2
+    raises on a machine without CUDA 12's cuBLAS), the layer keeps its verdict and the error,
+    and a rerun decodes again."""
+    steps = GpuSteps(monkeypatch)
+    steps.decode_error = "Library libcublas.so.12 is not found or cannot be loaded"
+    opts = gpu_check.parse_args(["--out", str(tmp_path)])
+    result = gpu_check.checked_layer(tmp_path, "cosine", opts)
+    assert result["passed"] and "nvidia-cublas-cu12" in result["ct2_float16"]["error"]
+    steps.decode_error = ""
+    assert gpu_check.checked_layer(tmp_path, "cosine", opts)["ct2_float16"] == {"bleu": 1.0}
+    assert steps.calls == ["check cosine", "decode cosine", "decode cosine"]
+
+
+def test_cuda_library_errors_say_what_to_do():
+    hint = translate.cuda_library_error(RuntimeError("Library libcublas.so.12 is not found or "
+                                                     "cannot be loaded"))
+    assert "libcublas.so.12" in str(hint) and "nvidia-cublas-cu12" in str(hint)
+    assert "--device cpu" in str(hint)
+    other = RuntimeError("out of memory")
+    assert translate.cuda_library_error(other) is other

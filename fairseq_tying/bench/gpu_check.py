@@ -178,11 +178,13 @@ def check_output_layer(data: Path, output_layer: str, out: Path, opts: argparse.
 
 def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> dict:
     """The layer's result, from ``OUT/layers/LAYER.json`` if an earlier run checked it with the
-    same settings (decoding again with CTranslate2 if it was cut off there), else checked now."""
+    same settings (decoding again with CTranslate2 if it was cut off or failed there), else
+    checked now."""
     path = layer_path(opts.out, output_layer)
     settings = {"updates": opts.updates, "max_tokens": opts.max_tokens}
     kept = json.loads(path.read_text()) if path.is_file() else None
-    if kept and kept["settings"] == settings and "ct2_float16" in kept["result"]:
+    decoded = kept and "error" not in kept["result"].get("ct2_float16", {"error": "not reached"})
+    if kept and kept["settings"] == settings and decoded:
         print(f"[gpu-check] {output_layer}: checked before ({path})", file=sys.stderr)
         return kept["result"]
     if kept and kept["settings"] == settings:
@@ -194,7 +196,11 @@ def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> di
               "float16", file=sys.stderr)
         result = check_output_layer(data, output_layer, opts.out, opts, settings)
     run_dir = opts.out / "runs" / output_layer
-    result["ct2_float16"] = ct2_fp16(data, run_dir, generated_hypotheses(run_dir))
+    try:
+        result["ct2_float16"] = ct2_fp16(data, run_dir, generated_hypotheses(run_dir))
+    except RuntimeError as e:  # reported, not checked: the verdict of steps 1-2 stands
+        print(f"[gpu-check] {output_layer}: CTranslate2 float16 failed: {e}", file=sys.stderr)
+        result["ct2_float16"] = {"error": str(e)}
     atomic.write_json(path, {"settings": settings, "result": result})
     return result
 
