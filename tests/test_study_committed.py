@@ -101,3 +101,16 @@ def test_converged_records_follow_the_protocol():
 def test_rebuilding_the_converged_block_from_its_records_reproduces_it(tmp_path):
     _converged_records()
     _assert_block_rebuilds(tmp_path, CONVERGED, "converged")
+
+
+def test_converged_runs_are_compared_at_equal_training():
+    """The report's equal-training table: each cell's validation NLL after the last epoch that
+    every run reached, recomputed here from the records' per-epoch validation."""
+    records = _converged_records()
+    epoch = min(r["train"]["stop"]["epoch"] for r in records)
+    summary = json.loads((CONVERGED / "summary.json").read_text())
+    for r in records:
+        cell = summary[f"{r['tying']}/{r['output_layer']}"]["valid_nll_common"]
+        value = {e: v for e, _, v in r["train"]["valid_epochs"]}[epoch]
+        assert cell["epoch"] == epoch and value in cell["values"]
+    assert f"**Validation NLL after epoch {epoch}**" in (DOCS / "results.md").read_text()

@@ -74,11 +74,27 @@ CELL_VALUES = {"bleu": lambda r: r["eval"]["bleu"], "chrf": lambda r: r["eval"][
                "valid_nll": lambda r: r["train"]["valid"]["nll_loss"]}
 
 
+def common_epoch(cells: Cells) -> int | None:
+    """The last epoch that every run trained to a plateau reached (None unless all were, with
+    their per-epoch validation): where the runs compare at equal training."""
+    records = [r for runs in cells.values() for r in runs.values()]
+    if not records or not all("stop" in r["train"] and "valid_epochs" in r["train"]
+                              for r in records):
+        return None
+    return min(r["train"]["stop"]["epoch"] for r in records)
+
+
+def valid_nll_at(record: dict[str, Any], epoch: int) -> float:
+    return next(v for e, _update, v in record["train"]["valid_epochs"] if e == epoch)
+
+
 def summarize(cells: Cells, refs: Sequence[str], n_samples: int) -> dict[str, Any]:
     """Per cell: BLEU/chrF/valid NLL mean ± 95% CI, and the paired comparisons
     (``aggregate.compare``) against ``dot`` with the same tying and against the untied model
-    with the same layer."""
+    with the same layer; for runs trained to a plateau, also the validation NLL at the
+    ``common_epoch``, since the rule stops runs at different epochs."""
     out: dict[str, Any] = {}
+    epoch = common_epoch(cells)
     for (tying, layer), runs in sorted(cells.items()):
         seeds = sorted(runs)
         records = [runs[s] for s in seeds]
@@ -90,6 +106,9 @@ def summarize(cells: Cells, refs: Sequence[str], n_samples: int) -> dict[str, An
                             "reasons": [r["train"]["stop"]["reason"] for r in records]}
         if all("eval_best" in r for r in records):
             cell["bleu_best"] = stat([r["eval_best"]["bleu"] for r in records])
+        if epoch is not None:
+            cell["valid_nll_common"] = {"epoch": epoch,
+                                        **stat([valid_nll_at(r, epoch) for r in records])}
         if layer != "dot" and (test := compare_seeds(runs, cells.get((tying, "dot")), refs,
                                                      n_samples)):
             cell["vs_dot"] = test
@@ -142,6 +161,12 @@ def tables(summary: dict[str, Any]) -> str:
                   "\n**BLEU of the best single checkpoint** (lowest validation NLL), beside the "
                   "average of the last epochs above\n",
                   grid(lambda c: format_stat(c["bleu_best"]) if "bleu_best" in c else "–")]
+    if all("valid_nll_common" in c for c in summary.values()):
+        epoch = next(iter(summary.values()))["valid_nll_common"]["epoch"]
+        parts += [f"\n**Validation NLL after epoch {epoch}**, the last epoch every run reached: "
+                  "the runs at equal training, where the plateau rule stops them at different "
+                  "epochs\n",
+                  grid(lambda c: format_stat(c["valid_nll_common"], 3))]
     parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
     parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: three-way "
               "tying on the Bible, mean over seeds)\n", paper_table(summary)]

@@ -95,6 +95,9 @@ def test_converged_records_and_report(plateau_runs, tiny_data, tmp_path):
         assert rec["eval"]["averaged"] == json.loads((run / "eval.json").read_text())["averaged"]
     text = report.read_text()
     assert "**Epochs trained**" in text and "BLEU of the best single checkpoint" in text
+    common = min(json.loads((run / "train.done").read_text())["stop"]["epoch"]
+                 for run in _runs(plateau_runs))
+    assert f"**Validation NLL after epoch {common}**" in text
     assert text.endswith("Written by hand.\n") and "\nold\n" not in text
     assert (plots / "valid_nll_epochs.png").stat().st_size > 10_000
     first = text
