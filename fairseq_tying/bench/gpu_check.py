@@ -182,12 +182,12 @@ def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> di
     checked now."""
     path = layer_path(opts.out, output_layer)
     settings = {"updates": opts.updates, "max_tokens": opts.max_tokens}
-    kept = json.loads(path.read_text()) if path.is_file() else None
-    decoded = kept and "error" not in kept["result"].get("ct2_float16", {"error": "not reached"})
-    if kept and kept["settings"] == settings and decoded:
+    kept = json.loads(path.read_text()) if path.is_file() else {"settings": None}
+    if kept["settings"] == settings and "error" not in kept["result"].get(
+            "ct2_float16", {"error": "not reached"}):
         print(f"[gpu-check] {output_layer}: checked before ({path})", file=sys.stderr)
         return kept["result"]
-    if kept and kept["settings"] == settings:
+    if kept["settings"] == settings:
         print(f"[gpu-check] {output_layer}: steps 1-2 checked before, CTranslate2 float16",
               file=sys.stderr)
         result = kept["result"]
@@ -198,7 +198,7 @@ def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> di
     run_dir = opts.out / "runs" / output_layer
     try:
         result["ct2_float16"] = ct2_fp16(data, run_dir, generated_hypotheses(run_dir))
-    except RuntimeError as e:  # reported, not checked: the verdict of steps 1-2 stands
+    except (RuntimeError, OSError) as e:  # reported, not checked: steps 1-2's verdict stands
         print(f"[gpu-check] {output_layer}: CTranslate2 float16 failed: {e}", file=sys.stderr)
         result["ct2_float16"] = {"error": str(e)}
     atomic.write_json(path, {"settings": settings, "result": result})
