@@ -45,6 +45,7 @@ from fairseq_tying.common import PLUGIN_DIR, atomic
 from fairseq_tying.core import scoring
 
 BIN = Path(sys.executable).parent
+HYPOTHESIS = re.compile(r"^D-(\d+)\t(\S+)\t(.*)$", re.M)  # fairseq-generate's detokenized lines
 OVERFLOW = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: "
                       r"([\d.e+-]+)")
 
@@ -129,7 +130,7 @@ def generate(data: Path, run_dir: Path) -> dict:
                "--beam", "5", "--lenpen", "1", "--batch-size", "128", "--gen-subset", "test",
                "--required-batch-size-multiple", "1", "--post-process", "sentencepiece",
                "--scoring", "sacrebleu"], run_dir / "generate.log")
-    hyps = re.findall(r"^D-(\d+)\t(\S+)\t(.*)$", log, re.M)
+    hyps = HYPOTHESIS.findall(log)
     bleu = re.search(r"BLEU = ([\d.]+)", log)
     finite = bool(hyps) and all(math.isfinite(float(score)) for _, score, _ in hyps)
     return {"sentences": len(hyps), "bleu": float(bleu.group(1)) if bleu else None,
@@ -139,7 +140,7 @@ def generate(data: Path, run_dir: Path) -> dict:
 def generated_hypotheses(run_dir: Path) -> dict[int, str]:
     """fairseq-generate's detokenized hypotheses (``D-`` lines of its log) by sentence id."""
     log = (run_dir / "generate.log").read_text()
-    return {int(i): h for i, h in re.findall(r"^D-(\d+)\t\S+\t(.*)$", log, re.M)}
+    return {int(i): h for i, _score, h in HYPOTHESIS.findall(log)}
 
 
 def ct2_fp16(data: Path, run_dir: Path, reference: dict[int, str]) -> dict:
@@ -250,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {
         "gpu": gpu,
         "config": {k: str(v) for k, v in vars(opts).items()},
-        "output_layers": {},
     }
     data = prepare_data(opts.out)
     summary["output_layers"] = checked_layers(data, opts)
