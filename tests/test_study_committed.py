@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from fairseq_tying.common.atomic import markers
+from fairseq_tying.evaluation.claims import study_claims, verdict
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS
 from fairseq_tying.launch.plateau import Plateau
@@ -38,6 +39,28 @@ def test_rebuilding_from_the_records_reproduces_the_report(tmp_path):
 
     assert block(report.read_text()) == block((DOCS / "results.md").read_text())
 
+
+
+def test_the_one_epoch_verdicts_follow_from_its_records():
+    """The claims table's verdicts for the one-epoch study (3 seeds): each per-seed difference
+    is the difference of the two records' own sacrebleu scores, and the verdicts are the ones
+    its prose argues (three-way tying loses BLEU after one epoch; l2norm, sqnorm and cosine gain
+    on a three-way tied matrix, distance does not)."""
+    summary = json.loads((DOCS / "study" / "summary.json").read_text())
+    bleu = {(r["tying"], r["output_layer"], r["seed"]): r["eval"]["bleu"]
+            for r in (json.loads(p.read_text()) for p in RECORDS.glob("*.json"))}
+    tests = {c.cell: (c, summary[c.cell][c.test]) for c in study_claims()}
+    for cell, (claim, test) in tests.items():
+        tying, layer = cell.split("/")
+        base = ("none", layer) if claim.test == "vs_untied" else (tying, "dot")
+        for seed, delta in test["per_seed_delta"].items():
+            assert delta == pytest.approx(bleu[(tying, layer, int(seed))]
+                                          - bleu[(*base, int(seed))], abs=1e-6)
+    verdicts = {cell: verdict(test, claim.expects) for cell, (claim, test) in tests.items()}
+    assert verdicts["three_way/dot"] == "contradicted"
+    assert [verdicts[f"three_way/{la}"] for la in ("l2norm", "sqnorm", "cosine")] == \
+        ["supported"] * 3
+    assert verdicts["three_way/distance"].startswith("unresolved")
 
 GPU = DOCS / "converged_gpu" / "patience3"
 

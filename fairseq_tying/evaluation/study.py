@@ -23,7 +23,7 @@ from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import markers, replace_block, write_json
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
-from fairseq_tying.evaluation import study_records
+from fairseq_tying.evaluation import claims, study_records
 from fairseq_tying.evaluation.aggregate import (
     compare_seeds,
     format_delta,
@@ -170,6 +170,8 @@ def tables(summary: dict[str, Any]) -> str:
     parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
     parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: three-way "
               "tying on the Bible, mean over seeds)\n", paper_table(summary)]
+    if table := claims.claims_table(summary):
+        parts += [f"\n**The papers' claims**: {claims.RULE} (Δ and p as above)\n", table]
     return "\n".join(parts)
 
 
