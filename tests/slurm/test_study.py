@@ -78,6 +78,8 @@ def test_report_keeps_hand_written_text_and_p_values_are_recomputable(study):
     text = study["report"].read_text()
     assert text.startswith("# Study\n\nWritten by hand.") and text.endswith("Conclusions.\n")
     assert "old tables" not in text and text.count(BEGIN) == 1
+    claim = next(line for line in text.splitlines() if "`l2norm` beats `dot` (three-way" in line)
+    assert claim.endswith("| unresolved (2 of 3 seeds) |")  # 2 seeds decide no claim
     summary = json.loads((study["plots"] / "summary.json").read_text())
     cell = summary["three_way/l2norm"]
     refs = study["refs"].read_text().splitlines()
