@@ -148,3 +148,20 @@ def plot_bleu_grid(series: dict[str, list[MethodPoints]], out: str | os.PathLike
     ax.legend(title="tying", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title("BLEU per output layer and tying: seeds (dots), mean ± 95% CI")
     _save(fig, out)
+
+
+def plot_seed_lines(lines: dict[str, list[tuple[float, float]]], out: str | os.PathLike,
+                    xlabel: str, ylabel: str, title: str) -> None:
+    """One panel, one colour per label: each ``(x, y)`` point is a seed, joined in x order, so
+    that the seeds of one cell read as a slope."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.4))
+    for k, (label, xy) in enumerate(lines.items()):
+        xs, ys = zip(*sorted(xy), strict=True)
+        ax.plot(xs, ys, marker="o", markersize=6, linewidth=1, color=f"C{k}", label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title)
+    _save(fig, out)

@@ -99,7 +99,8 @@ def test_converged_records_and_report(plateau_runs, tiny_data, tmp_path):
                  for run in _runs(plateau_runs))
     assert f"**Validation NLL after epoch {common}**" in text
     assert text.endswith("Written by hand.\n") and "\nold\n" not in text
-    assert (plots / "valid_nll_epochs.png").stat().st_size > 10_000
+    for png in ("valid_nll_epochs.png", "bleu_by_stop_epoch.png"):
+        assert (plots / png).stat().st_size > 10_000
     first = text
     assert main(args) == 0  # from the records alone: the same report
     assert report.read_text() == first
