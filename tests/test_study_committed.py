@@ -40,7 +40,6 @@ def test_rebuilding_from_the_records_reproduces_the_report(tmp_path):
     assert block(report.read_text()) == block((DOCS / "results.md").read_text())
 
 
-
 def test_the_one_epoch_verdicts_follow_from_its_records():
     """The claims table's verdicts for the one-epoch study (3 seeds): each per-seed difference
     is the difference of the two records' own sacrebleu scores, and the verdicts are the ones
@@ -61,6 +60,7 @@ def test_the_one_epoch_verdicts_follow_from_its_records():
     assert [verdicts[f"three_way/{la}"] for la in ("l2norm", "sqnorm", "cosine")] == \
         ["supported"] * 3
     assert verdicts["three_way/distance"].startswith("unresolved")
+
 
 GPU = DOCS / "converged_gpu" / "patience3"
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fairseq_tying.core.scoring import OUTPUT_LAYERS
 from fairseq_tying.evaluation.aggregate import format_delta
 from fairseq_tying.evaluation.tables import markdown_table
 
@@ -26,7 +27,7 @@ ALPHA = 0.05
 
 PRESS_WOLF = "Press & Wolf (2017)"
 LIU = "Liu et al. (2020)"
-NORMALIZED = ("l2norm", "sqnorm", "distance", "cosine")
+NORMALIZED = tuple(la for la in OUTPUT_LAYERS if la != "dot")
 # tying modes whose matrix is shared by the output layer, as in the normalization paper
 SHARED = ("three_way", "decoder")
 

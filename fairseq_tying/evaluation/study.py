@@ -232,11 +232,11 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
         plot_bands(_per_tying(cells, _epoch_band), written[-1], "epoch",
                    "validation NLL (base 2)",
                    "Validation NLL per epoch: mean over seeds, band from min to max")
-    if all("stop" in r["train"] for runs in cells.values() for r in runs.values()):
+    if all("stop" in c for c in summary.values()):  # trained to a plateau
         written.append(out / "bleu_by_stop_epoch.png")
         plot_seed_lines({f"{t} × {la}": [(r["train"]["stop"]["epoch"], r["eval"]["bleu"])
-                                         for r in runs.values()]
-                         for (t, la), runs in sorted(cells.items(), key=_grid_order)},
+                                         for r in cells[(t, la)].values()]
+                         for t in TYINGS for la in LAYERS if (t, la) in cells},
                         written[-1], "epoch at which the run stopped", "BLEU (sacrebleu)",
                         "BLEU against training length: one dot per seed, a line per cell")
     for t in TYINGS:
@@ -250,11 +250,6 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
                                  title=f"Row norms of the output matrix, tying: {t}")
             written.append(path)
     return written
-
-
-def _grid_order(item: tuple[tuple[str, str], Any]) -> tuple[int, int]:
-    (tying, layer), _runs = item
-    return TYINGS.index(tying), LAYERS.index(layer)
 
 
 def _per_tying(cells: Cells, curve: Callable[[Iterable[dict]], tuple]) -> dict[str, dict]:
