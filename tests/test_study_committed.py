@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from fairseq_tying.common.atomic import markers
 from fairseq_tying.evaluation.claims import study_claims, verdict
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS
+from fairseq_tying.evaluation.study_records import training_summary
 from fairseq_tying.launch.plateau import Plateau
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -91,6 +93,50 @@ def _assert_block_rebuilds(tmp_path: Path, folder: Path, block_name: str) -> Non
 @pytest.mark.slow
 def test_rebuilding_the_gpu_block_from_its_records_reproduces_it(tmp_path):
     _assert_block_rebuilds(tmp_path, GPU, "converged_gpu_patience3")
+
+
+GPU_PATIENCE6 = DOCS / "converged_gpu"
+
+
+def _train_nll_per_epoch(log: str) -> dict[int, float]:
+    """fairseq's end-of-epoch ``train_nll_loss`` from a json-format training log."""
+    out = {}
+    for line in log.splitlines():
+        if "| train |" in line:
+            stats = json.loads(line[line.index("{"):])
+            out[int(stats["epoch"])] = float(stats["train_nll_loss"])
+    return out
+
+
+def test_the_h200_baselines_follow_the_gpu_sweep_and_overfit(tmp_path):
+    """The patience-6 GPU records: trained where and how the sweep says, stopped by its rule,
+    their committed logs are the ones they were exported from, and (the report's finding)
+    validation NLL rose from its best epoch to the stop while training NLL fell."""
+    sweep = yaml.safe_load((DOCS.parent / "slurm" / "bible_converged_gpu.yaml").read_text())
+    rule = Plateau(**sweep["stopping"])
+    records = [json.loads(p.read_text()) for p in (GPU_PATIENCE6 / "records").glob("*.json")]
+    assert sorted((r["tying"], r["output_layer"], r["seed"]) for r in records) == \
+        [("decoder", "dot", 1), ("none", "dot", 1)]
+    for r in records:
+        assert r["train"]["device"] == "NVIDIA H200" and "--fp16" in r["train_args"]
+        assert r["arch"] == "transformer_twwt_iwslt_de_en" and r["output_row_norms"] is None
+        epochs = r["train"]["valid_epochs"]
+        history = [{"epoch": e, "value": v} for e, _, v in epochs]
+        assert rule.decide(history) == r["train"]["stop"]["reason"] == "plateau"
+        assert all(rule.decide(history[:i]) is None for i in range(1, len(history)))
+        log = gzip.decompress((GPU_PATIENCE6 / "logs" / f"{r['name']}.train.log.gz")
+                              .read_bytes()).decode()
+        (tmp_path / "train.log").write_text(log)
+        assert training_summary(tmp_path / "train.log")["valid_history"] == \
+            r["train"]["valid_history"]
+        train = _train_nll_per_epoch(log)
+        best, stop = min(epochs, key=lambda e: e[2]), epochs[-1]
+        assert stop[2] > best[2] and train[stop[0]] < train[best[0]] - 0.4
+
+
+@pytest.mark.slow
+def test_rebuilding_the_patience6_gpu_block_from_its_records_reproduces_it(tmp_path):
+    _assert_block_rebuilds(tmp_path, GPU_PATIENCE6, "converged_gpu")
 
 CONVERGED = DOCS / "converged"
 

@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--bootstrap-samples", type=int, default=1000)
     st.add_argument("--block", default="study", help="name of the report's marked block: "
                     "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> (default: study)")
+    st.add_argument("--without-row-norms", action="store_true",
+                    help="with --runs: export runs whose evaluated checkpoint is not on this "
+                    "machine (e.g. trained on a GPU machine and brought back without "
+                    "checkpoints); their records hold output_row_norms: null, and no norm "
+                    "histogram shows them")
 
     av = sub.add_parser("average", help="average checkpoints' parameters into one file")
     av.add_argument("checkpoints", nargs="+", metavar="CKPT")
@@ -164,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             refs = _references(args.references)
             done = build(args.records, args.report, args.plots, refs, args.runs,
-                         args.bootstrap_samples, args.block)
+                         args.bootstrap_samples, args.block, not args.without_row_norms)
             print(done["markdown"])
             print(f"{len(done['exported'])} new record(s), {done['records']} in all; wrote "
                   + ", ".join(done["written"]))

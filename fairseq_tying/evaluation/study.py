@@ -243,7 +243,10 @@ def plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
         runs = [(la, cells[(t, la)]) for la in LAYERS if (t, la) in cells]
         if runs:
             seed = min(min(r) for _, r in runs)
-            chosen = [(la, r[seed]) for la, r in runs if seed in r]
+            chosen = [(la, r[seed]) for la, r in runs
+                      if seed in r and r[seed]["output_row_norms"] is not None]
+            if not chosen:  # exported with --without-row-norms
+                continue
             path = out / f"norms_{t}.png"
             plot_norm_histograms([np.asarray(r["output_row_norms"]) for _, r in chosen],
                                  [f"{la} (seed {seed})" for la, _ in chosen], path,
@@ -281,11 +284,12 @@ def _epoch_band(records) -> tuple[list[float], list[float], list[float], list[fl
 
 def build(records_dir: str | os.PathLike, report: str | os.PathLike, plots_dir: str | os.PathLike,
           references: Sequence[str], runs: str | os.PathLike | None = None,
-          n_samples: int = 1000, block: str = "study") -> dict[str, Any]:
+          n_samples: int = 1000, block: str = "study", row_norms: bool = True
+          ) -> dict[str, Any]:
     """Export new records (``runs``), then rebuild the tables of ``block`` in ``report`` and the
     plots from the records alone. Records of a second architecture (e.g. DynamicConv beside
     the Transformer) get their own tables below the first one's."""
-    exported = study_records.export(runs, records_dir) if runs else []
+    exported = study_records.export(runs, records_dir, row_norms) if runs else []
     records = study_records.load(records_dir)
     lm = [r for r in records if r.get("task") == LM_TASK]
     if lm:  # the perplexity study: its own view on the same statistics

@@ -115,25 +115,40 @@ def build_lm_record(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def build_record(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
-    """The record of one evaluated run and its hypotheses (none for a language model)."""
+def _row_norms(ckpt: Path, required: bool) -> list[float] | None:
+    """The output matrix's row norms in the evaluated checkpoint; None (recorded as null) when
+    it is not on this machine and the caller accepted that (``--without-row-norms``)."""
+    if not ckpt.is_file():
+        if not required:
+            return None
+        raise FileNotFoundError(
+            f"{ckpt}: the evaluated checkpoint is not here, and the record needs its output row "
+            "norms; export on the machine that holds the checkpoints, or pass "
+            "--without-row-norms to record them as null (no norm histogram for that run)")
+    _, row_norms = norms.row_norms(ckpt)
+    return [round(float(x), 4) for x in row_norms]
+
+
+def build_record(run_dir: Path, row_norms: bool = True) -> tuple[dict[str, Any], list[str]]:
+    """The record of one evaluated run and its hypotheses (none for a language model);
+    ``row_norms=False`` accepts a run whose checkpoints were left on another machine."""
     meta = read_run_json(run_dir)
     with open(run_dir / EVAL_JSON, encoding="utf-8") as f:
         result = json.load(f)
     if result.get("task") == LM_TASK:
         return build_lm_record(run_dir, result), []
     ckpt = Path(result["checkpoint"])
-    _, row_norms = norms.row_norms(ckpt)
     record = {k: meta.get(k) for k in RUN_KEYS}
     record["checkpoint"] = ckpt.name
     record["train"] = _train(run_dir)
     record.update(_evaluations(run_dir, result, EVAL_KEYS))
-    record["output_row_norms"] = [round(float(x), 4) for x in row_norms]
+    record["output_row_norms"] = _row_norms(ckpt, required=row_norms)
     hyps = (run_dir / result["hypotheses"]).read_text(encoding="utf-8").splitlines()
     return record, hyps
 
 
-def export(runs_root: str | os.PathLike, records_dir: str | os.PathLike) -> list[str]:
+def export(runs_root: str | os.PathLike, records_dir: str | os.PathLike,
+           row_norms: bool = True) -> list[str]:
     """Write a record for every evaluated run under ``runs_root`` not yet in ``records_dir``
     (written atomically, hypotheses first); return the names written."""
     records = Path(records_dir)
@@ -143,7 +158,7 @@ def export(runs_root: str | os.PathLike, records_dir: str | os.PathLike) -> list
         run_dir = ev.parent
         if (records / f"{run_dir.name}.json").exists():
             continue
-        record, hyps = build_record(run_dir)
+        record, hyps = build_record(run_dir, row_norms)
         if record.get("task") != LM_TASK:
             data = ("\n".join(hyps) + "\n").encode("utf-8")
             atomic_write(records / f"{run_dir.name}.hyp.gz",

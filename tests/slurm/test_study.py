@@ -120,3 +120,30 @@ def test_records_scored_on_other_references_are_refused(study, tmp_path, capsys)
     assert _study(bad) == 2
     assert "other references than --references" in capsys.readouterr().err
     assert not (tmp_path / "r.md").exists()
+
+
+def test_runs_brought_back_without_checkpoints_export_only_when_asked(study, tmp_path, capsys):
+    """A run trained elsewhere (a GPU machine) comes back without its checkpoints: the export
+    names the flag that accepts it, and with the flag its record is the full record but for
+    null row norms, and no norm histogram is drawn from it."""
+    import shutil
+
+    name = "tiny.transformer_twwt.none.dot.s1"
+    runs = tmp_path / "runs"
+    shutil.copytree(study["runs"] / name, runs / name, ignore=shutil.ignore_patterns("*.pt"))
+    eval_json = json.loads((runs / name / "eval.json").read_text())
+    eval_json["checkpoint"] = str(runs / name / "checkpoints" / Path(eval_json["checkpoint"]).name)
+    (runs / name / "eval.json").write_text(json.dumps(eval_json))
+    away = {**study, "records": tmp_path / "records", "plots": tmp_path / "plots",
+            "report": tmp_path / "r.md"}
+    assert _study(away, "--runs", str(runs)) == 2
+    assert "--without-row-norms" in capsys.readouterr().err
+    assert not list(away["records"].glob("*.json"))
+    assert _study(away, "--runs", str(runs), "--without-row-norms") == 0
+    record = json.loads((away["records"] / f"{name}.json").read_text())
+    full = json.loads((study["records"] / f"{name}.json").read_text())
+    assert record["output_row_norms"] is None and full["output_row_norms"]
+    assert {k: v for k, v in record.items() if k != "output_row_norms"} == \
+        {k: v for k, v in full.items() if k != "output_row_norms"}
+    assert (away["plots"] / "bleu.png").is_file()
+    assert not (away["plots"] / "norms_none.png").exists()
