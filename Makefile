@@ -11,7 +11,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/fairseq_tying/wheels
 PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 WHEEL_DIR := $(WHEEL_CACHE)/$(PY_TAG)-torch$(TORCH_VERSION)-numpy1-fairseq$(FAIRSEQ_VERSION)
 
-.PHONY: setup test test-fast lint demo study study-one-epoch lm-study gpu-check clean
+.PHONY: setup test test-fast lint demo study study-equal study-one-epoch lm-study gpu-check clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -59,6 +59,19 @@ study: setup
 	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/converged/runs \
 	  --records docs/converged/records --report docs/results.md --plots docs/converged \
 	  --block converged
+
+# P1 of the converged study at equal training: every run to epoch 31, each continuing from its
+# plateau run's checkpoints in $(STUDY_RUNS)/converged/runs (run it after P1 of `make study`).
+study-equal: setup
+	$(PY) -m fairseq_tying.data.prepare --corpus bible --src es --tgt en \
+	  --subword sentencepiece --vocab-size 4000 --out $(STUDY_DATA)
+	$(STUDY_ENV) FAIRSEQ_TYING_CONVERGED_RUNS=$(STUDY_RUNS)/converged/runs \
+	  FAIRSEQ_TYING_EQUAL_RUNS=$(STUDY_RUNS)/converged_equal/runs \
+	  $(PY) -m fairseq_tying.launch slurm/bible_converged_equal.yaml $(LOCAL_FLAGS) \
+	  --skip-recorded docs/converged_equal/records $(if $(ONLY),--only '$(ONLY)')
+	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/converged_equal/runs \
+	  --records docs/converged_equal/records --report docs/results.md \
+	  --plots docs/converged_equal --block converged_equal
 
 # The one-epoch study (600 updates a run, 45 runs, about 2 h on 2 cores).
 study-one-epoch: setup

@@ -62,6 +62,12 @@ def test_min_epoch_delays_the_plateau():
         (6, "plateau")
 
 
+def test_without_the_plateau_every_run_trains_to_the_cap():
+    rule = Plateau(patience=2, min_gain=0.01, max_epoch=7, plateau=False)
+    assert replay(rule, [3.0] * 10) == (7, "cap")
+    assert rule.earliest_stop == 7
+
+
 def test_maximized_metric():
     rule = Plateau(patience=2, min_gain=0.01, maximize=True, max_epoch=50)
     assert replay(rule, [10.0, 20.0, 30.0, 30.1, 30.2, 40.0]) == (5, "plateau")

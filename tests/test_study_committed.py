@@ -6,13 +6,14 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from fairseq_tying.common.atomic import markers
 from fairseq_tying.evaluation.claims import study_claims, verdict
 from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS
+from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS, stop_correlation
 from fairseq_tying.evaluation.study_records import training_summary
 from fairseq_tying.launch.plateau import Plateau
 
@@ -183,3 +184,55 @@ def test_converged_runs_are_compared_at_equal_training():
         value = {e: v for e, _, v in r["train"]["valid_epochs"]}[epoch]
         assert cell["epoch"] == epoch and value in cell["values"]
     assert f"**Validation NLL after epoch {epoch}**" in (DOCS / "results.md").read_text()
+
+
+def test_the_report_says_how_bleu_follows_training_length():
+    """The correlation line of the converged block, recomputed here with numpy from each
+    record's stop epoch and BLEU."""
+    records = _converged_records()
+    epochs = [r["train"]["stop"]["epoch"] for r in records]
+    bleu = [r["eval"]["bleu"] for r in records]
+    r = np.corrcoef(epochs, bleu)[0, 1]
+    assert (f"over the {len(records)} runs, test BLEU against the epoch at which the run stopped "
+            f"has Pearson r = {r:.2f}") in (DOCS / "results.md").read_text()
+
+
+def test_the_correlation_needs_three_runs_at_different_epochs():
+    def cell(epochs: list[int], bleu: list[float]) -> dict:
+        return {"stop": {"epochs": epochs}, "bleu": {"values": bleu}}
+
+    assert stop_correlation({"a": cell([20, 21], [28.0, 29.0])}) is None
+    assert stop_correlation({"a": cell([20, 20], [28.0, 29.0]), "b": cell([20], [27.0])}) is None
+    r, _p, n = stop_correlation({"a": cell([20, 30], [28.0, 30.0]), "b": cell([25], [28.5])})
+    assert n == 3 and r == pytest.approx(np.corrcoef([20, 30, 25], [28.0, 30.0, 28.5])[0, 1])
+
+
+EQUAL = DOCS / "converged_equal"
+
+
+def _equal_records() -> list[dict]:
+    records = [json.loads(p.read_text()) for p in (EQUAL / "records").glob("*.json")]
+    if not records:
+        pytest.skip("the equal-training sweep has no committed records yet")
+    return records
+
+
+def test_equal_training_records_continue_their_plateau_runs_to_epoch_31():
+    """Each run trained to epoch 31, and its first epochs are those of the committed plateau
+    run it continued (the same validations, epoch for epoch)."""
+    plateau = {r["name"]: r for r in _converged_records()}
+    for r in _equal_records():
+        assert r["train"]["stop"]["epoch"] == 31 and r["train"]["stop"]["reason"] == "cap"
+        assert [e for e, _, _ in r["train"]["valid_epochs"]] == list(range(1, 32))
+        if (continued := r["train"].get("continued_from")) and r["name"] in plateau:
+            first = plateau[r["name"]]["train"]["valid_epochs"]
+            assert continued["epochs"] == len(first) == plateau[r["name"]]["train"]["stop"]["epoch"]
+            assert r["train"]["valid_epochs"][:len(first)] == first
+        last5 = [f"checkpoint{e}.pt" for e in range(27, 32)]
+        assert r["checkpoint"] == "checkpoint.avg5.pt" and r["eval"]["averaged"] == last5
+
+
+@pytest.mark.slow
+def test_rebuilding_the_equal_training_block_from_its_records_reproduces_it(tmp_path):
+    _equal_records()
+    _assert_block_rebuilds(tmp_path, EQUAL, "converged_equal")

@@ -13,4 +13,5 @@ LM_TASK = "language_modeling"
 RUN_JSON = "run.json"  # the launcher's settings of the run (name, method, seed, data_dir, ...)
 VALID_HISTORY = "valid_history.json"  # per-epoch validations under the plateau rule
 TRAIN_DONE = "train.done"  # written when training ends: the result and why it stopped
+CONTINUED_FROM = "continued_from.json"  # the run of another sweep its first epochs come from
 EVAL_JSON = "eval.json"  # the evaluation of the test set; its presence marks the run evaluated

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import pearsonr
 
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import markers, replace_block, write_json
@@ -27,6 +28,7 @@ from fairseq_tying.evaluation import claims, study_records
 from fairseq_tying.evaluation.aggregate import (
     compare_seeds,
     format_delta,
+    format_p,
     format_stat,
     points,
     stat,
@@ -132,6 +134,18 @@ def _delta(cell: dict[str, Any], key: str, is_baseline: bool, per_seed: bool = T
     return format_delta(cell[key], per_seed)
 
 
+def stop_correlation(summary: dict[str, Any]) -> tuple[float, float, int] | None:
+    """Pearson r (and its p) between the epoch at which each run stopped and its BLEU, over
+    every run trained to a plateau: how much of a BLEU difference is training length. None
+    when fewer than 3 runs have a stop or they all stopped at the same epoch."""
+    pairs = [(e, b) for c in summary.values() if "stop" in c
+             for e, b in zip(c["stop"]["epochs"], c["bleu"]["values"], strict=True)]
+    if len(pairs) < 3 or len({e for e, _ in pairs}) < 2:
+        return None
+    r, p = pearsonr(*zip(*pairs, strict=True))
+    return float(r), float(p), len(pairs)
+
+
 def tables(summary: dict[str, Any]) -> str:
     tyings = [t for t in TYINGS if any(_cell(summary, t, la) for la in LAYERS)]
     seeds = sorted({s for c in summary.values() for s in c["seeds"]})
@@ -162,6 +176,10 @@ def tables(summary: dict[str, Any]) -> str:
                   "\n**BLEU of the best single checkpoint** (lowest validation NLL), beside the "
                   "average of the last epochs above\n",
                   grid(lambda c: format_stat(c["bleu_best"]) if "bleu_best" in c else "–")]
+    if corr := stop_correlation(summary):
+        r, p, n = corr
+        parts += [f"\n**BLEU and training length**: over the {n} runs, test BLEU against the "
+                  f"epoch at which the run stopped has Pearson r = {r:.2f} ({format_p(p)}).\n"]
     if all("valid_nll_common" in c for c in summary.values()):
         epoch = next(iter(summary.values()))["valid_nll_common"]["epoch"]
         parts += [f"\n**Validation NLL after epoch {epoch}**, the last epoch every run reached: "

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.common import EVAL_JSON, LM_TASK, TRAIN_DONE, VALID_HISTORY
+from fairseq_tying.common import CONTINUED_FROM, EVAL_JSON, LM_TASK, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, write_json
 from fairseq_tying.evaluation import norms
 from fairseq_tying.evaluation.records import read_run_json
@@ -86,8 +86,12 @@ def _train(run_dir: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{run_dir}/logs/train.rank0.log: missing")
     rank0 = run_dir / "ranks" / "rank0.json"
     device = json.loads(rank0.read_text()).get("device") if rank0.is_file() else None
-    return {**training_summary(logs[-1]), **plateau_summary(run_dir),
-            **({"device": device} if device else {})}
+    out = {**training_summary(logs[-1]), **plateau_summary(run_dir),
+           **({"device": device} if device else {})}
+    if (continued := run_dir / CONTINUED_FROM).is_file():  # its first epochs: another run's
+        out["continued_from"] = {k: v for k, v in json.loads(continued.read_text()).items()
+                                 if k in ("run", "epochs")}
+    return out
 
 
 def _evaluations(run_dir: Path, result: dict[str, Any], keys: tuple[str, ...]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fairseq_tying.common.reproducible import pinned_env
 from fairseq_tying.launch.config import Run, SweepError, load_sweep
+from fairseq_tying.launch.continuation import check_sources
 from fairseq_tying.launch.job import RunBusy
 from fairseq_tying.launch.submit import dry_run, record, run_local, submit_slurm
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.skip_recorded:
             stops = recorded_stops(args.skip_recorded, runs)
             runs = [r for r in runs if not (args.skip_recorded / f"{r.name}.json").is_file()]
+        check_sources(sweep, runs)  # a refused continue_from stops the sweep before it starts
         if args.dry_run:
             dry_run(sweep, runs)
             return 0

@@ -23,7 +23,7 @@ from fairseq_tying.core.scoring import OUTPUT_LAYERS
 from fairseq_tying.launch import plateau
 
 TOP_KEYS = {"name", "output_dir", "datasets", "grid", "fairseq", "batch", "resources",
-            "evaluation", "stopping"}
+            "evaluation", "stopping", "base", "continue_from"}
 GRID_KEYS = {"dataset", "arch", "tying", "output_layer", "seed", "flags", "tag", "priority"}
 BATCH_KEYS = {"max_tokens", "target_gpus", "update_freq", "fp16"}
 RESOURCE_KEYS = {"nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb",
@@ -147,6 +147,7 @@ class Sweep:
     eval_mem_gb: float = 4
     update_freq: int = 1
     task: str = "translation"
+    continue_from: Path | None = None  # another sweep's runs to start from (launch/continuation)
 
 
 def data_bin(data_dir: Path) -> Path:
@@ -253,6 +254,9 @@ def parse_stopping(raw: Any, fairseq: Any) -> dict[str, Any] | None:
         if fairseq.get(key):
             raise SweepError(f"fairseq.{key}: the plateau rule needs a validation and a "
                              "checkpoint at every epoch's end; remove it")
+    if not isinstance(on := section.get("plateau", True), bool):
+        raise SweepError(f"{where}.plateau: expected true or false (false: every run trains "
+                         f"to max_epoch), got {on!r}")
     gain = section.get("min_gain", plateau.Plateau.min_gain)
     if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= gain < 1:
         raise SweepError(f"{where}.min_gain: expected a fraction in [0, 1), e.g. 0.005 for "
@@ -260,7 +264,8 @@ def parse_stopping(raw: Any, fairseq: Any) -> dict[str, Any] | None:
     out = {"patience": _int(section, "patience", where, plateau.Plateau.patience, 1),
            "min_gain": float(gain),
            "min_epoch": _int(section, "min_epoch", where, plateau.Plateau.min_epoch, 1),
-           "max_epoch": _int(section, "max_epoch", where, plateau.Plateau.max_epoch, 1)}
+           "max_epoch": _int(section, "max_epoch", where, plateau.Plateau.max_epoch, 1),
+           "plateau": on}
     if out["min_epoch"] > out["max_epoch"]:
         raise SweepError(f"{where}.min_epoch: {out['min_epoch']} is after max_epoch "
                          f"{out['max_epoch']}")
@@ -362,24 +367,58 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
     out = output_dir or raw.get("output_dir") or f"runs/{name}"
     out = Path(expand_vars(str(out), "output_dir")).expanduser().resolve()
     sweep = Sweep(name=name, path=path.resolve(), output_dir=out, resources=res,
-                  update_freq=update_freq, task=task, **evaluation)
+                  update_freq=update_freq, task=task, **evaluation,
+                  continue_from=_continue_from(raw.get("continue_from"), stopping, out))
     sweep.runs = _runs(points, data_dirs, out, common, res, stopping, task)
     return sweep
 
 
+def _continue_from(raw: Any, stopping: dict[str, Any] | None, out: Path) -> Path | None:
+    """``continue_from: DIR``: the runs of another sweep (same names, same commands up to
+    their training length) whose epoch checkpoints this sweep's runs start from."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise SweepError(f"continue_from: expected the output_dir of another sweep, got {raw!r}")
+    if not stopping:
+        raise SweepError("continue_from: needs a `stopping:` section (epoch checkpoints and a "
+                         "validation history to continue)")
+    src = Path(expand_vars(raw, "continue_from")).expanduser().resolve()
+    if src == out:
+        raise SweepError(f"continue_from: {src} is this sweep's own output_dir; runs resume "
+                         "there anyway")
+    return src
+
+
 def _read_sweep_file(path: Path) -> dict:
     """The file's top-level mapping, with its keys checked and the required sections present."""
-    if not path.exists():
-        raise SweepError(f"sweep file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SweepError(f"{path}: not valid YAML: {err}") from err
-    raw = _check_keys(raw, TOP_KEYS, "")
+    raw = _with_base(path, ())
     for key in ("datasets", "grid"):
         if key not in raw:
             raise SweepError(f"{key}: missing required section")
     return raw
+
+
+def _with_base(path: Path, seen: tuple[Path, ...]) -> dict:
+    """A sweep file's mapping on top of its ``base:`` file's (relative to it): each top-level
+    section it names replaces the base's whole section, so a variant of a sweep states only
+    what differs."""
+    if not path.exists():
+        where = f"{seen[-1]}: base: " if seen else ""
+        raise SweepError(f"{where}sweep file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SweepError(f"{path}: not valid YAML: {err}") from err
+    raw = dict(_check_keys(raw, TOP_KEYS, ""))
+    if (base := raw.pop("base", None)) is None:
+        return raw
+    if not isinstance(base, str):
+        raise SweepError(f"{path}: base: expected the path of another sweep file, got {base!r}")
+    base_path = (path.parent / base).resolve()
+    if base_path in (*seen, path.resolve()):
+        raise SweepError(f"{path}: base: {base} is the file itself or includes it")
+    return {**_with_base(base_path, (*seen, path.resolve())), **raw}
 
 
 def _sweep_name(raw: dict, path: Path) -> str:

@@ -8,8 +8,10 @@ after epoch e ≥ max(p + 1, min_epoch) if
 
 (the last p epochs did not improve the best before them by at least a fraction g: "plateau"),
 or after epoch ``max_epoch`` ("cap"). ``min_epoch`` guarantees the epoch checkpoints that an
-evaluation averages (``--average-last N`` needs N). fairseq's own ``--patience`` resets on any
-improvement, however small, so a curve creeping down by 0.1 % an epoch would never stop.
+evaluation averages (``--average-last N`` needs N). With ``plateau`` off, every run trains to
+``max_epoch`` (equal training, with the same checkpoints and history). fairseq's own
+``--patience`` resets on any improvement, however small, so a curve creeping down by 0.1 % an
+epoch would never stop.
 
 The history lives in ``RUN/valid_history.json`` (one entry per validated epoch), written after
 fairseq has saved that epoch's checkpoint. On resume it is cut back to the epochs the checkpoint
@@ -28,7 +30,7 @@ from typing import Any
 from fairseq_tying.common import VALID_HISTORY
 from fairseq_tying.common.atomic import write_json
 
-KEYS = {"patience", "min_gain", "min_epoch", "max_epoch"}
+KEYS = {"patience", "min_gain", "min_epoch", "max_epoch", "plateau"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Plateau:
     min_gain: float = 0.005
     min_epoch: int = 1
     max_epoch: int = 50
+    plateau: bool = True  # off: a fixed budget of max_epoch epochs
     maximize: bool = False
 
     def decide(self, history: list[dict[str, Any]]) -> str | None:
@@ -45,7 +48,7 @@ class Plateau:
             return None
         values = [h["value"] for h in history]
         epoch = history[-1]["epoch"]
-        if len(values) > self.patience and epoch >= self.min_epoch:
+        if self.plateau and len(values) > self.patience and epoch >= self.min_epoch:
             sign = -1.0 if self.maximize else 1.0  # compare as "lower is better"
             before = min(sign * v for v in values[:-self.patience])
             recent = min(sign * v for v in values[-self.patience:])
@@ -56,6 +59,8 @@ class Plateau:
     @property
     def earliest_stop(self) -> int:
         """The first epoch after which the rule can stop a run."""
+        if not self.plateau:
+            return self.max_epoch
         return min(max(self.patience + 1, self.min_epoch), self.max_epoch)
 
     def as_dict(self) -> dict[str, Any]:

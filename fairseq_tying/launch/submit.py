@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from fairseq_tying.common import LM_TASK, PLUGIN_DIR, RUN_JSON, atomic
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
+from fairseq_tying.launch.continuation import start_from
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, hold_run, write_json
 from fairseq_tying.launch.plateau import Plateau, read_history
 
@@ -91,6 +92,8 @@ def prepare_run_dir(sweep: Sweep, run: Run) -> None:
     config = {**run.describe(), "sweep": sweep.name, "sweep_file": str(sweep.path),
               "resources": vars(run.resources), "update_freq": sweep.update_freq}
     write_json(run.run_dir / RUN_JSON, config)
+    if sweep.continue_from and (said := start_from(run, sweep.continue_from / run.name)):
+        print(said, file=sys.stderr)
     cmd = TrainJob(run.describe(), PLUGIN_DIR).command()
     atomic.write_text(run.run_dir / "command.sh",
                       "# per-rank distributed flags are added in the job (see command.json)\n"
@@ -257,12 +260,14 @@ class Forecast:
         trained, elapsed = self.seen - self.start, self.t_seen - self.t0
         if trained <= 0 or elapsed <= 0:
             return ""
-        if self.stops:
+        if not self.rule.plateau:  # a fixed budget: every run trains to the cap
+            sign, expected = "≈", self.rule.max_epoch
+        elif self.stops:
             sign, expected = "≈", min(sum(self.stops) / len(self.stops), self.rule.max_epoch)
         else:
             sign, expected = "≥", self.rule.earliest_stop
         left = sum(max(expected - epochs_done(r), 0) for r in unfinished) * elapsed / trained
-        more = "" if self.stops else " or more"
+        more = "" if self.stops or not self.rule.plateau else " or more"
         return f"{sign} {_duration(left)} left (runs of {expected:.3g} epochs{more})"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, launch, write_sweep
 
+from fairseq_tying.evaluation import study_records
 from fairseq_tying.evaluation.cli import main
 from tests.test_launch_plateau import first_stop
 
@@ -156,3 +157,63 @@ def test_plateau_reached_before_a_kill_is_not_trained_again(tiny_data, tmp_path)
     again = json.loads((run / "train.done").read_text())
     assert again["stop"] == done["stop"] and again["param_sum"] == done["param_sum"]
     assert last.stat().st_mtime_ns == before
+
+
+def _equal_sweep(path: Path, last: int, source: Path | None) -> Path:
+    extra = {"continue_from": str(source)} if source else {}
+    return write_sweep(path, grid={"output_layer": ["dot", "l2norm"], "seed": [1]},
+                       fairseq=FAIRSEQ, evaluation=EVAL,
+                       stopping={"plateau": False, "max_epoch": last}, **extra)
+
+
+def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1(
+        plateau_runs, tiny_data, tmp_path):
+    """``continue_from`` the plateau runs and ``plateau: false``: each run trains on from its
+    plateau run's checkpoints to the common last epoch, and ends with the model (and history)
+    that training to that epoch from epoch 1 gives; only the missing epochs are trained."""
+    stops = {run.name: json.loads((run / "train.done").read_text())["stop"]["epoch"]
+             for run in _runs(plateau_runs)}
+    last = max(stops.values()) + 1
+    out, scratch = tmp_path / "equal", tmp_path / "scratch"
+    proc = launch(str(_equal_sweep(tmp_path / "e.yaml", last, plateau_runs)), "--local",
+                  "--workers", "2", "--output-dir", str(out), data=tiny_data)
+    launch(str(_equal_sweep(tmp_path / "s.yaml", last, None)), "--local", "--workers", "2",
+           "--output-dir", str(scratch), data=tiny_data)
+    for run in _runs(out):
+        source = plateau_runs / run.name
+        assert f"{run.name}: continues from epoch {stops[run.name]} of {source}" in proc.stderr
+        continued = json.loads((run / "continued_from.json").read_text())
+        assert continued == {"output_dir": str(plateau_runs), "run": run.name,
+                             "epochs": stops[run.name]}
+        done = json.loads((run / "train.done").read_text())
+        assert done["stop"] == {**done["stop"], "epoch": last, "reason": "cap"}
+        assert done["param_sum"] == _param_sum(scratch / run.name)
+        history = json.loads((run / "valid_history.json").read_text())
+        assert history == json.loads((scratch / run.name / "valid_history.json").read_text())
+        assert history["epochs"][:stops[run.name]] == json.loads(
+            (source / "valid_history.json").read_text())["epochs"]
+        # the log goes on from the plateau run's: every epoch validated once, none trained again
+        log = (run / "logs" / "train.rank0.log").read_text()
+        valid = [json.loads(line.split("| valid | ", 1)[1])["epoch"]
+                 for line in log.splitlines() if "| valid | " in line]
+        assert valid == list(range(1, last + 1))
+        train = study_records._train(run)
+        assert train["continued_from"] == {"run": run.name, "epochs": stops[run.name]}
+        assert len(train["valid_history"]) == last
+        assert train["train_seconds"] > study_records._train(source)["train_seconds"]
+        assert json.loads((run / "eval.json").read_text())["averaged"] == [
+            f"checkpoint{e}.pt" for e in range(last - 2, last + 1)]
+
+
+def test_continuing_from_another_command_is_refused_before_anything_trains(
+        plateau_runs, tiny_data, tmp_path):
+    sweep = _equal_sweep(tmp_path / "e.yaml", 9, plateau_runs)
+    text = sweep.read_text().replace("lr: 0.005", "lr: 0.004")
+    assert text != sweep.read_text()
+    sweep.write_text(text)
+    proc = launch(str(sweep), "--local", "--output-dir", str(tmp_path / "out"), data=tiny_data,
+                  check=False)
+    assert proc.returncode == 2
+    assert "was trained with another command" in proc.stderr and "--lr" in proc.stderr
+    assert "0.004" in proc.stderr and "0.005" in proc.stderr
+    assert not (tmp_path / "out").exists()

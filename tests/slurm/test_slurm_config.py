@@ -10,9 +10,14 @@ from conftest import REPO, launch, write_sweep
 
 from fairseq_tying.launch.__main__ import main, recorded_stops
 from fairseq_tying.launch.config import SweepError, load_sweep
+from fairseq_tying.launch.continuation import without_length
 from fairseq_tying.launch.job import DONE
 from fairseq_tying.launch.plateau import record_epoch, write_history
 from fairseq_tying.launch.submit import Forecast, local_order, training_now
+
+# the tiny sweep's fairseq section without its update budget: a `stopping:` section decides
+EPOCHS = {"max_update": None, "save_interval_updates": None, "keep_interval_updates": None,
+          "no_epoch_checkpoints": None}
 
 
 @pytest.mark.parametrize(("changes", "key"), [
@@ -37,6 +42,9 @@ from fairseq_tying.launch.submit import Forecast, local_order, training_now
     ({"grid": {"priority": 0}}, "grid.priority"),
     ({"evaluation": {"args": ["--beem", "2"]}}, "evaluation.args"),
     ({"evaluation": {"also": {"best": ["--nosuch"]}}}, "evaluation.also.best"),
+    ({"stopping": {"plateau": "no"}, "fairseq": EPOCHS}, "stopping.plateau"),
+    ({"continue_from": "/elsewhere/runs"}, "continue_from: needs a `stopping:` section"),
+    ({"continue_from": 3, "stopping": {}, "fairseq": EPOCHS}, "continue_from: expected"),
 ])
 def test_bad_sweep_names_the_key(tmp_path, tiny_data, monkeypatch, capsys, changes, key):
     monkeypatch.setenv("FAIRSEQ_TYING_TINY_DATA", str(tiny_data))
@@ -59,6 +67,42 @@ def test_grid_expansion_and_update_freq(tmp_path, tiny_data, monkeypatch):
     args = sweep.runs[0].train_args
     assert args[args.index("--update-freq") + 1] == "4"  # 8 simulated workers on 2
     assert "--cpu" in args and "--fp16" not in args
+
+
+def test_a_sweep_states_what_differs_from_its_base(tmp_path, tiny_data, monkeypatch):
+    """``base:``: each section the file names replaces the base's; the rest is inherited."""
+    monkeypatch.setenv("FAIRSEQ_TYING_TINY_DATA", str(tiny_data))
+    write_sweep(tmp_path / "base.yaml", stopping={"patience": 2, "max_epoch": 9}, fairseq=EPOCHS)
+    (tmp_path / "sub").mkdir()
+    variant = tmp_path / "sub" / "v.yaml"
+    variant.write_text("base: ../base.yaml\nname: variant\n"
+                       "stopping: {max_epoch: 5, plateau: false}\n")
+    base, sweep = load_sweep(tmp_path / "base.yaml"), load_sweep(variant)
+    assert sweep.name == "variant" and base.name != "variant"
+    assert sweep.runs[0].stopping == {"patience": 3, "min_gain": 0.005, "min_epoch": 1,
+                                      "max_epoch": 5, "plateau": False}
+    assert [r.name for r in sweep.runs] == [r.name for r in base.runs]
+    strip = without_length  # the commands differ in their length alone
+    assert [strip(r.train_args) for r in sweep.runs] == [strip(r.train_args) for r in base.runs]
+    (tmp_path / "loop.yaml").write_text("base: sub/loop2.yaml\n")
+    (tmp_path / "sub" / "loop2.yaml").write_text("base: ../loop.yaml\n")
+    with pytest.raises(SweepError, match="loop.yaml is the file itself or includes it"):
+        load_sweep(tmp_path / "loop.yaml")
+    (tmp_path / "orphan.yaml").write_text("base: nosuch.yaml\n")
+    with pytest.raises(SweepError, match=r"base: sweep file .*nosuch\.yaml does not exist"):
+        load_sweep(tmp_path / "orphan.yaml")
+
+
+def test_the_equal_training_sweep_is_p1_of_the_converged_one_to_a_fixed_epoch():
+    converged = load_sweep(REPO / "slurm" / "bible_converged.yaml", check_data=False)
+    equal = load_sweep(REPO / "slurm" / "bible_converged_equal.yaml", check_data=False)
+    p1 = {r.name: r for r in converged.runs if r.priority == 1}
+    assert sorted(r.name for r in equal.runs) == sorted(p1)
+    for r in equal.runs:
+        assert without_length(r.train_args) == without_length(p1[r.name].train_args)
+        assert r.stopping["plateau"] is False and r.stopping["max_epoch"] == 31
+    assert equal.continue_from == converged.output_dir != equal.output_dir
+    assert (equal.eval_args, equal.eval_also) == (converged.eval_args, converged.eval_also)
 
 
 def test_the_lm_study_sweep_expands_to_its_21_runs():
@@ -154,7 +198,8 @@ def test_lm_sweep_refuses_translation_evaluation_flags(tmp_path):
         load_sweep(sweep, check_data=False)
 
 
-@pytest.mark.parametrize("name", ["bible_converged.yaml", "bible_converged_gpu.yaml"])
+@pytest.mark.parametrize("name", ["bible_converged.yaml", "bible_converged_gpu.yaml",
+                                  "bible_converged_equal.yaml"])
 def test_converged_sweeps_train_p1_seed_by_seed(name):
     """P1's two grids share a priority: a local sweep trains seed 1 of all 7 cells (the untied
     and decoder-tied baselines included) before any seed 2, and P2/P3 after all of P1."""
@@ -166,7 +211,7 @@ def test_converged_sweeps_train_p1_seed_by_seed(name):
         block = order[7 * (seed - 1):7 * seed]
         assert {(t, la) for t, la, _, _ in block} == p1 and {s for _, _, s, _ in block} == {seed}
     assert all(a.startswith("transformer_twwt") for *_, a in order[:21])
-    assert len(order) == (39 if name == "bible_converged.yaml" else 21)
+    assert len(order) == (39 if name == "bible_converged.yaml" else 21)  # P1 alone in the others
     if name == "bible_converged.yaml":  # two workers: the baselines first, every delta needs them
         assert [(t, la) for t, la, _, _ in order[:3]] == [
             ("none", "dot"), ("decoder", "dot"), ("three_way", "dot")]

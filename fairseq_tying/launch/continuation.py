@@ -1,0 +1,134 @@
+"""Start a sweep's runs from another sweep's epoch checkpoints (the sweep's ``continue_from:``).
+
+A run of, say, the equal-training sweep is the command of the like-named run of the plateau
+sweep with another training length. Batches of epoch e come from seed + e alone
+(``--update-epoch-batch-itr``), so a run resumed at an epoch boundary trains exactly like an
+uninterrupted one, and starting from the other run's checkpoints gives the model that training
+from epoch 1 would give, without training its first epochs again. It is a cache: where it
+cannot serve (no finished run there, or one that trained past this run's last epoch), the run
+trains from epoch 1 and the launcher says so. A run there whose command differs is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fairseq_tying.common import CONTINUED_FROM, RUN_JSON, TRAIN_DONE, VALID_HISTORY
+from fairseq_tying.common.atomic import atomic_write, building_dir, write_json
+from fairseq_tying.launch.config import Run, Sweep, SweepError, data_bin
+from fairseq_tying.launch.plateau import read_history
+
+LENGTH_FLAGS = {"--max-epoch"}  # what may differ between the two runs' commands
+TRAIN_LOG = Path("logs") / "train.rank0.log"
+TRAINING_CHECKPOINT = re.compile(r"checkpoint(\d+|_last|_best)\.pt")  # what fairseq wrote
+
+
+def without_length(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in LENGTH_FLAGS:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def check_source(run: Run, source: Path) -> None:
+    """Refuse a run at ``source`` that is still training, or is not ``run`` up to its
+    training length."""
+    if not (source / TRAIN_DONE).is_file():
+        raise SweepError(f"continue_from: {source} has not finished training; finish its sweep "
+                         f"first (or remove that folder, and {run.name} trains from epoch 1)")
+    theirs: dict[str, Any] = json.loads((source / RUN_JSON).read_text())
+    ours, other = without_length(run.train_args), without_length(theirs["train_args"])
+    if ours != other:
+        raise SweepError(f"continue_from: {source} was trained with another command than "
+                         f"{run.name} ({_differences(ours, other)}); continue only from the "
+                         "same sweep with another `stopping:`, or remove continue_from")
+    mine, theirs_bin = data_bin(run.data_dir), Path(theirs["data_bin"])
+    if mine != theirs_bin and not _same_dictionaries(mine, theirs_bin):
+        raise SweepError(f"continue_from: {source} was trained on {theirs_bin}, whose "
+                         f"dictionaries differ from (or are missing beside) {mine}'s")
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    """``--flag value`` pairs (a flag without a value maps to "")."""
+    out: dict[str, str] = {}
+    for i, a in enumerate(args):
+        if a.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            out[a] = "" if nxt.startswith("--") else nxt
+    return out
+
+
+def _differences(ours: list[str], theirs: list[str]) -> str:
+    a, b = _flags(ours), _flags(theirs)
+    def show(flags: dict[str, str], f: str) -> str:
+        return flags.get(f, "(absent)") or "(set)"
+
+    diff = [f"{f} {show(a, f)} here, {show(b, f)} there"
+            for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
+    return "; ".join(diff) or "the same flags in another order"
+
+
+def check_sources(sweep: Sweep, runs: list[Run]) -> None:
+    """``check_source`` for each run that has not started and has a run to continue from (all
+    of them, before anything trains)."""
+    if sweep.continue_from is None:
+        return
+    for run in runs:
+        source = sweep.continue_from / run.name
+        if not _started(run) and (source / RUN_JSON).is_file():
+            check_source(run, source)
+
+
+def _started(run: Run) -> bool:
+    dest = run.run_dir / "checkpoints"
+    return dest.is_dir() and any(dest.iterdir())
+
+
+def _same_dictionaries(a: Path, b: Path) -> bool:
+    dicts = sorted(p.name for p in a.glob("dict*.txt"))
+    return bool(dicts) and all((b / d).is_file() and (a / d).read_bytes() == (b / d).read_bytes()
+                               for d in dicts)
+
+
+def start_from(run: Run, source: Path) -> str:
+    """Copy the checkpoints and validation history of the finished run ``source`` into
+    ``run``'s folder unless ``run`` has started; a line for the user ("" when nothing to say).
+    Without a run (or its checkpoints) at ``source`` the run trains from epoch 1."""
+    if _started(run):
+        return ""  # started (or continued) before: fairseq resumes it
+    if not (source / RUN_JSON).is_file():
+        return f"{run.name}: no run at {source} to continue; it trains from epoch 1"
+    check_source(run, source)
+    if not (source / "checkpoints" / "checkpoint_last.pt").is_file():
+        return f"{run.name}: {source} has no checkpoints left; it trains from epoch 1"
+    if not (history := read_history(source)):
+        return f"{run.name}: {source} has no validation history; it trains from epoch 1"
+    trained, last = history[-1]["epoch"], run.stopping["max_epoch"]
+    if trained > last:
+        return (f"{run.name}: {source} trained {trained} epochs, past this sweep's "
+                f"max_epoch {last}; it trains from epoch 1")
+    write_json(run.run_dir / VALID_HISTORY, {"metric": _metric(source), "epochs": history},
+               indent=1)
+    # the log goes on where the other run's ends, as a resumed run's does: its record reads
+    # every validation and the whole training time from it
+    atomic_write(run.run_dir / TRAIN_LOG, lambda tmp: shutil.copyfile(source / TRAIN_LOG, tmp))
+    with building_dir(run.run_dir / "checkpoints") as work:
+        for ckpt in sorted((source / "checkpoints").iterdir()):
+            if TRAINING_CHECKPOINT.fullmatch(ckpt.name):  # not the evaluation's averages
+                shutil.copy2(ckpt, work / ckpt.name)
+    write_json(run.run_dir / CONTINUED_FROM, {"output_dir": str(source.parent),
+                                              "run": source.name, "epochs": trained})
+    return f"{run.name}: continues from epoch {trained} of {source}"
+
+
+def _metric(source: Path) -> str:
+    return json.loads((source / VALID_HISTORY).read_text())["metric"]
