@@ -28,6 +28,7 @@ TRAINING_CHECKPOINT = re.compile(r"checkpoint(\d+|_last|_best)\.pt")  # what fai
 
 
 def without_length(args: list[str]) -> list[str]:
+    """A run's fairseq arguments without those that set its training length."""
     out, skip = [], False
     for a in args:
         if skip:
@@ -67,12 +68,14 @@ def _flags(args: list[str]) -> dict[str, str]:
     return out
 
 
-def _differences(ours: list[str], theirs: list[str]) -> str:
-    a, b = _flags(ours), _flags(theirs)
-    def show(flags: dict[str, str], f: str) -> str:
-        return flags.get(f, "(absent)") or "(set)"
+def _show(flags: dict[str, str], flag: str) -> str:
+    return flags.get(flag, "(absent)") or "(set)"
 
-    diff = [f"{f} {show(a, f)} here, {show(b, f)} there"
+
+def _differences(ours: list[str], theirs: list[str]) -> str:
+    """Each flag whose value differs, e.g. ``--lr 0.004 here, 0.005 there``."""
+    a, b = _flags(ours), _flags(theirs)
+    diff = [f"{f} {_show(a, f)} here, {_show(b, f)} there"
             for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
     return "; ".join(diff) or "the same flags in another order"
 
@@ -105,6 +108,7 @@ def start_from(run: Run, source: Path) -> str:
     Without a run (or its checkpoints) at ``source`` the run trains from epoch 1."""
     if _started(run):
         return ""  # started (or continued) before: fairseq resumes it
+    (run.run_dir / CONTINUED_FROM).unlink(missing_ok=True)  # from an attempt cut short
     if not (source / RUN_JSON).is_file():
         return f"{run.name}: no run at {source} to continue; it trains from epoch 1"
     check_source(run, source)
@@ -118,15 +122,17 @@ def start_from(run: Run, source: Path) -> str:
                 f"max_epoch {last}; it trains from epoch 1")
     write_json(run.run_dir / VALID_HISTORY, {"metric": _metric(source), "epochs": history},
                indent=1)
-    # the log goes on where the other run's ends, as a resumed run's does: its record reads
-    # every validation and the whole training time from it
-    atomic_write(run.run_dir / TRAIN_LOG, lambda tmp: shutil.copyfile(source / TRAIN_LOG, tmp))
-    with building_dir(run.run_dir / "checkpoints") as work:
+    if (source / TRAIN_LOG).is_file():
+        # the log goes on where the other run's ends, as a resumed run's does: its record
+        # reads every validation and the whole training time from it
+        atomic_write(run.run_dir / TRAIN_LOG,
+                     lambda tmp: shutil.copyfile(source / TRAIN_LOG, tmp))
+    write_json(run.run_dir / CONTINUED_FROM, {"output_dir": str(source.parent),
+                                              "run": source.name, "epochs": trained})
+    with building_dir(run.run_dir / "checkpoints") as work:  # last: it marks the run started
         for ckpt in sorted((source / "checkpoints").iterdir()):
             if TRAINING_CHECKPOINT.fullmatch(ckpt.name):  # not the evaluation's averages
                 shutil.copy2(ckpt, work / ckpt.name)
-    write_json(run.run_dir / CONTINUED_FROM, {"output_dir": str(source.parent),
-                                              "run": source.name, "epochs": trained})
     return f"{run.name}: continues from epoch {trained} of {source}"
 
 
