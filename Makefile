@@ -47,12 +47,14 @@ WORKERS ?= 2
 NO_START_AFTER ?=
 LOCAL_FLAGS = --local --workers $(WORKERS) $(if $(NO_START_AFTER),--no-start-after $(NO_START_AFTER))
 STUDY_ENV := FAIRSEQ_TYING_STUDY_DATA=$(STUDY_DATA) PYTHONWARNINGS=ignore
+# the Bible es->en corpus with its 4k sentencepiece vocabulary, as every study uses it
+PREPARE_STUDY_DATA = $(PY) -m fairseq_tying.data.prepare --corpus bible --src es --tgt en \
+  --subword sentencepiece --vocab-size 4000 --out $(STUDY_DATA)
 
 # The converged study: every run trained to a validation plateau, grids in priority order
 # (P1: 21 runs, about 16.5 h on 2 cores; P2, P3 after it).
 study: setup
-	$(PY) -m fairseq_tying.data.prepare --corpus bible --src es --tgt en \
-	  --subword sentencepiece --vocab-size 4000 --out $(STUDY_DATA)
+	$(PREPARE_STUDY_DATA)
 	$(STUDY_ENV) FAIRSEQ_TYING_CONVERGED_RUNS=$(STUDY_RUNS)/converged/runs \
 	  $(PY) -m fairseq_tying.launch slurm/bible_converged.yaml $(LOCAL_FLAGS) \
 	  --skip-recorded docs/converged/records $(if $(ONLY),--only '$(ONLY)')
@@ -63,8 +65,7 @@ study: setup
 # P1 of the converged study at equal training: every run to epoch 31, each continuing from its
 # plateau run's checkpoints in $(STUDY_RUNS)/converged/runs (run it after P1 of `make study`).
 study-equal: setup
-	$(PY) -m fairseq_tying.data.prepare --corpus bible --src es --tgt en \
-	  --subword sentencepiece --vocab-size 4000 --out $(STUDY_DATA)
+	$(PREPARE_STUDY_DATA)
 	$(STUDY_ENV) FAIRSEQ_TYING_CONVERGED_RUNS=$(STUDY_RUNS)/converged/runs \
 	  FAIRSEQ_TYING_EQUAL_RUNS=$(STUDY_RUNS)/converged_equal/runs \
 	  $(PY) -m fairseq_tying.launch slurm/bible_converged_equal.yaml $(LOCAL_FLAGS) \
@@ -75,8 +76,7 @@ study-equal: setup
 
 # The one-epoch study (600 updates a run, 45 runs, about 2 h on 2 cores).
 study-one-epoch: setup
-	$(PY) -m fairseq_tying.data.prepare --corpus bible --src es --tgt en \
-	  --subword sentencepiece --vocab-size 4000 --out $(STUDY_DATA)
+	$(PREPARE_STUDY_DATA)
 	$(STUDY_ENV) FAIRSEQ_TYING_RUNS=$(STUDY_RUNS)/study/runs \
 	  $(PY) -m fairseq_tying.launch slurm/bible_study.yaml --local --workers $(WORKERS) \
 	  --skip-recorded docs/study/records

@@ -142,11 +142,15 @@ def test_rebuilding_the_patience6_gpu_block_from_its_records_reproduces_it(tmp_p
 CONVERGED = DOCS / "converged"
 
 
-def _converged_records() -> list[dict]:
-    records = [json.loads(p.read_text()) for p in (CONVERGED / "records").glob("*.json")]
+def _committed_records(folder: Path, what: str) -> list[dict]:
+    records = [json.loads(p.read_text()) for p in (folder / "records").glob("*.json")]
     if not records:
-        pytest.skip("the converged study has no committed records yet")
+        pytest.skip(f"the {what} has no committed records yet")
     return records
+
+
+def _converged_records() -> list[dict]:
+    return _committed_records(CONVERGED, "converged study")
 
 
 def test_converged_records_follow_the_protocol():
@@ -211,10 +215,7 @@ EQUAL = DOCS / "converged_equal"
 
 
 def _equal_records() -> list[dict]:
-    records = [json.loads(p.read_text()) for p in (EQUAL / "records").glob("*.json")]
-    if not records:
-        pytest.skip("the equal-training sweep has no committed records yet")
-    return records
+    return _committed_records(EQUAL, "equal-training sweep")
 
 
 def test_equal_training_records_continue_their_plateau_runs_to_epoch_31():

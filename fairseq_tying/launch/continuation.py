@@ -20,7 +20,6 @@ from typing import Any
 from fairseq_tying.common import CONTINUED_FROM, RUN_JSON, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, building_dir, write_json
 from fairseq_tying.launch.config import Run, Sweep, SweepError, data_bin
-from fairseq_tying.launch.plateau import read_history
 
 LENGTH_FLAGS = {"--max-epoch"}  # what may differ between the two runs' commands
 TRAIN_LOG = Path("logs") / "train.rank0.log"
@@ -114,14 +113,15 @@ def start_from(run: Run, source: Path) -> str:
     check_source(run, source)
     if not (source / "checkpoints" / "checkpoint_last.pt").is_file():
         return f"{run.name}: {source} has no checkpoints left; it trains from epoch 1"
-    if not (history := read_history(source)):
+    history_file = source / VALID_HISTORY
+    valid = json.loads(history_file.read_text()) if history_file.is_file() else {"epochs": []}
+    if not valid["epochs"]:
         return f"{run.name}: {source} has no validation history; it trains from epoch 1"
-    trained, last = history[-1]["epoch"], run.stopping["max_epoch"]
+    trained, last = valid["epochs"][-1]["epoch"], run.stopping["max_epoch"]
     if trained > last:
         return (f"{run.name}: {source} trained {trained} epochs, past this sweep's "
                 f"max_epoch {last}; it trains from epoch 1")
-    write_json(run.run_dir / VALID_HISTORY, {"metric": _metric(source), "epochs": history},
-               indent=1)
+    write_json(run.run_dir / VALID_HISTORY, valid, indent=1)
     if (source / TRAIN_LOG).is_file():
         # the log goes on where the other run's ends, as a resumed run's does: its record
         # reads every validation and the whole training time from it
@@ -134,7 +134,3 @@ def start_from(run: Run, source: Path) -> str:
             if TRAINING_CHECKPOINT.fullmatch(ckpt.name):  # not the evaluation's averages
                 shutil.copy2(ckpt, work / ckpt.name)
     return f"{run.name}: continues from epoch {trained} of {source}"
-
-
-def _metric(source: Path) -> str:
-    return json.loads((source / VALID_HISTORY).read_text())["metric"]
