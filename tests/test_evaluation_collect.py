@@ -166,3 +166,14 @@ def test_training_time_of_a_resumed_run_counts_every_process(tmp_path):
     assert summary["valid_history"] == [[2954, 6.036], [3165, 6.046]]
     log.write_text("\n".join([params] + resumed[1:]) + "\n")
     assert training_summary(log)["train_seconds"] == 324.2
+
+
+def test_exporting_records_needs_no_matplotlib():
+    """A GPU machine exports its runs' records (row norms need the checkpoints it holds) with
+    only what training needs: the record path must not import the plotting stack."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from fairseq_tying.evaluation import norms, study_records\n"
+            "assert callable(study_records.export) and callable(norms.row_norms)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

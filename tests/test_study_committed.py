@@ -237,3 +237,58 @@ def test_equal_training_records_continue_their_plateau_runs_to_epoch_31():
 def test_rebuilding_the_equal_training_block_from_its_records_reproduces_it(tmp_path):
     _equal_records()
     _assert_block_rebuilds(tmp_path, EQUAL, "converged_equal")
+
+
+FP16 = DOCS / "converged_fp16"
+P1_CELLS = [("none", "dot"), ("decoder", "dot"),
+            *(("three_way", la) for la in ("dot", "l2norm", "sqnorm", "distance", "cosine"))]
+
+
+def _fp16_history(tying: str, layer: str, seed: int) -> dict[int, float]:
+    path = FP16 / "valid_history" / f"bible.transformer_twwt.{tying}.{layer}.s{seed}.json"
+    return {e["epoch"]: e["value"] for e in json.loads(path.read_text())["epochs"]}
+
+
+def _nll_cell(values: list[float | None]) -> str:
+    if None in values:
+        return " / ".join("–" if v is None else f"{v:.3f}" for v in values)
+    return f"**{np.mean(values):.3f}** ({' / '.join(f'{v:.3f}' for v in values)})"
+
+
+def test_the_fp16_table_is_the_runs_validation_histories():
+    """docs/results.md's fp16 table: validation NLL after epochs 18 and 24 of the 14 fp16 runs
+    on the H200 (committed valid_history.json) beside the CPU runs of the same cell and seed
+    (their records; '–' where the CPU run had stopped)."""
+    cpu = {(r["tying"], r["output_layer"], r["seed"]): {e: v for e, _, v in
+                                                        r["train"]["valid_epochs"]}
+           for r in _converged_records()}
+    rows = []
+    for tying, layer in P1_CELLS:
+        gpu = [_fp16_history(tying, layer, s) for s in (1, 2)]
+        ref = [cpu[(tying, layer, s)] for s in (1, 2)]
+        cells = [[h.get(e) for h in hs] for e in (18,) for hs in (gpu, ref)]
+        cells += [[h.get(e) for h in hs] for e in (24,) for hs in (gpu, ref)]
+        rows.append(f"| {tying} × {layer} | " + " | ".join(_nll_cell(c) for c in cells) + " |")
+    assert "\n".join(rows) in (DOCS / "results.md").read_text()
+
+
+def test_the_fp16_runs_trained_as_the_sweep_says_and_no_plateau_came_by_epoch_24(tmp_path):
+    """Each committed fp16 run trained 24 epochs with the sweep's command (fp16's loss scale in
+    its log) and its log's validation history is the committed one; the CPU study's rule had
+    not stopped any of them, while it stopped 9 of their 14 CPU twins by epoch 21."""
+    sweep = yaml.safe_load((DOCS.parent / "slurm" / "bible_converged.yaml").read_text())
+    rule = Plateau(**sweep["stopping"])
+    cpu_stops = {(r["tying"], r["output_layer"], r["seed"]): r["train"]["stop"]["epoch"]
+                 for r in _converged_records()}
+    for tying, layer in P1_CELLS:
+        for seed in (1, 2):
+            name = f"bible.transformer_twwt.{tying}.{layer}.s{seed}"
+            history = json.loads((FP16 / "valid_history" / f"{name}.json").read_text())["epochs"]
+            assert [h["epoch"] for h in history] == list(range(1, 25))
+            assert all(rule.decide(history[:i]) is None for i in range(1, 25))
+            log = gzip.decompress((FP16 / "logs" / f"{name}.train.log.gz").read_bytes()).decode()
+            assert '"loss_scale"' in log and "'fp16': True" in log
+            (tmp_path / "train.log").write_text(log)
+            logged = training_summary(tmp_path / "train.log")["valid_history"]
+            assert [[h["update"], h["value"]] for h in history] == logged
+    assert sum(cpu_stops[(t, la, s)] <= 21 for t, la in P1_CELLS for s in (1, 2)) == 9

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 
 from fairseq_tying.common import checkpoints
-from fairseq_tying.evaluation.plots import plot_norm_histograms
 from fairseq_tying.evaluation.tables import markdown_table
 
 # The output matrix first (it is the tied matrix under any tying), then the embeddings.
@@ -58,6 +57,9 @@ def norms_report(
     bins: int = 50,
 ) -> str:
     """Write the histogram PNG; return a Markdown table of the norm statistics."""
+    # imported here so that exporting a study record (row_norms) needs no matplotlib
+    from fairseq_tying.evaluation.plots import plot_norm_histograms
+
     if labels and len(labels) != len(paths):
         raise ValueError(f"--labels has {len(labels)} entries for {len(paths)} checkpoints")
     labels = list(labels) if labels else [default_label(p) for p in paths]

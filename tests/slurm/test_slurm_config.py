@@ -105,6 +105,21 @@ def test_the_equal_training_sweep_is_p1_of_the_converged_one_to_a_fixed_epoch():
     assert (equal.eval_args, equal.eval_also) == (converged.eval_args, converged.eval_also)
 
 
+def test_the_fp16_sweep_is_p1_of_the_converged_one_on_a_gpu():
+    """slurm/bible_converged_fp16.yaml: the CPU study's P1 runs, flag for flag, with --fp16 in
+    place of --cpu and one GPU a run; the plateau rule and the scoring are the CPU study's."""
+    converged = load_sweep(REPO / "slurm" / "bible_converged.yaml", check_data=False)
+    fp16 = load_sweep(REPO / "slurm" / "bible_converged_fp16.yaml", check_data=False)
+    p1 = {r.name: r for r in converged.runs if r.priority == 1}
+    assert sorted(r.name for r in fp16.runs) == sorted(p1)
+    for r in fp16.runs:
+        cpu_args = p1[r.name].train_args
+        assert r.train_args == [("--fp16" if a == "--cpu" else a) for a in cpu_args]
+        assert r.stopping == p1[r.name].stopping
+    assert fp16.resources.gpus_per_node == 1 and fp16.output_dir != converged.output_dir
+    assert (fp16.eval_args, fp16.eval_also) == (converged.eval_args, converged.eval_also)
+
+
 def test_the_lm_study_sweep_expands_to_its_21_runs():
     """slurm/bible_lm.yaml: 7 cells x 3 seeds; the tied+L block's flags and tag reach its runs
     only, and its evaluation is fairseq-eval-lm's (translation flags are refused)."""
@@ -199,7 +214,7 @@ def test_lm_sweep_refuses_translation_evaluation_flags(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["bible_converged.yaml", "bible_converged_gpu.yaml",
-                                  "bible_converged_equal.yaml"])
+                                  "bible_converged_equal.yaml", "bible_converged_fp16.yaml"])
 def test_converged_sweeps_train_p1_seed_by_seed(name):
     """P1's two grids share a priority: a local sweep trains seed 1 of all 7 cells (the untied
     and decoder-tied baselines included) before any seed 2, and P2/P3 after all of P1."""
