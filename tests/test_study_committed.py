@@ -15,6 +15,7 @@ from fairseq_tying.evaluation.claims import study_claims, verdict
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS, stop_correlation
 from fairseq_tying.evaluation.study_records import training_summary
+from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.plateau import Plateau
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -240,8 +241,9 @@ def test_rebuilding_the_equal_training_block_from_its_records_reproduces_it(tmp_
 
 
 FP16 = DOCS / "converged_fp16"
-P1_CELLS = [("none", "dot"), ("decoder", "dot"),
-            *(("three_way", la) for la in ("dot", "l2norm", "sqnorm", "distance", "cosine"))]
+P1_CELLS = list(dict.fromkeys(  # (tying, output layer) of P1, in the sweep's order
+    (r.tying, r.output_layer) for r in load_sweep(DOCS.parent / "slurm" / "bible_converged.yaml",
+                                                  check_data=False).runs if r.priority == 1))
 
 
 def _fp16_history(tying: str, layer: str, seed: int) -> dict[int, float]:
