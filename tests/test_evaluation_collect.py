@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -171,8 +173,6 @@ def test_training_time_of_a_resumed_run_counts_every_process(tmp_path):
 def test_exporting_records_needs_no_matplotlib():
     """A GPU machine exports its runs' records (row norms need the checkpoints it holds) with
     only what training needs: the record path must not import the plotting stack."""
-    import subprocess
-    import sys
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from fairseq_tying.evaluation import norms, study_records\n"
             "assert callable(study_records.export) and callable(norms.row_norms)\n")

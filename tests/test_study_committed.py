@@ -246,9 +246,13 @@ P1_CELLS = list(dict.fromkeys(  # (tying, output layer) of P1, in the sweep's or
                                                   check_data=False).runs if r.priority == 1))
 
 
+def _fp16_epochs(name: str) -> list[dict]:
+    return json.loads((FP16 / "valid_history" / f"{name}.json").read_text())["epochs"]
+
+
 def _fp16_history(tying: str, layer: str, seed: int) -> dict[int, float]:
-    path = FP16 / "valid_history" / f"bible.transformer_twwt.{tying}.{layer}.s{seed}.json"
-    return {e["epoch"]: e["value"] for e in json.loads(path.read_text())["epochs"]}
+    return {e["epoch"]: e["value"]
+            for e in _fp16_epochs(f"bible.transformer_twwt.{tying}.{layer}.s{seed}")}
 
 
 def _nll_cell(values: list[float | None]) -> str:
@@ -268,8 +272,7 @@ def test_the_fp16_table_is_the_runs_validation_histories():
     for tying, layer in P1_CELLS:
         gpu = [_fp16_history(tying, layer, s) for s in (1, 2)]
         ref = [cpu[(tying, layer, s)] for s in (1, 2)]
-        cells = [[h.get(e) for h in hs] for e in (18,) for hs in (gpu, ref)]
-        cells += [[h.get(e) for h in hs] for e in (24,) for hs in (gpu, ref)]
+        cells = [[h.get(e) for h in hs] for e in (18, 24) for hs in (gpu, ref)]
         rows.append(f"| {tying} × {layer} | " + " | ".join(_nll_cell(c) for c in cells) + " |")
     assert "\n".join(rows) in (DOCS / "results.md").read_text()
 
@@ -285,7 +288,7 @@ def test_the_fp16_runs_trained_as_the_sweep_says_and_no_plateau_came_by_epoch_24
     for tying, layer in P1_CELLS:
         for seed in (1, 2):
             name = f"bible.transformer_twwt.{tying}.{layer}.s{seed}"
-            history = json.loads((FP16 / "valid_history" / f"{name}.json").read_text())["epochs"]
+            history = _fp16_epochs(name)
             assert [h["epoch"] for h in history] == list(range(1, 25))
             assert all(rule.decide(history[:i]) is None for i in range(1, 25))
             log = gzip.decompress((FP16 / "logs" / f"{name}.train.log.gz").read_bytes()).decode()
