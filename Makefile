@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The unit tests only (formulas, properties, configs, errors): the edit-test loop.
 test-fast: setup
