@@ -62,7 +62,7 @@ study: setup
 	  --records docs/converged/records --report docs/results.md --plots docs/converged \
 	  --block converged
 
-# P1 of the converged study at equal training: every run to epoch 31, each continuing from its
+# P1 of the converged study at equal training: every run to epoch 40, each continuing from its
 # plateau run's checkpoints in $(STUDY_RUNS)/converged/runs (run it after P1 of `make study`).
 study-equal: setup
 	$(PREPARE_STUDY_DATA)

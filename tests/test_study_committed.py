@@ -219,18 +219,32 @@ def _equal_records() -> list[dict]:
     return _committed_records(EQUAL, "equal-training sweep")
 
 
-def test_equal_training_records_continue_their_plateau_runs_to_epoch_31():
-    """Each run trained to epoch 31, and its first epochs are those of the committed plateau
-    run it continued (the same validations, epoch for epoch)."""
+def _equal_epoch() -> int:
+    sweep = yaml.safe_load((DOCS.parent / "slurm" / "bible_converged_equal.yaml").read_text())
+    return sweep["stopping"]["max_epoch"]
+
+
+def test_the_equal_training_epoch_is_the_longest_plateau_of_p1():
+    """Every run of the equal-training sweep trains as long as the longest plateau run, so
+    each continues its own plateau run and none is cut short."""
+    stops = [r["train"]["stop"]["epoch"] for r in _converged_records()]
+    assert len(stops) == 21 and _equal_epoch() == max(stops)
+    assert f"### Equal training: P1 to epoch {max(stops)}" in (DOCS / "results.md").read_text()
+
+
+def test_equal_training_records_continue_their_plateau_runs():
+    """Each run trained to the sweep's epoch, and its first epochs are those of the committed
+    plateau run it continued (the same validations, epoch for epoch)."""
     plateau = {r["name"]: r for r in _converged_records()}
+    last = _equal_epoch()
     for r in _equal_records():
-        assert r["train"]["stop"]["epoch"] == 31 and r["train"]["stop"]["reason"] == "cap"
-        assert [e for e, _, _ in r["train"]["valid_epochs"]] == list(range(1, 32))
+        assert r["train"]["stop"]["epoch"] == last and r["train"]["stop"]["reason"] == "cap"
+        assert [e for e, _, _ in r["train"]["valid_epochs"]] == list(range(1, last + 1))
         if (continued := r["train"].get("continued_from")) and r["name"] in plateau:
             first = plateau[r["name"]]["train"]["valid_epochs"]
             assert continued["epochs"] == len(first) == plateau[r["name"]]["train"]["stop"]["epoch"]
             assert r["train"]["valid_epochs"][:len(first)] == first
-        last5 = [f"checkpoint{e}.pt" for e in range(27, 32)]
+        last5 = [f"checkpoint{e}.pt" for e in range(last - 4, last + 1)]
         assert r["checkpoint"] == "checkpoint.avg5.pt" and r["eval"]["averaged"] == last5
 
 
