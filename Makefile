@@ -62,17 +62,17 @@ study: setup
 	  --records docs/converged/records --report docs/results.md --plots docs/converged \
 	  --block converged
 
-# P1 of the converged study at equal training: every run to epoch 40, each continuing from its
-# plateau run's checkpoints in $(STUDY_RUNS)/converged/runs (run it after P1 of `make study`).
+# The equal-training study: E1 (three-way x every output layer), E2 (DynamicConv three-way x
+# {dot, l2norm}), E3 (untied and decoder-tied dot), 3 seeds each, every run trained exactly 40
+# epochs (27 runs, about 37 h on 2 cores); records in docs/equal/records.
 study-equal: setup
 	$(PREPARE_STUDY_DATA)
-	$(STUDY_ENV) FAIRSEQ_TYING_CONVERGED_RUNS=$(STUDY_RUNS)/converged/runs \
-	  FAIRSEQ_TYING_EQUAL_RUNS=$(STUDY_RUNS)/converged_equal/runs \
-	  $(PY) -m fairseq_tying.launch slurm/bible_converged_equal.yaml $(LOCAL_FLAGS) \
-	  --skip-recorded docs/converged_equal/records $(if $(ONLY),--only '$(ONLY)')
-	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/converged_equal/runs \
-	  --records docs/converged_equal/records --report docs/results.md \
-	  --plots docs/converged_equal --block converged_equal
+	$(STUDY_ENV) FAIRSEQ_TYING_EQUAL_RUNS=$(STUDY_RUNS)/equal/runs \
+	  $(PY) -m fairseq_tying.launch slurm/bible_equal.yaml $(LOCAL_FLAGS) \
+	  --skip-recorded docs/equal/records $(if $(ONLY),--only '$(ONLY)')
+	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/equal/runs \
+	  --records docs/equal/records --report docs/results.md \
+	  --plots docs/equal --block equal
 
 # The one-epoch study (600 updates a run, 45 runs, about 2 h on 2 cores).
 study-one-epoch: setup

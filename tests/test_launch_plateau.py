@@ -62,9 +62,9 @@ def test_min_epoch_delays_the_plateau():
         (6, "plateau")
 
 
-def test_without_the_plateau_every_run_trains_to_the_cap():
+def test_without_the_plateau_every_run_trains_its_budget():
     rule = Plateau(patience=2, min_gain=0.01, max_epoch=7, plateau=False)
-    assert replay(rule, [3.0] * 10) == (7, "cap")
+    assert replay(rule, [3.0] * 10) == (7, "budget")
     assert rule.earliest_stop == 7
 
 

@@ -212,38 +212,32 @@ def test_the_correlation_needs_three_runs_at_different_epochs():
     assert n == 3 and r == pytest.approx(np.corrcoef([20, 30, 25], [28.0, 30.0, 28.5])[0, 1])
 
 
-EQUAL = DOCS / "converged_equal"
+EQUAL = DOCS / "equal"
 
 
 def _equal_records() -> list[dict]:
-    return _committed_records(EQUAL, "equal-training sweep")
+    return _committed_records(EQUAL, "equal-training study")
 
 
 def _equal_epoch() -> int:
-    sweep = yaml.safe_load((DOCS.parent / "slurm" / "bible_converged_equal.yaml").read_text())
+    sweep = yaml.safe_load((DOCS.parent / "slurm" / "bible_equal.yaml").read_text())
     return sweep["stopping"]["max_epoch"]
 
 
-def test_the_equal_training_epoch_is_the_longest_plateau_of_p1():
-    """Every run of the equal-training sweep trains as long as the longest plateau run, so
-    each continues its own plateau run and none is cut short."""
+def test_the_equal_training_budget_is_the_longest_plateau_of_p1():
+    """Every equal-training run trains as long as the longest run of the converged P1, so
+    none is cut short of the training some plateau run had."""
     stops = [r["train"]["stop"]["epoch"] for r in _converged_records()]
-    assert len(stops) == 21 and _equal_epoch() == max(stops)
-    assert f"### Equal training: P1 to epoch {max(stops)}" in (DOCS / "results.md").read_text()
+    assert len(stops) == 21 and _equal_epoch() == max(stops) == 40
 
 
-def test_equal_training_records_continue_their_plateau_runs():
-    """Each run trained to the sweep's epoch, and its first epochs are those of the committed
-    plateau run it continued (the same validations, epoch for epoch)."""
-    plateau = {r["name"]: r for r in _converged_records()}
+def test_equal_training_records_trained_their_budget():
+    """Each run trained exactly the budget, validated every epoch once, and is scored on its
+    last 5 epoch checkpoints."""
     last = _equal_epoch()
     for r in _equal_records():
-        assert r["train"]["stop"]["epoch"] == last and r["train"]["stop"]["reason"] == "cap"
+        assert r["train"]["stop"]["epoch"] == last and r["train"]["stop"]["reason"] == "budget"
         assert [e for e, _, _ in r["train"]["valid_epochs"]] == list(range(1, last + 1))
-        if (continued := r["train"].get("continued_from")) and r["name"] in plateau:
-            first = plateau[r["name"]]["train"]["valid_epochs"]
-            assert continued["epochs"] == len(first) == plateau[r["name"]]["train"]["stop"]["epoch"]
-            assert r["train"]["valid_epochs"][:len(first)] == first
         last5 = [f"checkpoint{e}.pt" for e in range(last - 4, last + 1)]
         assert r["checkpoint"] == "checkpoint.avg5.pt" and r["eval"]["averaged"] == last5
 
@@ -251,7 +245,7 @@ def test_equal_training_records_continue_their_plateau_runs():
 @pytest.mark.slow
 def test_rebuilding_the_equal_training_block_from_its_records_reproduces_it(tmp_path):
     _equal_records()
-    _assert_block_rebuilds(tmp_path, EQUAL, "converged_equal")
+    _assert_block_rebuilds(tmp_path, EQUAL, "equal")
 
 
 FP16 = DOCS / "converged_fp16"

@@ -9,7 +9,8 @@ after epoch e ≥ max(p + 1, min_epoch) if
 (the last p epochs did not improve the best before them by at least a fraction g: "plateau"),
 or after epoch ``max_epoch`` ("cap"). ``min_epoch`` guarantees the epoch checkpoints that an
 evaluation averages (``--average-last N`` needs N). With ``plateau`` off, every run trains to
-``max_epoch`` (equal training, with the same checkpoints and history). fairseq's own
+``max_epoch`` and stops there for its "budget" (equal training, with the same checkpoints and
+history). fairseq's own
 ``--patience`` resets on any improvement, however small, so a curve creeping down by 0.1 % an
 epoch would never stop.
 
@@ -43,7 +44,8 @@ class Plateau:
     maximize: bool = False
 
     def decide(self, history: list[dict[str, Any]]) -> str | None:
-        """``"plateau"``, ``"cap"`` or None (train on) after the last epoch of ``history``."""
+        """``"plateau"``, ``"cap"``, ``"budget"`` or None (train on) after the last epoch of
+        ``history``."""
         if not history:
             return None
         values = [h["value"] for h in history]
@@ -54,7 +56,9 @@ class Plateau:
             recent = min(sign * v for v in values[-self.patience:])
             if recent > before - self.min_gain * abs(before):
                 return "plateau"
-        return "cap" if epoch >= self.max_epoch else None
+        if epoch < self.max_epoch:
+            return None
+        return "cap" if self.plateau else "budget"
 
     @property
     def earliest_stop(self) -> int:

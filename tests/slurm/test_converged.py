@@ -186,7 +186,7 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
         assert continued == {"output_dir": str(plateau_runs), "run": run.name,
                              "epochs": stops[run.name]}
         done = json.loads((run / "train.done").read_text())
-        assert done["stop"] == {**done["stop"], "epoch": last, "reason": "cap"}
+        assert done["stop"] == {**done["stop"], "epoch": last, "reason": "budget"}
         assert done["param_sum"] == _param_sum(scratch / run.name)
         history = json.loads((run / "valid_history.json").read_text())
         assert history == json.loads((scratch / run.name / "valid_history.json").read_text())

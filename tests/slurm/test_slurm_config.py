@@ -93,16 +93,25 @@ def test_a_sweep_states_what_differs_from_its_base(tmp_path, tiny_data, monkeypa
         load_sweep(tmp_path / "orphan.yaml")
 
 
-def test_the_equal_training_sweep_is_p1_of_the_converged_one_to_a_fixed_epoch():
+def test_the_equal_training_sweep_is_the_converged_study_with_a_fixed_budget():
+    """slurm/bible_equal.yaml: E1 (three-way x every layer), E2 (DynamicConv three-way x
+    {dot, l2norm}), E3 (untied and decoder-tied dot), 3 seeds each, in that order; every run is
+    its converged twin, flag for flag but the length, trained 40 epochs without early stopping."""
     converged = load_sweep(REPO / "slurm" / "bible_converged.yaml", check_data=False)
-    equal = load_sweep(REPO / "slurm" / "bible_converged_equal.yaml", check_data=False)
-    p1 = {r.name: r for r in converged.runs if r.priority == 1}
-    assert sorted(r.name for r in equal.runs) == sorted(p1)
+    equal = load_sweep(REPO / "slurm" / "bible_equal.yaml", check_data=False)
+    twin = {r.name: r for r in converged.runs}
+    cells = {p: sorted({(r.arch, r.tying, r.output_layer) for r in equal.runs if r.priority == p})
+             for p in (1, 2, 3)}
+    assert cells == {
+        1: sorted(("transformer_twwt", "three_way", la)
+                  for la in ("dot", "l2norm", "sqnorm", "distance", "cosine")),
+        2: sorted(("dynamicconv_twwt", "three_way", la) for la in ("dot", "l2norm")),
+        3: sorted(("transformer_twwt", t, "dot") for t in ("none", "decoder"))}
+    assert len(equal.runs) == 27 and {r.seed for r in equal.runs} == {1, 2, 3}
     for r in equal.runs:
-        assert without_length(r.train_args) == without_length(p1[r.name].train_args)
-        assert r.stopping["plateau"] is False
-        assert r.stopping["max_epoch"] <= p1[r.name].stopping["max_epoch"]  # within P1's cap
-    assert equal.continue_from == converged.output_dir != equal.output_dir
+        assert without_length(r.train_args) == without_length(twin[r.name].train_args)
+        assert r.stopping["plateau"] is False and r.stopping["max_epoch"] == 40
+    assert equal.continue_from is None and equal.output_dir != converged.output_dir
     assert (equal.eval_args, equal.eval_also) == (converged.eval_args, converged.eval_also)
 
 
@@ -215,7 +224,7 @@ def test_lm_sweep_refuses_translation_evaluation_flags(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["bible_converged.yaml", "bible_converged_gpu.yaml",
-                                  "bible_converged_equal.yaml", "bible_converged_fp16.yaml"])
+                                  "bible_converged_fp16.yaml"])
 def test_converged_sweeps_train_p1_seed_by_seed(name):
     """P1's two grids share a priority: a local sweep trains seed 1 of all 7 cells (the untied
     and decoder-tied baselines included) before any seed 2, and P2/P3 after all of P1."""
