@@ -305,27 +305,3 @@ def test_the_fp16_runs_trained_as_the_sweep_says_and_no_plateau_came_by_epoch_24
             logged = training_summary(tmp_path / "train.log")["valid_history"]
             assert [[h["update"], h["value"]] for h in history] == logged
     assert sum(cpu_stops[(t, la, s)] <= 21 for t, la in P1_CELLS for s in (1, 2)) == 9
-
-
-def test_the_readme_table_is_the_converged_summary():
-    """README's "Does it help?" table: per P1 cell, its parameters, BLEU (mean and each seed),
-    Δ and verdict as the committed summary and the claims' rule give them."""
-    summary = json.loads((CONVERGED / "summary.json").read_text())
-    claims = {c.cell: c for c in study_claims()}
-    section = (DOCS.parent / "README.md").read_text().split("## Does it help?")[1]
-    table = section[section.index("| tying |"):].split("\n\n")[0].splitlines()[2:]
-    rows = [[c.strip().strip("`") if i == 1 else c.strip()
-             for i, c in enumerate(line.strip("|").split("|"))] for line in table]
-    assert sorted((t, la) for t, la, *_ in rows) == sorted(P1_CELLS)
-    for tying, layer, params, bleu, delta, verdict_text in rows:
-        cell = summary[f"{tying}/{layer}"]
-        seeds = ", ".join(f"{v:.2f}" for v in cell["bleu"]["values"])
-        assert bleu == f"{cell['bleu']['mean']:.2f} ({seeds})"
-        assert params == f"{cell['params'][0] / 1e6:.2f}M"
-        if (claim := claims.get(f"{tying}/{layer}")) is None:
-            assert delta == verdict_text == "baseline"
-            continue
-        test = cell[claim.test]
-        against = "untied" if claim.test == "vs_untied" else "`dot`"
-        assert delta == f"{test['delta_bleu']:+.2f} over {against}"
-        assert verdict_text == verdict(test, claim.expects)
