@@ -135,11 +135,11 @@ CHECKS = {"int": lambda v, key, meta: check_int(v, key, meta.get("minimum")),
 
 def check_value(f: Field, value: Any, key: str) -> Any:
     """``value`` of the setting ``f``, checked as its kind or type says."""
-    optional = str(f.type).endswith(" | None")
-    if value is None and optional:
+    annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if value is None and annotation.endswith(" | None"):
         return None
-    return CHECKS[f.metadata.get("kind") or str(f.type).removesuffix(" | None")](
-        value, key, f.metadata)
+    kind = f.metadata.get("kind") or annotation.removesuffix(" | None")
+    return CHECKS[kind](value, key, f.metadata)
 
 
 def read_section(raw: Any, cls: type, where: str, section: str | None = None) -> dict[str, Any]:
