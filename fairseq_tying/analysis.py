@@ -51,11 +51,12 @@ from fairseq_tying.common.atomic import (
     write_json,
     write_text,
 )
+from fairseq_tying.core import names
 
 ROLES = {  # state-dict key: (role, dictionary side)
-    "encoder.embed_tokens.weight": ("encoder input", "source"),
-    "decoder.embed_tokens.weight": ("decoder input", "target"),
-    "decoder.scorer.weight": ("decoder output", "target"),
+    names.ENCODER_EMBED: ("encoder input", "source"),
+    names.DECODER_EMBED: ("decoder input", "target"),
+    names.SCORER_WEIGHT: ("decoder output", "target"),
 }
 BENCHMARKS = {"SimLex-999": "simlex999.txt", "WordSim-353": "wordsim353.tsv"}
 # every word (mean of its pieces' rows), and only the pairs of words that are one piece each

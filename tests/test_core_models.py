@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import names, scoring
 from tests.conftest import build_model, decode_full_and_incremental
 
 FAMILIES = ["transformer", "dynamicconv"]
@@ -105,6 +105,24 @@ def test_output_layer_applies_the_rule_to_the_projected_features(joined_bin, fam
     h = torch.randn(3, 16)
     want = scoring.scores("distance", scorer.projection(h), scorer.weight)
     torch.testing.assert_close(model.decoder.output_layer(h), want)
+
+
+def test_the_state_dict_names_the_tools_use_are_the_models(joined_bin):
+    """core/names.py spells the keys export, analysis, bench and norms read: each names the
+    matrix it says, in the plugin's model and (the names of stock's output) in fairseq's."""
+    model, _ = _model(joined_bin, "transformer", "none", "dot", "--tied-projection",
+                      "--tied-embed-dim", "8")
+    state = model.state_dict()
+    assert state[names.SCORER_WEIGHT].data_ptr() == model.decoder.scorer.weight.data_ptr()
+    assert state[names.SCORER_PROJECTION].data_ptr() == (
+        model.decoder.scorer.projection.weight.data_ptr())
+    assert state[names.DECODER_EMBED].data_ptr() == model.decoder.embed_tokens.weight.data_ptr()
+    assert state[names.ENCODER_EMBED].data_ptr() == model.encoder.embed_tokens.weight.data_ptr()
+    assert {k for k in state if k.startswith(names.SCORER_PREFIX)} == {
+        names.SCORER_WEIGHT, names.SCORER_PROJECTION}
+    stock, _ = build_model(joined_bin, "transformer")
+    assert stock.state_dict()[names.OUTPUT_PROJECTION].data_ptr() == (
+        stock.decoder.output_projection.weight.data_ptr())
 
 
 def test_hidden_size_differs_from_embedding_size_with_projection(joined_bin):

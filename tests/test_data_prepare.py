@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common import moses
-from fairseq_tying.data import bible, prepare
+from fairseq_tying.data import bible, build, prepare
 from tests.conftest import run_module
 
 LIMIT = 200
@@ -139,7 +139,7 @@ def test_spm_model_types(tmp_path):
         work = tmp_path / kind
         work.mkdir()
         args = prepare.parser().parse_args(_args(work, "sentencepiece", 30, spm_type=kind))
-        out = prepare.sentencepiece(work, data, ("es", "en"), args)
+        out = build.sentencepiece(work, data, ("es", "en"), args)
         sp = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
         assert sp.decode(out[("train", "en")][0].split()) == "hello world"
         vocab = (work / "spm.vocab").read_text(encoding="utf-8").splitlines()
@@ -179,7 +179,7 @@ def test_failed_preparation_leaves_nothing(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("fairseq-preprocess failed")
 
-    monkeypatch.setattr(prepare, "preprocess", broken)
+    monkeypatch.setattr(build, "preprocess", broken)
     with pytest.raises(RuntimeError):
         prepare.main(_args(tmp_path / "d", "sentencepiece", 300))
     assert list(tmp_path.iterdir()) == []  # neither the data dir nor its build dir

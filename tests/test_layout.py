@@ -1,11 +1,13 @@
 """The package's layout rules (README, "Layout"): one file name per module, a plugin core that
-imports nothing from the tools, and no test infrastructure in the installed package."""
+imports nothing from the tools, no test infrastructure in the installed package, no module over
+450 lines, no import cycle, and state-dict keys spelled in the core only."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import importlib.util
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -110,3 +112,125 @@ def _is_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # the parent is a module, not a package: name is an attribute
         return False
+
+
+MAX_LINES = 450
+
+
+def test_no_module_is_longer_than_450_lines():
+    """A module that grows past this does more than one job: split it by job."""
+    lines = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in _modules()}
+    assert {p: n for p, n in lines.items() if n > MAX_LINES} == {}
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """``{module: the package modules it imports}`` for ``{module: (source, is_package)}``;
+    imports at any depth count (a function-level import is a dependency once the function
+    runs), and ``from pkg import name`` depends on ``pkg`` unless ``pkg.name`` is a module."""
+    graph: dict[str, set[str]] = {}
+    for module, (source, is_package) in sources.items():
+        deps = set()
+        for name in imported_modules(source, module, is_package):
+            target = name if name in sources else name.rpartition(".")[0]
+            if target in sources and target != module:
+                deps.add(target)
+        graph[module] = deps
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def _package_sources() -> dict[str, tuple[str, bool]]:
+    return {_module_name(p): (p.read_text(), p.name == "__init__.py") for p in _modules()}
+
+
+def test_no_import_cycle_among_the_package_modules():
+    """Modules import one another one way only, function-level imports included: each tool
+    can be read, tested and split without the others that lean on it."""
+    graph = import_graph(_package_sources())
+    assert len(graph) > 50 and "fairseq_tying.core.scoring" in graph["fairseq_tying.core.modules"]
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_level_import():
+    sources = {"p": ("", True), "p.a": ("from p import b\n", False),
+               "p.b": ("def f():\n    from p.c import g\n", False),
+               "p.c": ("import p.a\nX = 1\n", False), "p.d": ("from p.c import X\n", False)}
+    graph = import_graph(sources)
+    assert graph == {"p": set(), "p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.c"}}
+    assert import_cycles(graph) == [["p.a", "p.b", "p.c"]]
+
+
+def _strings(source: str) -> list[str]:
+    """The string constants of ``source`` that are not docstrings (f-string parts included)."""
+    tree = ast.parse(source)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docs]
+
+
+def test_state_dict_keys_are_spelled_in_the_core_only():
+    """The scorer's parameter key and the other state-dict keys the tools need come from
+    ``fairseq_tying.core.names``: a tool that spells ``"decoder.scorer.weight"`` would go
+    on reading the old key after the core renamed it."""
+    key = re.compile(r"(encoder|decoder)\.\w+(\.\w+)*|.*\bscorer\.(weight|projection|bias)\b.*")
+    spelled = {str(p.relative_to(REPO)): found for p in _modules()
+               if not _module_name(p).startswith(CORE)
+               and (found := [s for s in _strings(p.read_text()) if key.fullmatch(s)])}
+    assert spelled == {}
+    names_py = (PACKAGE / "core" / "names.py").read_text()
+    assert '"decoder.scorer.weight"' in names_py
+    assert _strings('"""doc"""\nK = f"decoder.scorer.weight"\n') == ["decoder.scorer.weight"]
+
+
+def test_reading_a_sweep_file_needs_neither_fairseq_nor_the_evaluation():
+    """launch/sweepfile.py and every package module it leans on (at any depth) import no
+    fairseq, torch, core or evaluation: checking a sweep file's keys needs none of them, and
+    only launch/grid.py consults fairseq's registry and the evaluation's flags."""
+    sources = _package_sources()
+    graph = import_graph(sources)
+    needed, todo = set(), ["fairseq_tying.launch.sweepfile"]
+    while todo:
+        if (module := todo.pop()) not in needed:
+            needed.add(module)
+            todo += graph[module]
+    assert {"fairseq_tying.launch.sweep", "fairseq_tying.launch.plateau"} <= needed
+    heavy = ("fairseq.", "fairseq_cli.", "torch.", "fairseq_tying.core.",
+             "fairseq_tying.evaluation.", "fairseq_tying.launch.grid.")
+    found = {m: sorted(n for n in imported_modules(sources[m][0], m, sources[m][1])
+                       if (n + ".").startswith(heavy)) for m in needed}
+    assert {m: names for m, names in found.items() if names} == {}
+    assert "fairseq_tying.launch.grid" in graph["fairseq_tying.launch.config"]

@@ -13,7 +13,8 @@ with the same dimensions and the same initial parameters, and measures for each 
 
 Repetitions interleave the models (rotating order) after a warm-up; each model's time is divided
 by the built-in model's time in the same repetition and the ratios are summarized by their median
-and quartiles. Results go to a table (stdout), a JSON file and a PNG plot of ratio against V.
+and quartiles (:mod:`.measure`). Results go to a table (stdout), a JSON file and a PNG plot of
+ratio against V (:mod:`.layers_report`).
 
 ``python -m fairseq_tying.bench --mode serve --checkpoint CKPT`` instead measures a trained
 model's decoding speed: fairseq-generate against CTranslate2 float32 and int8
@@ -23,7 +24,6 @@ model's decoding speed: fairseq-generate against CTranslate2 float32 and int8
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
@@ -31,21 +31,25 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from fairseq_tying.bench import MODES
+from fairseq_tying.bench.layers_report import BUILTIN, MODELS, plot, table
+from fairseq_tying.bench.measure import (
+    CLOCKS,
+    PeakMemory,
+    current_rss,
+    heap_in_use,
+    interleaved,
+    summarize,
+    timed,
+    use_clock,
+)
 from fairseq_tying.common import PLUGIN_DIR, atomic
-from fairseq_tying.core import scoring
-
-BUILTIN = "builtin"
-MODELS = (BUILTIN, *scoring.OUTPUT_LAYERS)
-TARGETS = {"train": {"dot": 1.01, "*": 1.02}, "generate": {"*": 1.005}}
+from fairseq_tying.core import names, scoring
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ class Bench:
         model = self.task.build_model(self._args(name))
         if reference is not None:
             state = dict(reference.state_dict())
-            state["decoder.scorer.weight"] = state.pop("decoder.output_projection.weight")
+            state[names.SCORER_WEIGHT] = state.pop(names.OUTPUT_PROJECTION)
             model.load_state_dict(state, strict=True)
         return model.to(self.device)
 
@@ -179,44 +183,6 @@ def _to(obj, device: torch.device):
     return obj
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-_clock = [time.perf_counter]
-
-
-def timed(fn: Callable, device: torch.device, calls: int) -> float:
-    _sync(device)
-    start = _clock[0]()
-    for _ in range(calls):
-        fn()
-    _sync(device)
-    return (_clock[0]() - start) / calls
-
-
-def interleaved(fns: dict[str, Callable], device: torch.device, reps: int, calls: int,
-                warmup: int, progress) -> dict[str, list[float]]:
-    """Seconds per call of each function, ``reps`` times, the order rotating every repetition."""
-    names = list(fns)
-    for name in names:
-        timed(fns[name], device, warmup)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for rep in range(reps):
-        for name in names[rep % len(names):] + names[: rep % len(names)]:
-            times[name].append(timed(fns[name], device, calls))
-            progress()
-    return times
-
-
-def summarize(ratios: list[float]) -> dict:
-    q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    return {"median": statistics.median(ratios), "q1": q1, "q3": q3, "min": min(ratios),
-            "max": max(ratios), "n": len(ratios)}
-
-
 def ratios(times: dict[str, list[float]]) -> dict[str, dict]:
     base = times[BUILTIN]
     out = {}
@@ -224,57 +190,6 @@ def ratios(times: dict[str, list[float]]) -> dict[str, dict]:
         r = [t / b for t, b in zip(ts, base, strict=True)]
         out[name] = {"ratio": summarize(r), "seconds_median": statistics.median(ts)}
     return out
-
-
-# ----------------------------------------------------------------------------------- memory
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
-
-
-def _mallinfo2() -> Callable[[], int] | None:
-    try:
-        fn = ctypes.CDLL(None).mallinfo2
-    except (AttributeError, OSError):
-        return None
-    fn.restype = _MallInfo2
-    return lambda: (lambda m: m.uordblks + m.hblkhd)(fn())
-
-
-def current_rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-# Bytes the C allocator has handed out and not taken back (glibc), else the resident set size:
-# unlike RSS, it does not count memory the allocator keeps after a free.
-heap_in_use: Callable[[], int] = _mallinfo2() or current_rss
-
-
-class PeakMemory:
-    """Highest ``heap_in_use()`` while the block runs, sampled every 0.2 ms by a thread."""
-
-    def __init__(self):
-        self.peak = heap_in_use()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, heap_in_use())
-            time.sleep(0.0002)
-
-    def __enter__(self) -> PeakMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, heap_in_use())
 
 
 def memory_worker(spec: dict) -> dict:
@@ -350,7 +265,7 @@ def run_vocab(vocab: int, size: Size, opts, progress) -> dict:
     # Generation starts from identical parameters again: training moved them apart.
     for name in scoring.OUTPUT_LAYERS:
         state = dict(builtin.state_dict())
-        state["decoder.scorer.weight"] = state.pop("decoder.output_projection.weight")
+        state[names.SCORER_WEIGHT] = state.pop(names.OUTPUT_PROJECTION)
         models[name].load_state_dict(state)
     if opts.fp16:
         models = {n: m.half() for n, m in models.items()}
@@ -390,72 +305,6 @@ def _hypotheses(hypos: list) -> list[list[int]]:
     return [h[0]["tokens"].tolist() for h in hypos]
 
 
-def table(results: dict) -> str:
-    head = (f"{'V':>6} {'output layer':<12} {'train ratio [q1-q3]':>24} "
-            f"{'generate ratio [q1-q3]':>24} {'train mem +VxD':>15} {'gen mem +VxD':>13}")
-    lines = [head, "-" * len(head)]
-    for vocab, res in results.items():
-        estimate = ", ".join(f"{n} {r:.3f}" for n, r in res["train_isolated_estimate"].items())
-        lines.append(f"{vocab:>6} isolated extra training work, estimated ratio: {estimate}")
-        for name in MODELS:
-            cells = []
-            for kind in ("train", "generate"):
-                r = res[kind][name]["ratio"]
-                cells.append(f"{r['median']:.3f} [{r['q1']:.3f}-{r['q3']:.3f}]")
-            mem = res.get("memory", {}).get(name)
-            mems = [f"{mem[p]['extra_VxD_buffers']:+.2f}" if mem else "-"
-                    for p in ("train", "generate")]
-            lines.append(f"{vocab:>6} {name:<12} {cells[0]:>24} {cells[1]:>24} "
-                         f"{mems[0]:>15} {mems[1]:>13}")
-    return "\n".join(lines)
-
-
-def plot(results: dict, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    kinds = ["train", "generate"] + (["memory"] if all("memory" in r for r in results.values())
-                                     else [])
-    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
-    vocabs = sorted(int(v) for v in results)
-    for ax, kind in zip(axes[0], kinds, strict=True):
-        for i, name in enumerate(scoring.OUTPUT_LAYERS):
-            color = f"C{i}"
-            if kind == "memory":
-                for phase, style in (("train", "-"), ("generate", ":")):
-                    ys = [results[str(v)]["memory"][name][phase]["extra_VxD_buffers"]
-                          for v in vocabs]
-                    ax.plot(vocabs, ys, style, color=color, marker="o", label=f"{name} ({phase})")
-                continue
-            if kind == "train":
-                est = [results[str(v)]["train_isolated_estimate"][name] for v in vocabs]
-                ax.plot(vocabs, est, "x--", color=color, lw=0.8)
-            rs = [results[str(v)][kind][name]["ratio"] for v in vocabs]
-            med = [r["median"] for r in rs]
-            err = [[m - r["q1"] for m, r in zip(med, rs, strict=True)],
-                   [r["q3"] - m for m, r in zip(med, rs, strict=True)]]
-            ax.errorbar(vocabs, med, yerr=err, marker="o", capsize=3, color=color, label=name)
-        if kind == "memory":
-            ax.axhline(1.0, color="k", ls="--", lw=0.8, label="target: 1 extra V×D")
-            ax.set_ylabel("extra V×D buffers over built-in (peak)")
-        else:
-            ax.axhline(1.0, color="k", lw=0.8)
-            ax.axhline(TARGETS[kind]["*"], color="r", ls="--", lw=0.8, label="target")
-            ax.set_ylabel(f"{kind} time / built-in (median, IQR)"
-                          + ("; x: isolated estimate" if kind == "train" else ""))
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(vocabs, [f"{v // 1000}k" for v in vocabs])
-        ax.set_xlabel("vocabulary size V")
-        ax.set_title(kind)
-        ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    atomic.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
-    plt.close(fig)
-
-
 def machine(device: str) -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cpu_count": os.cpu_count(),
@@ -469,7 +318,7 @@ def machine(device: str) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m fairseq_tying.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=MODES, default="layers",
+    p.add_argument("--mode", default="layers",
                    help="layers: this benchmark (default); serve: fairseq-generate vs "
                         "CTranslate2 on a trained checkpoint (--mode serve --help); gpu-check: "
                         "the GPU acceptance run (--mode gpu-check --help)")
@@ -524,7 +373,7 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    _clock[0] = CLOCKS[opts.clock]
+    use_clock(opts.clock)
     if opts.memory_worker:
         print(json.dumps(memory_worker(json.loads(opts.memory_worker))))
         return None

@@ -2,7 +2,7 @@
 
 The splits follow fairseq's ``examples/translation/prepare-iwslt14.sh`` and the WMT'16 En-De
 setup of the Transformer papers, but the text stays detokenized (the BLEU references); subwords
-and binarization are then done by :mod:`fairseq_tying.data.prepare`.
+and binarization are then done by :mod:`fairseq_tying.data.prepare`'s command line.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tqdm import tqdm
 from fairseq_tying.common import moses
 from fairseq_tying.common.atomic import building_dir, write_lines
 from fairseq_tying.data import prepare
+from fairseq_tying.data.build import SUBWORDS
 
 IWSLT_URLS = {
     "de-en": "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",
@@ -236,7 +237,7 @@ def add_prepare_args(p: argparse.ArgumentParser, subword: str, spm_type: str, vo
     """The flags a benchmark script passes on to :func:`prepare.run`, with its defaults."""
     p.add_argument("--out", type=Path, required=True, help="the prepared data dir to create")
     p.add_argument("--work", type=Path, help="downloads and plain-text corpus (default OUT.orig)")
-    p.add_argument("--subword", choices=prepare.SUBWORDS, default=subword)
+    p.add_argument("--subword", choices=SUBWORDS, default=subword)
     p.add_argument("--spm-type", choices=("unigram", "bpe"), default=spm_type)
     p.add_argument("--vocab-size", type=int, default=vocab_size, help=vocab_help)
     p.add_argument("--force", action="store_true")

@@ -12,7 +12,7 @@ tokenization, lower case, the ``--vocab-size`` most frequent training words and 
 every other word. ``D/raw/`` holds the plain text, ``D/subword/`` what the model reads, ``D/bin/``
 the output of ``fairseq-preprocess --only-source`` and ``D/prep.json`` what was done; the
 directory is built aside and renamed into place when complete. Reading, segmenting into
-subwords, binarizing and the rerun check are :mod:`fairseq_tying.data.prepare`'s.
+subwords, binarizing and the rerun check are :mod:`fairseq_tying.data.build`'s.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.moses import moses_tokenize
-from fairseq_tying.data import prepare
+from fairseq_tying.data import build
 
 
 def lm_record(args: Namespace) -> dict:
-    return {"task": LM_TASK, "corpus": prepare.corpus_id(args.corpus),
+    return {"task": LM_TASK, "corpus": build.corpus_id(args.corpus),
             "lang": args.lm, "subword": args.subword, "vocab_size": args.vocab_size,
             "spm_type": args.spm_type if args.subword == "sentencepiece" else None,
             "train_limit": args.train_limit,
@@ -36,7 +36,7 @@ def lm_record(args: Namespace) -> dict:
 def segment(work: Path, data: dict, langs: tuple[str, ...], args: Namespace) -> dict:
     """Subwords as for translation, or (``word``) Moses tokens in lower case."""
     if args.subword != "word":
-        return prepare.segment(work, data, langs, args)
+        return build.segment(work, data, langs, args)
     return {key: [line.lower() for line in moses_tokenize(lines, key[1])]
             for key, lines in data.items()}
 
@@ -44,4 +44,4 @@ def segment(work: Path, data: dict, langs: tuple[str, ...], args: Namespace) -> 
 def prepare_lm(args: Namespace) -> tuple[Path, bool]:
     """Build the data dir; returns it and whether work was done (False: already prepared)."""
     n_words = args.vocab_size if args.subword == "word" else None
-    return prepare.build(args, lm_record(args), (args.lm,), segment, n_words)
+    return build.build_data_dir(args, lm_record(args), (args.lm,), segment, n_words)

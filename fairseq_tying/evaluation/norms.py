@@ -9,16 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from fairseq_tying.common import checkpoints
+from fairseq_tying.core import names
 from fairseq_tying.evaluation.tables import markdown_table
 
 # The output matrix first (it is the tied matrix under any tying), then the embeddings.
-CANDIDATE_KEYS = (
-    "decoder.scorer.weight",  # fairseq_tying's output layer
-    "decoder.output_projection.weight",
-    "decoder.embed_out",
-    "decoder.embed_tokens.weight",
-    "encoder.embed_tokens.weight",
-)
+CANDIDATE_KEYS = (names.SCORER_WEIGHT, names.OUTPUT_PROJECTION, names.EMBED_OUT,
+                  names.DECODER_EMBED, names.ENCODER_EMBED)
 N_SPECIAL = 4  # fairseq dictionaries start with <s>, <pad>, </s>, <unk>
 
 

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import atomic_write
-from fairseq_tying.core import scoring
+from fairseq_tying.core import names, scoring
 
 PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim", "output_bias",
                      "freeze_embeddings")
@@ -146,12 +146,12 @@ def _decoder_matrices(model: dict[str, Tensor], args: Namespace
                       ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(the decoder's input rows as stock looks them up, the output layer's W_out, the
     ``--tied-projection`` matrix L or None) of a plugin decoder's state dict."""
-    w_out, bias = scoring.output_matrix_and_bias(args.output_layer, model["decoder.scorer.weight"])
+    w_out, bias = scoring.output_matrix_and_bias(args.output_layer, model[names.SCORER_WEIGHT])
     assert bias is None, args.output_layer  # layers with a bias were refused by stock_arch
-    decoder_in = model["decoder.embed_tokens.weight"]
+    decoder_in = model[names.DECODER_EMBED]
     if args.tying != "none" and args.output_layer in scoring.NORMALIZED_INPUT_LAYERS:
         decoder_in = scoring.unit_rows(decoder_in)
-    return decoder_in, w_out, model.get("decoder.scorer.projection.weight")
+    return decoder_in, w_out, model.get(names.SCORER_PROJECTION)
 
 
 def _matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -170,10 +170,9 @@ def _bake_decoder(model: dict[str, Tensor], decoder_in: Tensor, w_out: Tensor,
                   tied: bool) -> dict[str, Tensor]:
     """``model`` without the scorer, with the stock input and output matrices (one tensor
     when ``tied``)."""
-    new = {k: v for k, v in model.items() if not k.startswith("decoder.scorer.")}
-    new["decoder.embed_tokens.weight"] = decoder_in.clone()
-    new["decoder.output_projection.weight"] = (
-        new["decoder.embed_tokens.weight"] if tied else w_out.clone())
+    new = {k: v for k, v in model.items() if not k.startswith(names.SCORER_PREFIX)}
+    new[names.DECODER_EMBED] = decoder_in.clone()
+    new[names.OUTPUT_PROJECTION] = new[names.DECODER_EMBED] if tied else w_out.clone()
     return new
 
 
@@ -185,9 +184,8 @@ def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], 
         w_out = _matmul(w_out, projection)
     tied = _shares_rows(args, folded)
     new = _bake_decoder(model, decoder_in, w_out, tied)
-    new["encoder.embed_tokens.weight"] = (
-        new["decoder.embed_tokens.weight"] if args.tying == "three_way"
-        else model["encoder.embed_tokens.weight"].clone())
+    new[names.ENCODER_EMBED] = (new[names.DECODER_EMBED] if args.tying == "three_way"
+                                else model[names.ENCODER_EMBED].clone())
     flags = {"share_all_embeddings": args.tying == "three_way" and tied,
              "share_decoder_input_output_embed": tied}
     return new, flags
@@ -208,11 +206,11 @@ def bake_lm(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor
     tied = _shares_rows(args, folded)
     new = _bake_decoder(model, decoder_in, w_out, tied)
     if projection is not None and not folded:  # K ≠ M: L·P_out is stock's project_out_dim
-        out = model.get("decoder.project_out_dim.weight")
-        new["decoder.project_out_dim.weight"] = (projection.clone() if out is None
-                                                 else _matmul(projection, out))
+        out = model.get(names.PROJECT_OUT_DIM)
+        new[names.PROJECT_OUT_DIM] = (projection.clone() if out is None
+                                      else _matmul(projection, out))
     flags = {"share_decoder_input_output_embed": tied, "decoder_input_dim": decoder_in.shape[1],
-             "decoder_output_dim": new["decoder.output_projection.weight"].shape[1]}
+             "decoder_output_dim": new[names.OUTPUT_PROJECTION].shape[1]}
     return new, flags
 
 

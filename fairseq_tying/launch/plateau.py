@@ -31,8 +31,6 @@ from typing import Any
 from fairseq_tying.common import VALID_HISTORY
 from fairseq_tying.common.atomic import write_json
 
-KEYS = {"patience", "min_gain", "min_epoch", "max_epoch", "plateau"}
-
 
 @dataclass(frozen=True)
 class Plateau:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -11,9 +12,12 @@ from conftest import REPO, launch, write_sweep
 from fairseq_tying.launch.__main__ import main, recorded_stops
 from fairseq_tying.launch.config import SweepError, load_sweep
 from fairseq_tying.launch.continuation import without_length
+from fairseq_tying.launch.grid import GRID_KEYS
 from fairseq_tying.launch.job import DONE
-from fairseq_tying.launch.plateau import record_epoch, write_history
+from fairseq_tying.launch.plateau import Plateau, record_epoch, write_history
 from fairseq_tying.launch.submit import Forecast, local_order, training_now
+from fairseq_tying.launch.sweep import EVALUATION, Batch, Resources, Sweep, section_fields
+from fairseq_tying.launch.sweepfile import STOPPING_FIELDS
 
 # the tiny sweep's fairseq section without its update budget: a `stopping:` section decides
 EPOCHS = {"max_update": None, "save_interval_updates": None, "keep_interval_updates": None,
@@ -23,6 +27,7 @@ EPOCHS = {"max_update": None, "save_interval_updates": None, "keep_interval_upda
 @pytest.mark.parametrize(("changes", "key"), [
     ({"resource": {"nodes": 1}}, "resource: unknown key"),
     ({"resources": {"gpu": 1}}, "resources.gpu: unknown key"),
+    ({"resources": {"time_min": 60}}, "resources.time_min: unknown key"),
     ({"grid": {"arch": ["transformer_twwt", "transformer_nosuch"]}}, "grid.arch"),
     ({"grid": {"output_layer": ["dot", "softmax2"]}}, "grid.output_layer"),
     ({"datasets": {"tiny": "/nonexistent/data"}}, "datasets.tiny"),
@@ -55,6 +60,79 @@ def test_bad_sweep_names_the_key(tmp_path, tiny_data, monkeypatch, capsys, chang
     err = capsys.readouterr().err
     assert key in err and "error:" in err
     assert not (tmp_path / "out").exists()
+
+
+# a valid value of every key of a section, unlike tiny_cpu.yaml's, and (given, read) if it is read
+# as another value
+RESOURCES = {"nodes": 2, "gpus_per_node": 1, "tasks_per_node": 2, "cpus_per_task": 3,
+             "mem_gb": 2.5, "partition": "debug", "time": ("1-02:03:04", 1564),
+             "constraint": "a100", "account": "lab", "qos": "high", "max_num_timeout": 7,
+             "array_parallelism": 5, "signal_delay_s": 60}
+EVALUATIONS = {"enabled": False, "args": (["--beam", 3], ["--beam", "3"]),
+               "also": {"best": ["--checkpoint", "checkpoint_best.pt"]},
+               "time": ("2:30:00", 150), "cpus_per_task": 2, "mem_gb": 6}
+
+
+def _load(tmp_path, monkeypatch, **changes):
+    monkeypatch.setenv("FAIRSEQ_TYING_TINY_DATA", str(tmp_path / "data"))
+    return load_sweep(write_sweep(tmp_path / "s.yaml", **changes), check_data=False)
+
+
+@pytest.mark.parametrize(("section", "samples"), [("resources", RESOURCES),
+                                                  ("evaluation", EVALUATIONS)])
+def test_every_key_of_a_section_sets_its_field(tmp_path, monkeypatch, section, samples):
+    """A section's keys are its dataclass fields (``resources.time`` is ``Resources.time_min``,
+    ``evaluation.time`` is ``Sweep.eval_time_min``): each key, set alone, lands in its field,
+    and the samples name every key, so a field added without reaching a sweep fails here."""
+    def owner(sweep):
+        return sweep.resources if section == "resources" else sweep
+
+    settings = section_fields(Resources) if section == "resources" else section_fields(
+        Sweep, EVALUATION)
+    assert set(samples) == set(settings)
+    plain = _load(tmp_path, monkeypatch)
+    for key, sample in samples.items():
+        given, read = sample if isinstance(sample, tuple) else (sample, sample)
+        field = settings[key].name
+        sweep = _load(tmp_path, monkeypatch, **{section: {key: given}})
+        assert getattr(owner(sweep), field) == read != getattr(owner(plain), field), key
+
+
+def test_every_stopping_and_batch_key_reaches_the_runs(tmp_path, monkeypatch):
+    """``stopping:`` sets the plateau rule's fields (all but ``maximize``, which follows
+    fairseq's --maximize-best-checkpoint-metric); each ``batch:`` key changes the runs' flags."""
+    stopping = {"patience": 4, "min_gain": 0.01, "min_epoch": 2, "max_epoch": 9,
+                "plateau": False}
+    assert set(stopping) == set(STOPPING_FIELDS) == set(vars(Plateau())) - {"maximize"}
+    run = _load(tmp_path, monkeypatch, stopping=stopping, fairseq=EPOCHS).runs[0]
+    assert run.stopping == stopping and Plateau(**stopping).max_epoch == 9
+    gpu = {"gpus_per_node": 1}
+    batches = {"max_tokens": ({"max_tokens": 123}, {}, ["--max-tokens", "123"]),
+               "target_gpus": ({"target_gpus": 4}, {}, ["--update-freq", "4"]),
+               "update_freq": ({"update_freq": 3, "target_gpus": None}, {},
+                               ["--update-freq", "3"]),
+               "fp16": ({"fp16": False}, gpu, [])}  # --fp16 is on by default on GPUs
+    assert set(batches) == set(section_fields(Batch))
+    for key, (batch, resources, flags) in batches.items():
+        without = {k: v for k, v in batch.items() if k != key}
+        args = _load(tmp_path, monkeypatch, batch=batch, resources=resources).runs[0].train_args
+        plain = _load(tmp_path, monkeypatch, batch=without,
+                      resources=resources).runs[0].train_args
+        assert args != plain and " ".join(flags) in " ".join(args), key
+    assert GRID_KEYS == {"dataset", "arch", "tying", "output_layer", "seed", "priority", "tag",
+                         "flags"}
+
+
+def test_the_documented_keys_are_the_accepted_ones():
+    """docs/slurm.md's table of sections names each key a section accepts."""
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| `(\w+)` \| (.*) \|$",
+                                             (REPO / "docs" / "slurm.md").read_text(), re.M)}
+    accepted = {"resources": section_fields(Resources),
+                "evaluation": section_fields(Sweep, EVALUATION),
+                "batch": section_fields(Batch), "stopping": STOPPING_FIELDS, "grid": GRID_KEYS}
+    for section, keys in accepted.items():
+        documented = set(re.findall(r"`(\w+)`", rows[section]))
+        assert set(keys) <= documented, (section, set(keys) - documented)
 
 
 def test_grid_expansion_and_update_freq(tmp_path, tiny_data, monkeypatch):

@@ -16,11 +16,13 @@ import torch
 from fairseq.data import Dictionary
 from torch import Tensor
 
+from fairseq_tying.core import names
+
 GUARDED_FLAGS = ("output_layer", "tying", "tied_embed_dim", "tied_projection", "output_bias")
 EMBEDDING_KEYS = {
-    "encoder.embed_tokens.weight": "encoder input embedding",
-    "decoder.embed_tokens.weight": "decoder input embedding",
-    "decoder.scorer.weight": "decoder output embedding",
+    names.ENCODER_EMBED: "encoder input embedding",
+    names.DECODER_EMBED: "decoder input embedding",
+    names.SCORER_WEIGHT: "decoder output embedding",
 }
 
 

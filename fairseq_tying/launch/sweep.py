@@ -1,0 +1,132 @@
+"""What a sweep file becomes: a :class:`Sweep` of :class:`Run` s on :class:`Resources`.
+
+A field that a sweep file sets declares its key with :func:`setting` (the key, when it is
+spelled otherwise than the field, and the section it belongs to); the keys a section accepts
+are the fields :func:`section_fields` finds, so the checks cannot drift from the dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, Field, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class SweepError(ValueError):
+    """A sweep file is invalid; the message names the key."""
+
+
+def setting(default: Any = MISSING, *, key: str | None = None, section: str | None = None,
+            kind: str | None = None, minimum: int | None = None, unit: str | None = None,
+            factory: Any = MISSING) -> Any:
+    """A dataclass field set by a sweep file's ``key`` (default: the field's name) in
+    ``section``; ``kind`` overrides the check its type implies (``time``: a SLURM time in
+    minutes), ``minimum`` bounds an integer, ``unit`` names a number's unit in messages."""
+    meta = {"key": key, "section": section, "kind": kind, "minimum": minimum, "unit": unit}
+    return field(default=default, default_factory=factory, metadata=meta)
+
+
+def section_fields(cls: type, section: str | None = None) -> dict[str, Field]:
+    """``{key: field}`` of the fields of ``cls`` that ``section`` sets (every field when
+    ``section`` is None)."""
+    return {f.metadata.get("key") or f.name: f for f in fields(cls)
+            if section is None or f.metadata.get("section") == section}
+
+
+def data_bin(data_dir: Path) -> Path:
+    """The binarized data of a prepared data dir (``D/bin``), or D itself if it is a data-bin."""
+    return data_dir / "bin" if (data_dir / "bin").is_dir() else data_dir
+
+
+@dataclass
+class Resources:
+    """The ``resources:`` section: the SLURM job that trains one run."""
+
+    nodes: int = setting(1, minimum=1)
+    gpus_per_node: int = setting(0, minimum=0)
+    tasks_per_node: int = setting(1, minimum=1)  # default: gpus_per_node (one task per GPU)
+    cpus_per_task: int = setting(1, minimum=1)
+    mem_gb: float = setting(4, unit="GB")
+    partition: str | None = None
+    time_min: int = setting(60, key="time", kind="time")
+    constraint: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    max_num_timeout: int = setting(3, minimum=0)
+    array_parallelism: int = setting(64, minimum=1)
+    signal_delay_s: int = setting(120, minimum=0)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def gpu(self) -> bool:
+        return self.gpus_per_node > 0
+
+
+@dataclass
+class Batch:
+    """The ``batch:`` section: tokens per batch, and the update frequency, given directly or as
+    the number of GPUs to simulate; ``fp16`` defaults to on for GPU jobs."""
+
+    max_tokens: int | None = setting(None, minimum=1)
+    target_gpus: int | None = setting(None, minimum=1)
+    update_freq: int | None = setting(None, minimum=1)
+    fp16: bool | None = None
+
+
+GRID = "grid"  # the section whose lists span the runs: a Run field marked with it is an axis
+
+
+@dataclass
+class Run:
+    """One point of the grid: a training job, then its evaluation."""
+
+    name: str
+    run_dir: Path
+    data_dir: Path
+    dataset: str = setting(section=GRID)
+    arch: str = setting(section=GRID)
+    tying: str | None = setting(section=GRID)
+    output_layer: str | None = setting(section=GRID)
+    seed: int = setting(section=GRID)
+    train_args: list[str]
+    resources: Resources
+    stopping: dict[str, Any] | None = None
+    # its grid's `priority:` (default: the grid's position in the list)
+    priority: int = setting(1, section=GRID)
+    task: str = "translation"  # fairseq's --task: what the evaluation job does with the run
+    tag: str | None = setting(None, section=GRID)  # the grid block's name tag (its `flags`)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "run_dir": str(self.run_dir), "data_dir": str(self.data_dir),
+                "data_bin": str(data_bin(self.data_dir)), "dataset": self.dataset,
+                "arch": self.arch, "tying": self.tying, "output_layer": self.output_layer,
+                "seed": self.seed, "task": self.task, "tag": self.tag,
+                "world_size": self.resources.world_size, "gpu": self.resources.gpu,
+                "train_args": self.train_args, "stopping": self.stopping}
+
+
+EVALUATION = "evaluation"
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path
+    output_dir: Path
+    resources: Resources
+    runs: list[Run] = field(default_factory=list)
+    # the `evaluation:` section: the job that scores each trained run
+    eval_enabled: bool = setting(True, key="enabled", section=EVALUATION)
+    eval_args: list[str] = setting(key="args", section=EVALUATION, kind="args", factory=list)
+    eval_also: dict[str, list[str]] = setting(key="also", section=EVALUATION, kind="tagged_args",
+                                              factory=dict)
+    eval_time_min: int = setting(60, key="time", section=EVALUATION, kind="time")
+    # default: the training job's
+    eval_cpus: int = setting(1, key="cpus_per_task", section=EVALUATION, minimum=1)
+    eval_mem_gb: float = setting(4, key="mem_gb", section=EVALUATION, unit="GB")
+    update_freq: int = 1
+    task: str = "translation"
+    continue_from: Path | None = None  # another sweep's runs to start from (launch/continuation)
