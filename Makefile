@@ -27,12 +27,15 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	touch $@
 
+# One pytest-xdist worker a core (auto: the cores this process may use); TEST_WORKERS=0 runs
+# the tests one at a time in one process.
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 # The unit tests only (formulas, properties, configs, errors): the edit-test loop.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 # Trains and evaluates two small models on the embedded Bible corpus (time: README, from its record).
 demo: setup

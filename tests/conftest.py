@@ -1,180 +1,176 @@
-"""Shared fixtures: a tiny generated parallel corpus binarized with the real fairseq-preprocess."""
+"""Shared fixtures (a tiny generated parallel corpus binarized with the real fairseq-preprocess,
+tiny trained language models) and the rules every test runs under: under pytest-xdist (``make
+test``), what a fixture builds is built once; a test that starts a CLI process is marked slow."""
 
 from __future__ import annotations
 
+import hashlib
 import os
-import random
-import re
+import shlex
 import subprocess
-import sys
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
-from fairseq_tying.common import PLUGIN_DIR
+from tests.helpers import LM_TRAIN, binarize, binarize_lm, built_once, run_cli, write_corpus
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-TINY_MODEL = [
-    "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--dropout", "0",
-]
-TINY_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
-           "--decoder-input-dim", "16", "--decoder-output-dim", "16",  # stock says 512
-           "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
-LM_TRAIN = ["--task", "language_modeling", "--user-dir", PLUGIN_DIR, *TINY_LM, "--cpu",
-            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "512", "--max-update", "30",
-            "--required-batch-size-multiple", "1",  # fairseq drops batches of < 8 blocks
-            "--seed", "1", "--no-epoch-checkpoints", "--no-progress-bar", "--log-format", "simple"]
-
-
-def cli_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-
-
-def run_cli(tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run one of fairseq's console scripts from this environment; output captured."""
-    proc = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True,
-                          env=cli_env(), cwd=REPO)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc
-
-
-def run_module(module: str, *args: str | os.PathLike, check: bool = True,
-               timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m MODULE ARGS`` (one of the package's tools, as a user runs it) from this
-    environment; output captured."""
-    proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
-                          text=True, env=cli_env(), cwd=REPO, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{module} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc
-
-
-def generate(data: Path, ckpt: Path, *flags: str) -> dict[int, str]:
-    """fairseq-generate's hypotheses ``{sentence id: text}`` for a plugin checkpoint, batches of
-    8 (the last one too: fairseq otherwise drops a short last batch)."""
-    proc = run_cli("fairseq-generate", str(data), "--user-dir", PLUGIN_DIR, "--path", str(ckpt),
-                   "--batch-size", "8", "--required-batch-size-multiple", "1", "--cpu", *flags)
-    return {int(i): h for i, h in re.findall(r"^H-(\d+)\t\S+\t(.*)$", proc.stdout, re.M)}
-
-
-def write_corpus(folder: Path, seed: int = 0) -> None:
-    """A toy 'translation' task: the target is the reversed, upper-cased source."""
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(40)]
-    for split, n in (("train", 300), ("valid", 20), ("test", 20)):
-        sents = [[rng.choice(words) for _ in range(rng.randint(3, 9))] for _ in range(n)]
-        (folder / f"{split}.src").write_text("".join(" ".join(s) + "\n" for s in sents))
-        (folder / f"{split}.tgt").write_text(
-            "".join(" ".join(reversed(s)).upper() + "\n" for s in sents))
-
-
-def binarize(folder: Path, dest: Path, joined: bool) -> Path:
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
-            "--trainpref", str(folder / "train"), "--validpref", str(folder / "valid"),
-            "--testpref", str(folder / "test"), "--destdir", str(dest), "--workers", "1",
-            *(["--joined-dictionary"] if joined else []))
-    return dest
+# ---- fixtures -------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("corpus")
-    write_corpus(folder)
-    return folder
+    return built_once(tmp_path_factory, "corpus", write_corpus)
 
 
 @pytest.fixture(scope="session")
 def joined_bin(tiny_corpus, tmp_path_factory) -> Path:
-    return binarize(tiny_corpus, tmp_path_factory.mktemp("joined") / "bin", joined=True)
+    return built_once(tmp_path_factory, "joined",
+                      lambda folder: binarize(tiny_corpus, folder / "bin", joined=True)) / "bin"
 
 
 @pytest.fixture(scope="session")
 def separate_bin(tiny_corpus, tmp_path_factory) -> Path:
-    return binarize(tiny_corpus, tmp_path_factory.mktemp("separate") / "bin", joined=False)
-
-
-def binarize_lm(folder: Path, side: str, dest: Path) -> Path:
-    """``fairseq-preprocess --only-source`` of FOLDER/{train,valid,test}.SIDE."""
-    splits = [arg for split in ("train", "valid", "test")
-              for arg in (f"--{split}pref", str(folder / f"{split}.{side}"))]
-    run_cli("fairseq-preprocess", "--only-source", *splits, "--destdir", str(dest),
-            "--workers", "1")
-    return dest
+    return built_once(tmp_path_factory, "separate",
+                      lambda folder: binarize(tiny_corpus, folder / "bin", joined=False)) / "bin"
 
 
 @pytest.fixture(scope="session")
 def lm_bin(tiny_corpus, tmp_path_factory) -> Path:
     """The toy corpus's target side as a language-modelling set."""
-    return binarize_lm(tiny_corpus, "tgt", tmp_path_factory.mktemp("lm") / "bin")
+    return built_once(tmp_path_factory, "lm",
+                      lambda folder: binarize_lm(tiny_corpus, "tgt", folder / "bin")) / "bin"
 
 
 @pytest.fixture(scope="session")
 def trained_lms(lm_bin, tmp_path_factory):
     """``get(output_layer, *flags)``: the checkpoint of one short fairseq-train run of a tiny
-    ``transformer_lm_tied`` (cached per session, shared by the LM test modules)."""
-    cache: dict[tuple[str, ...], Path] = {}
+    ``transformer_lm_tied`` (trained once per test run, shared by the LM test modules)."""
 
     def get(output_layer: str, *flags: str) -> Path:
-        key = (output_layer, *flags)
-        if key not in cache:
-            save = tmp_path_factory.mktemp(f"lm-{output_layer}")
+        def train(save: Path) -> None:
             run_cli("fairseq-train", str(lm_bin), "--arch", "transformer_lm_tied",
                     "--output-layer", output_layer, "--save-dir", str(save), *LM_TRAIN,
                     *flags)  # last: they override LM_TRAIN's sizes
-            cache[key] = save / "checkpoint_last.pt"
-        return cache[key]
+
+        name = f"lm-{output_layer}"
+        if flags:
+            name += "-" + hashlib.sha1("\0".join(flags).encode()).hexdigest()[:10]
+        return built_once(tmp_path_factory, name, train) / "checkpoint_last.pt"
 
     return get
 
 
-def build_model(data: Path, arch: str, *flags: str):
-    """Parse flags with fairseq's own training parser and build the model in-process."""
-    from fairseq import options, tasks
-
-    import fairseq_tying  # noqa: F401  (registration)
-
-    parser = options.get_training_parser()
-    args: Namespace = options.parse_args_and_arch(
-        parser, [str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *TINY_MODEL, *flags])
-    task = tasks.setup_task(args)
-    return task.build_model(args), task
+# ---- xdist: one core a worker, shared fixtures built once ---------------------------------
 
 
-def build_on_meta(data: Path, arch: str, *flags: str) -> tuple:
-    """(task, model config as fairseq-train saves it, model) for exactly these flags, built on
-    the meta device: the shapes of any preset, the big ones too, without their memory."""
-    import torch
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SlowMarkGuard(), "slow-mark-guard")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
 
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *flags])
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    with torch.device("meta"):
-        return task, cfg.model, task.build_model(cfg.model)
+        torch.set_num_threads(1)  # a worker a core: its CLI processes use one thread as well
 
 
-def decode_full_and_incremental(model, task) -> tuple:
-    """(encoder output, random target prefixes, the decoder's scores in one full pass, the same
-    scores step by step through fairseq's incremental state) for a translation model in eval
-    mode: the two must agree, since fairseq-generate decodes incrementally."""
-    import torch
+CLUSTER_GROUP = "slurm_cluster"
 
-    d = task.target_dictionary
-    src = torch.randint(d.nspecial, len(d), (2, 6))
-    prev = torch.cat([torch.full((2, 1), d.eos()), torch.randint(d.nspecial, len(d), (2, 4))], 1)
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
-        full, _ = model.decoder(prev, encoder_out=enc)
-        state: dict = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-                 for t in range(prev.shape[1])]
-    return enc, prev, full, torch.cat(steps, 1)
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for ``--dist loadgroup``: the tests that use a module-scoped (or wider) fixture
+    of their own module run on one worker, which builds it once; all that use the SLURM cluster
+    run on one worker, so that one cluster serves them (and they see only their own jobs)."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if "cluster" in info.names_closure:
+            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+            continue
+        module = item.nodeid.split("::")[0]
+        for defs in info.name2fixturedefs.values():
+            if defs[-1].scope != "function" and defs[-1].baseid == module:
+                item.add_marker(pytest.mark.xdist_group(module))
+                break
+
+
+# ---- the slow mark: a test that starts a CLI process carries it -----------------------------
+
+# console scripts and ``python -m`` packages whose processes load torch and fairseq
+CLI_SCRIPTS = ("fairseq-", "ct2-")
+CLI_MODULES = ("fairseq_tying", "fairseq_cli", "fairseq")
+USAGE_ERROR = 2  # argparse's exit status, and the package tools' for bad input
+
+
+def cli_name(args) -> str | None:
+    """The command line of ARGS (as Popen takes them) when it starts a CLI, else None."""
+    argv = (shlex.split(os.fsdecode(args)) if isinstance(args, (str, bytes, os.PathLike))
+            else [os.fsdecode(a) for a in args])
+    if not argv:
+        return None
+    exe = Path(argv[0]).name
+    is_cli = exe.startswith(CLI_SCRIPTS)
+    if exe.startswith("python") and "-m" in argv:
+        at = argv.index("-m")
+        is_cli = at + 1 < len(argv) and argv[at + 1].split(".")[0] in CLI_MODULES
+    return shlex.join([exe, *argv[1:]]) if is_cli else None
+
+
+class _WatchedPopen(subprocess.Popen):
+    """Popen that reports each CLI process it starts to the guard watching the test."""
+
+    started: list[tuple[str, subprocess.Popen]] | None = None  # None: nothing is watched
+
+    def __init__(self, args, *rest, **kw):
+        super().__init__(args, *rest, **kw)
+        if _WatchedPopen.started is not None:
+            name = cli_name(args)
+            if name is not None:
+                _WatchedPopen.started.append((name, self))
+
+
+def _allowed(name: str, proc: subprocess.Popen) -> bool:
+    """A --help, or a run refused for bad input: the fast tier may do these."""
+    return bool({"-h", "--help"} & set(shlex.split(name))) or proc.poll() == USAGE_ERROR
+
+
+class SlowMarkGuard:
+    """Fails a test not marked slow that starts a CLI process (in its body or in a fixture of
+    its own; the session fixtures build, once, what every tier shares). Registered as a plugin,
+    not as conftest hooks, so that it sees the session fixtures' set-up as well."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef, request):
+        saved = _WatchedPopen.started
+        if fixturedef.scope == "session":
+            _WatchedPopen.started = None
+        try:
+            return (yield)
+        finally:
+            _WatchedPopen.started = saved
+
+    def _watched(self, item: pytest.Item):
+        if item.get_closest_marker("slow") is not None:
+            return (yield)
+        started: list[tuple[str, subprocess.Popen]] = []
+        _WatchedPopen.started = started
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(subprocess, "Popen", _WatchedPopen)
+                result = yield
+        finally:
+            _WatchedPopen.started = None
+        bad = [f"  {name}  (exit status {proc.poll()})" for name, proc in started
+               if not _allowed(name, proc)]
+        if bad:
+            pytest.fail(f"{item.nodeid} started a CLI process but is not marked slow; mark it "
+                        "@pytest.mark.slow (a --help, or bad input refused with exit status "
+                        f"{USAGE_ERROR}, is fine unmarked):\n" + "\n".join(bad), pytrace=False)
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item):
+        return (yield from self._watched(item))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        return (yield from self._watched(item))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from tests.conftest import binarize, run_cli, run_module
+from tests.helpers import binarize, run_cli, run_module
 from tests.test_core_cli import train_args
 
 
@@ -150,7 +150,7 @@ def test_analysis_names_a_missing_subword_model(simlex_run, tmp_path):
 def simlex_lms(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     """A word-level LM set over SimLex words (prep.json says so, as data.prepare writes it) and
     an untied and a decoder-tied language model trained on it."""
-    from tests.conftest import LM_TRAIN, binarize_lm
+    from tests.helpers import LM_TRAIN, binarize_lm
 
     root = tmp_path_factory.mktemp("simlex-lm")
     words = sorted({w for a, b, _ in _simlex()[0][:60] for w in (a, b)})

@@ -10,7 +10,7 @@ import pytest
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
 import fairseq_tying  # noqa: F401  (registration)
-from tests.conftest import build_on_meta
+from tests.helpers import build_on_meta
 
 # arch -> (model, default tying, embed dim, ffn dim, attention heads, encoder layers, dropout)
 ARCHS = {

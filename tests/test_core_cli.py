@@ -10,23 +10,11 @@ import pytest
 import torch
 
 from fairseq_tying.core import scoring
-from tests.conftest import TINY_MODEL, generate, run_cli
+from tests.helpers import generate, last_updates, run_cli, train_args
 
 pytestmark = pytest.mark.slow  # every test runs fairseq's CLI
 
 TYING_ARCH = {"none": "dwt", "decoder": "dwt", "three_way": "twwt"}
-
-
-def train_args(data: Path, save_dir: Path, arch: str, *flags: str, updates: int = 4) -> list[str]:
-    return [str(data), "--user-dir", "fairseq_tying", "--arch", arch, *TINY_MODEL,
-            "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
-            "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "600",
-            "--max-update", str(updates), "--save-dir", str(save_dir), "--cpu", "--seed", "3",
-            "--no-progress-bar", "--log-interval", "1", "--no-epoch-checkpoints", *flags]
-
-
-def last_updates(log: str) -> int:
-    return int(re.findall(r"num_updates (\d+)", log)[-1])
 
 
 @pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
@@ -124,22 +112,7 @@ def test_validate_and_interactive_load_plugin_checkpoints(joined_bin, tmp_path):
 
 
 def subprocess_input(tool: str, text: str, *args: str) -> str:
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO, cli_env
-
-    exe = str(Path(sys.executable).parent / tool)
-    proc = subprocess.run(
-        [exe, *args],
-        input=text,
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        cwd=REPO,
-        check=True,
-    )
-    return proc.stdout
+    return run_cli(tool, *args, input=text).stdout
 
 
 @pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)

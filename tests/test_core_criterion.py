@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from fairseq import options, tasks
 
-from tests.conftest import PLUGIN_DIR, TINY_MODEL
+from fairseq_tying.common import PLUGIN_DIR
+from tests.helpers import TINY_MODEL
 
 
 def _setup(data, *flags):

@@ -11,9 +11,16 @@ import pytest
 import torch
 
 from fairseq_tying.core import scoring
-from tests.conftest import build_model, decode_full_and_incremental, generate, run_cli, run_module
-from tests.test_core_cli import last_updates, train_args
-from tests.test_core_models import _arch
+from tests.helpers import (
+    arch_name,
+    build_model,
+    decode_full_and_incremental,
+    generate,
+    last_updates,
+    run_cli,
+    run_module,
+    train_args,
+)
 
 LR = 0.002  # train_args' Adam learning rate: one early Adam step moves a weight by about LR
 
@@ -83,7 +90,7 @@ def test_pretrained_vectors_are_in_the_trained_matrix(
         *train_args(
             joined_bin,
             tmp_path,
-            _arch(family, tying),
+            arch_name(family, tying),
             "--tying",
             tying,
             "--output-layer",
@@ -193,8 +200,8 @@ def test_output_bias_adds_to_every_rule(joined_bin, tying, output_layer):
     torch.manual_seed(0)
     family = "transformer" if tying != "decoder" else "dynamicconv"
     flags = ("--tying", tying, "--output-layer", output_layer, "--tied-projection")
-    plain, _ = build_model(joined_bin, _arch(family, tying), *flags)
-    model, _ = build_model(joined_bin, _arch(family, tying), *flags, "--output-bias")
+    plain, _ = build_model(joined_bin, arch_name(family, tying), *flags)
+    model, _ = build_model(joined_bin, arch_name(family, tying), *flags, "--output-bias")
     scorer = model.decoder.scorer
     vocab = scorer.weight.shape[0]
     assert (

@@ -12,8 +12,7 @@ import torch
 
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.core import scoring
-from tests.conftest import LM_TRAIN, TINY_LM, run_cli
-from tests.test_core_scoring import reference_scores
+from tests.helpers import LM_TRAIN, TINY_LM, reference_scores, run_cli
 
 
 def build_lm(data: Path, *flags: str, arch: str = "transformer_lm_tied"):
@@ -175,16 +174,11 @@ def test_interactive_sampling_continues_the_prompt(trained_lms, lm_bin):
     ckpt = trained_lms("sqnorm")
 
     def sample() -> list[str]:
-        import subprocess
-
-        from tests.conftest import BIN, REPO, cli_env
-
-        proc = subprocess.run(
-            [str(BIN / "fairseq-interactive"), str(lm_bin), "--task", "language_modeling",
-             "--path", str(ckpt), "--user-dir", PLUGIN_DIR, "--cpu", "--sampling",
-             "--sampling-topk", "5", "--beam", "1", "--nbest", "1", "--seed", "3",
-             "--max-len-b", "8"],
-            input="W1 W2\n", capture_output=True, text=True, env=cli_env(), cwd=REPO, check=True)
+        proc = run_cli(
+            "fairseq-interactive", str(lm_bin), "--task", "language_modeling",
+            "--path", str(ckpt), "--user-dir", PLUGIN_DIR, "--cpu", "--sampling",
+            "--sampling-topk", "5", "--beam", "1", "--nbest", "1", "--seed", "3",
+            "--max-len-b", "8", input="W1 W2\n")
         return [x for x in proc.stdout.splitlines() if x.startswith("H-")]
 
     first = sample()

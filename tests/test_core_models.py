@@ -6,17 +6,13 @@ import pytest
 import torch
 
 from fairseq_tying.core import names, scoring
-from tests.conftest import build_model, decode_full_and_incremental
+from tests.helpers import arch_name, build_model, decode_full_and_incremental
 
 FAMILIES = ["transformer", "dynamicconv"]
 
 
-def _arch(family: str, tying: str) -> str:
-    return f"{family}_{'twwt' if tying == 'three_way' else 'dwt'}"
-
-
 def _model(data, family, tying="three_way", output_layer="dot", *flags):
-    model, task = build_model(data, _arch(family, tying), "--tying", tying,
+    model, task = build_model(data, arch_name(family, tying), "--tying", tying,
                               "--output-layer", output_layer, *flags)
     return model, task
 

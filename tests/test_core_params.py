@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fairseq_tying.core.params import _Task, count, dummy_dictionary
-from tests.conftest import TINY_MODEL, build_model, run_module
+from tests.helpers import TINY_MODEL, build_model, run_module
 
 
 def test_counts_match_the_built_model_and_the_formula(joined_bin):
@@ -15,6 +17,7 @@ def test_counts_match_the_built_model_and_the_formula(joined_bin):
     assert total == built and embedding == vocab * 16
 
 
+@pytest.mark.slow  # runs the tool
 def test_big_transformer_table_from_the_command_line():
     out = run_module("fairseq_tying.core.params", "--arch", "transformer_twwt_wmt_en_de_big",
                      "--src-vocab", "32000", "--tgt-vocab", "32000")

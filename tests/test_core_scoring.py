@@ -3,29 +3,11 @@ normalization paper's properties (identity, normality, unbiasedness)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from fairseq_tying.core import scoring
-
-
-def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The formulas written out row by row in float64."""
-    h, w = h.double(), w.double()
-    out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float64)
-    for i in range(w.shape[0]):
-        dot = h @ w[i]
-        norm = math.sqrt(float((w[i] * w[i]).sum()))
-        out[:, i] = {
-            "dot": dot,
-            "l2norm": dot / norm,
-            "cosine": dot / norm,
-            "sqnorm": dot / norm**2,
-            "distance": dot - 0.5 * norm**2,
-        }[output_layer]
-    return out
+from tests.helpers import reference_scores
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])

@@ -16,8 +16,7 @@ from fairseq_tying import translate
 from fairseq_tying.export import main as export_main
 from fairseq_tying.export.ct2 import Subword, export_ct2
 from fairseq_tying.export.stock import ExportError, stock_arch
-from tests.conftest import run_cli, run_module
-from tests.test_export import _args, _train
+from tests.helpers import export_args, run_cli, run_module, train_checkpoint
 
 MAX_LEN = 12
 # The decoding settings of every comparison, by fairseq-generate's flag names (translate and
@@ -81,7 +80,8 @@ def trained(joined_bin, tmp_path_factory):
         key = (arch, tying, output_layer, projection, *extra)
         if key not in cache:
             folder = tmp_path_factory.mktemp("-".join(map(str, key[:4])))
-            ckpt = _train(joined_bin, folder, arch, tying, output_layer, projection, UPDATES, extra)
+            ckpt = train_checkpoint(joined_bin, folder, arch, tying, output_layer, projection,
+                                    UPDATES, extra)
             cache[key] = Trained(ckpt, *_generate(joined_bin, ckpt, "--user-dir", "fairseq_tying"))
         return cache[key]
 
@@ -231,11 +231,12 @@ def test_dynamicconv_rules_lightconv_cannot_express_are_refused_by_name():
     import fairseq_tying  # noqa: F401  (registers the archs)
 
     for output_layer in ("dot", "l2norm", "cosine", "sqnorm"):
-        assert stock_arch(_args(arch="dynamicconv_twwt", output_layer=output_layer)) == "lightconv"
+        arch = export_args(arch="dynamicconv_twwt", output_layer=output_layer)
+        assert stock_arch(arch) == "lightconv"
     with pytest.raises(ExportError, match="--output-layer distance.*lightconv"):
-        stock_arch(_args(arch="dynamicconv_dwt", output_layer="distance"))
+        stock_arch(export_args(arch="dynamicconv_dwt", output_layer="distance"))
     with pytest.raises(ExportError, match="--tied-embed-dim 8"):
-        stock_arch(_args(arch="dynamicconv_twwt", tied_embed_dim=8))
+        stock_arch(export_args(arch="dynamicconv_twwt", tied_embed_dim=8))
 
 
 def test_export_flags_for_the_other_format_are_refused(tmp_path, capsys):

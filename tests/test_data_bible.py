@@ -17,7 +17,7 @@ from fairseq_tying.data import bible
 from fairseq_tying.data.align import align_book, align_lengths
 from fairseq_tying.data.osis import clean_osis, parse_imp
 from fairseq_tying.data.recase import undo_drop_caps, word_case_counts
-from tests.conftest import run_module
+from tests.helpers import run_module
 
 COMMITTED = bible.CORPUS_DIR
 W = '<w lemma="strong:H{}">{}</w>'.format
@@ -220,6 +220,7 @@ def test_committed_checksums_match_readme():
         assert f"| {path.name} | `{digest}` |" in readme
 
 
+@pytest.mark.slow  # runs the tool
 def test_extract_cli(tmp_path):
     proc = run_module("fairseq_tying.data.bible", "extract", "--out", tmp_path)
     assert "train 28,637 pairs, valid 808 pairs, test 1,434 pairs" in proc.stdout

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.data import bible, prepare
-from tests.conftest import run_module
+from tests.helpers import run_module
 
 LIMIT = 300
 

@@ -9,7 +9,7 @@ import pytest
 
 from fairseq_tying.common import moses
 from fairseq_tying.data import bible, build, prepare
-from tests.conftest import run_module
+from tests.helpers import run_module
 
 LIMIT = 200
 CONTRACT = {"corpus", "src", "tgt", "subword", "post_process", "detokenizer", "vocab_size"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.data import bible
-from tests.conftest import run_module
+from tests.helpers import run_module
 
 
 def _slice(src: Path, dst: Path, sizes: dict[str, int]) -> None:

@@ -23,7 +23,7 @@ from matplotlib import image as mpimg
 import fairseq_tying
 from fairseq_tying.evaluation.average import average_checkpoints
 from fairseq_tying.launch import job
-from tests.conftest import run_module
+from tests.helpers import run_module
 
 pytestmark = pytest.mark.slow
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
 import torch
 
 from fairseq_tying import export
-from tests.conftest import TINY_MODEL, run_cli, run_module
+from tests.helpers import export_args, run_cli, run_module, train_checkpoint
 
 CASES = [  # (arch, --tying, --output-layer, --tied-projection)
     *[("transformer_twwt", "three_way", output_layer, proj)
@@ -20,18 +19,6 @@ CASES = [  # (arch, --tying, --output-layer, --tied-projection)
     ("transformer_dwt", "decoder", "l2norm", False),
     ("transformer_dwt", "none", "sqnorm", False),
 ]
-
-
-def _train(data: Path, save_dir: Path, arch: str, tying: str, output_layer: str, projection: bool,
-           updates: int = 25, extra: tuple[str, ...] = ()) -> Path:
-    run_cli("fairseq-train", str(data), "--user-dir", "fairseq_tying", "--arch", arch,
-            *TINY_MODEL, *extra, "--tying", tying, "--output-layer", output_layer,
-            *(["--tied-projection"] if projection else []),
-            "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
-            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600",
-            "--max-update", str(updates), "--save-dir", str(save_dir), "--cpu", "--seed", "2",
-            "--no-progress-bar", "--no-epoch-checkpoints", "--no-save-optimizer-state")
-    return save_dir / "checkpoint_last.pt"
 
 
 def _hypotheses(data: Path, ckpt: Path, *extra: str) -> dict[int, tuple[str, float]]:
@@ -51,7 +38,7 @@ def _export(ckpt: Path, out: Path) -> subprocess.CompletedProcess:
 def test_stock_fairseq_generate_reproduces_the_plugin(
     joined_bin, tmp_path, arch, tying, output_layer, projection
 ):
-    ckpt = _train(joined_bin, tmp_path / "ckpt", arch, tying, output_layer, projection)
+    ckpt = train_checkpoint(joined_bin, tmp_path / "ckpt", arch, tying, output_layer, projection)
     out = tmp_path / "stock" / "model.pt"
     proc = _export(ckpt, out)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -79,7 +66,7 @@ def test_stock_fairseq_generate_reproduces_the_plugin(
 
 @pytest.mark.slow
 def test_distance_is_refused_and_nothing_is_written(joined_bin, tmp_path):
-    ckpt = _train(
+    ckpt = train_checkpoint(
         joined_bin, tmp_path / "ckpt", "transformer_twwt", "three_way", "distance", False, updates=2
     )
     out = tmp_path / "stock" / "model.pt"
@@ -95,26 +82,14 @@ def test_missing_checkpoint_is_named(tmp_path):
     assert not (tmp_path / "out.pt").exists()
 
 
-def _args(**kw) -> Namespace:
-    base = {
-        "arch": "transformer_twwt",
-        "output_layer": "cosine",
-        "tying": "three_way",
-        "tied_projection": True,
-        "tied_embed_dim": None,
-        "decoder_embed_dim": 16,
-    }
-    return Namespace(**{**base, **kw})
-
-
 def test_inexpressible_models_are_refused_with_the_flag_at_fault():
     import fairseq_tying  # noqa: F401  (registers the archs)
 
     with pytest.raises(export.ExportError, match="--tied-embed-dim 8"):
-        export._check(_args(tied_embed_dim=8))
+        export._check(export_args(tied_embed_dim=8))
     with pytest.raises(export.ExportError, match="--arch transformer is not"):
-        export._check(_args(arch="transformer"))  # fairseq's own: nothing to bake
-    export._check(_args(tied_embed_dim=16))  # equal to the decoder size: fine
+        export._check(export_args(arch="transformer"))  # fairseq's own: nothing to bake
+    export._check(export_args(tied_embed_dim=16))  # equal to the decoder size: fine
 
 
 def test_projection_is_folded_into_the_output_matrix():
@@ -128,7 +103,7 @@ def test_projection_is_folded_into_the_output_matrix():
         "decoder.scorer.weight": w,
         "decoder.scorer.projection.weight": proj,
     }
-    new, flags = export.bake(state, _args(output_layer="sqnorm"))
+    new, flags = export.bake(state, export_args(output_layer="sqnorm"))
     h = torch.randn(3, 6, generator=g)
     want = (h @ proj.T) @ (w / w.norm(dim=-1, keepdim=True).square()).T
     torch.testing.assert_close(h @ new["decoder.output_projection.weight"].T, want)

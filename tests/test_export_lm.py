@@ -18,7 +18,7 @@ from torch import Tensor
 from fairseq_tying import export, translate
 from fairseq_tying.core import scoring
 from fairseq_tying.export.stock import PLUGIN_ARCHS, bake_lm, stock_arch, stock_lm_arch
-from tests.conftest import build_on_meta, run_cli, run_module
+from tests.helpers import build_on_meta, run_cli, run_module
 
 TIED_L = ("--tied-embed-dim", "8", "--tied-projection")  # D = 8 under H = 16
 CASES = {  # name: (--output-layer, extra fairseq-train flags)

@@ -12,7 +12,7 @@ import torch
 
 from fairseq_tying import translate
 from fairseq_tying.bench import gpu_check
-from tests.conftest import TINY_MODEL, run_cli
+from tests.helpers import TINY_MODEL, run_cli
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")

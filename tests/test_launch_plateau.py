@@ -9,24 +9,12 @@ import pytest
 
 from fairseq_tying.launch import plateau
 from fairseq_tying.launch.plateau import Plateau
+from tests.helpers import first_stop
 
 
 def history(values: list[float], updates_per_epoch: int = 10) -> list[dict]:
     return [{"epoch": e, "update": e * updates_per_epoch, "value": v}
             for e, v in enumerate(values, start=1)]
-
-
-def first_stop(values: list[float], patience: int, gain: float, cap: int) -> tuple[int, str]:
-    """Independent: the first epoch e whose last `patience` values all fail to beat the best
-    before them by a fraction `gain` (lower is better), else the cap."""
-    for e in range(1, len(values) + 1):
-        if e > patience:
-            best_before = min(values[:e - patience])
-            if all(v > best_before * (1 - gain) for v in values[e - patience:e]):
-                return e, "plateau"
-        if e >= cap:
-            return e, "cap"
-    return len(values), "running"
 
 
 def replay(rule: Plateau, values: list[float]) -> tuple[int, str]:

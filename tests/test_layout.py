@@ -14,7 +14,7 @@ from pathlib import Path
 from setuptools import find_packages
 from setuptools.config.pyprojecttoml import read_configuration
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PACKAGE = REPO / "fairseq_tying"
 CORE = "fairseq_tying.core"

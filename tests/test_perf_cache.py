@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_tying.core import modules, scoring
-from tests.conftest import build_model, run_module
+from tests.helpers import build_model, run_module
 
 
 def _model(data, output_layer: str):

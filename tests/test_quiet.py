@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_module
+from tests.helpers import run_module
 
 NOISE = ("DEBUG", "Please install")
 

@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, launch, write_sweep
 
 from fairseq_tying.evaluation import study_records
 from fairseq_tying.evaluation.cli import main
-from tests.test_launch_plateau import first_stop
+from tests.helpers import REPO, first_stop, launch, write_sweep
 
 pytestmark = pytest.mark.slow
 

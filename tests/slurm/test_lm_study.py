@@ -10,14 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, launch
 
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.lm_study import verdict
 from fairseq_tying.evaluation.perplexity import parse_eval_lm
-from tests.conftest import run_cli
-from tests.test_launch_plateau import first_stop
+from tests.helpers import REPO, first_stop, launch, run_cli
 
 STOP = {"patience": 1, "min_gain": 0.02, "min_epoch": 1, "max_epoch": 3}
 TINY = {"decoder_layers": 1, "decoder_embed_dim": 16, "decoder_ffn_embed_dim": 32,

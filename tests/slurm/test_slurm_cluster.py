@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import launch, raw_job_ids, sacct, wait_jobs, write_sweep
+
+from tests.helpers import launch, raw_job_ids, sacct, wait_jobs, write_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]
 NO_EVAL = {"enabled": False}

@@ -7,9 +7,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-from conftest import REPO, launch, write_sweep
 
-from fairseq_tying.launch.__main__ import main, recorded_stops
+from fairseq_tying.launch.__main__ import main
 from fairseq_tying.launch.config import SweepError, load_sweep
 from fairseq_tying.launch.continuation import without_length
 from fairseq_tying.launch.grid import GRID_KEYS
@@ -18,6 +17,7 @@ from fairseq_tying.launch.plateau import Plateau, record_epoch, write_history
 from fairseq_tying.launch.submit import Forecast, local_order, training_now
 from fairseq_tying.launch.sweep import EVALUATION, Batch, Resources, Sweep, section_fields
 from fairseq_tying.launch.sweepfile import STOPPING_FIELDS
+from tests.helpers import REPO, launch, write_sweep
 
 # the tiny sweep's fairseq section without its update budget: a `stopping:` section decides
 EPOCHS = {"max_update": None, "save_interval_updates": None, "keep_interval_updates": None,
@@ -281,17 +281,6 @@ def test_forecast_of_the_time_left_from_the_pace_and_the_finished_runs(tmp_path)
     assert Forecast([dataclasses.replace(a, stopping=None)], [12])([a]) == ""
 
 
-def test_recorded_runs_tell_the_forecast_their_stop_epochs(tmp_path):
-    sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
-    runs = sweep.runs[:3]
-    (tmp_path / f"{runs[0].name}.json").write_text('{"train": {"stop": {"epoch": 12}}}')
-    (tmp_path / f"{runs[2].name}.json").write_text('{"train": {"stop": {"epoch": 15}}}')
-    (tmp_path / "bible_en.other.json").write_text('{"train": {"stop": {"epoch": 30}}}')
-    assert recorded_stops(tmp_path, runs) == [12, 15]
-    seed1 = [r for r in sweep.runs if r.name.endswith((".none.dot.s1", ".decoder.dot.s1"))]
-    assert recorded_stops(REPO / "docs" / "lm" / "records", seed1) == [12, 15]  # committed
-
-
 def test_lm_sweep_refuses_translation_evaluation_flags(tmp_path):
     text = (REPO / "slurm" / "bible_lm.yaml").read_text().replace(
         'args: [--average-last, "5"]', 'args: [--average-last, "5", --beam, "5"]')
@@ -330,6 +319,7 @@ def test_the_gpu_converged_sweep_is_fp16_at_the_iwslt_size():
     assert run.stopping["patience"] == 6 and run.stopping["max_epoch"] == 40
 
 
+@pytest.mark.slow  # runs the tool
 def test_dry_run_of_the_fp16_gpu_sweep():
     """The GPU path (no GPU here): sbatch parameters and fairseq commands, nothing submitted."""
     proc = launch("slurm/iwslt_transformer.yaml", "--dry-run", "--only", "*dot.s1")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import launch, write_sweep
+
+from tests.helpers import launch, write_sweep
 
 pytestmark = pytest.mark.slow
 

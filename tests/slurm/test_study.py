@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, write_sweep
 
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.significance import seed_paired_bootstrap
 from fairseq_tying.evaluation.study import BEGIN, END
+from tests.helpers import REPO, write_sweep
 
 pytestmark = pytest.mark.slow
 

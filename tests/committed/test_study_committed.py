@@ -17,8 +17,9 @@ from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS, stop_corr
 from fairseq_tying.evaluation.study_records import training_summary
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.plateau import Plateau
+from tests.helpers import REPO
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = REPO / "docs"
 RECORDS = DOCS / "study" / "records"
 
 

@@ -14,10 +14,12 @@ from fairseq_tying.common.atomic import markers
 from fairseq_tying.evaluation.aggregate import stat
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.lm_study import verdict
+from fairseq_tying.launch.__main__ import recorded_stops
+from fairseq_tying.launch.config import load_sweep
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "lm_study"
-DOCS = ROOT / "docs"
+FIXTURE = REPO / "tests" / "fixtures" / "lm_study"
+DOCS = REPO / "docs"
 BEGIN, END = markers("lm")
 
 
@@ -68,3 +70,14 @@ def test_decoder_tied_cells_are_compared_with_tied_dot_seed_by_seed(tmp_path):
                                            - ppl["toy.transformer_lm_tied.decoder.dot.s1"])
     assert "vs_tied_dot" not in summary["decoder × dot"]
     assert "vs_tied_dot" not in summary["none × dot"]
+
+
+def test_recorded_runs_tell_the_forecast_their_stop_epochs(tmp_path):
+    sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
+    runs = sweep.runs[:3]
+    (tmp_path / f"{runs[0].name}.json").write_text('{"train": {"stop": {"epoch": 12}}}')
+    (tmp_path / f"{runs[2].name}.json").write_text('{"train": {"stop": {"epoch": 15}}}')
+    (tmp_path / "bible_en.other.json").write_text('{"train": {"stop": {"epoch": 30}}}')
+    assert recorded_stops(tmp_path, runs) == [12, 15]
+    seed1 = [r for r in sweep.runs if r.name.endswith((".none.dot.s1", ".decoder.dot.s1"))]
+    assert recorded_stops(REPO / "docs" / "lm" / "records", seed1) == [12, 15]  # committed

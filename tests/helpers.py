@@ -1,0 +1,378 @@
+"""Helpers shared by the test modules: running the CLIs, tiny corpora and models, sweeps and the
+SLURM queries. Fixtures live in the conftest files; whatever a test imports comes from here."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+from filelock import FileLock
+
+from fairseq_tying.common import PLUGIN_DIR
+
+if TYPE_CHECKING:
+    import torch
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TINY_MODEL = [
+    "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--dropout", "0",
+]
+TINY_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+           "--decoder-input-dim", "16", "--decoder-output-dim", "16",  # stock says 512
+           "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
+LM_TRAIN = ["--task", "language_modeling", "--user-dir", PLUGIN_DIR, *TINY_LM, "--cpu",
+            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "512", "--max-update", "30",
+            "--required-batch-size-multiple", "1",  # fairseq drops batches of < 8 blocks
+            "--seed", "1", "--no-epoch-checkpoints", "--no-progress-bar", "--log-format", "simple"]
+
+
+# ---- running the CLIs -----------------------------------------------------------------------
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def _run(argv: list[str], name: str, check: bool, env: dict[str, str] | None,
+         timeout: float | None, input: str | None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=cli_env() if env is None
+                          else env, cwd=REPO, timeout=timeout, input=input)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def run_cli(tool: str, *args: str, check: bool = True,
+            input: str | None = None) -> subprocess.CompletedProcess:
+    """Run one of fairseq's console scripts from this environment (INPUT on its stdin); output
+    captured."""
+    return _run([str(BIN / tool), *args], tool, check, None, None, input)
+
+
+def run_module(module: str, *args: str | os.PathLike, check: bool = True,
+               timeout: float | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m MODULE ARGS`` (one of the package's tools, as a user runs it) from this
+    environment (``cli_env()`` unless ENV); output captured."""
+    return _run([sys.executable, "-m", module, *map(str, args)], module, check, env, timeout,
+                None)
+
+
+def generate(data: Path, ckpt: Path, *flags: str) -> dict[int, str]:
+    """fairseq-generate's hypotheses ``{sentence id: text}`` for a plugin checkpoint, batches of
+    8 (the last one too: fairseq otherwise drops a short last batch)."""
+    proc = run_cli("fairseq-generate", str(data), "--user-dir", PLUGIN_DIR, "--path", str(ckpt),
+                   "--batch-size", "8", "--required-batch-size-multiple", "1", "--cpu", *flags)
+    return {int(i): h for i, h in re.findall(r"^H-(\d+)\t\S+\t(.*)$", proc.stdout, re.M)}
+
+
+def last_updates(log: str) -> int:
+    return int(re.findall(r"num_updates (\d+)", log)[-1])
+
+
+# ---- built once per test run ----------------------------------------------------------------
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """The folder NAME, filled by ``build(folder)`` once per test run. Under pytest-xdist the
+    workers of one run share it: the first builds it under a file lock, the others wait for it
+    and reuse it (a build that failed is started again)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(root / f"{name}.lock"):
+        if not done.exists():
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            build(folder)
+            done.touch()
+    return folder
+
+
+# ---- tiny corpora ---------------------------------------------------------------------------
+
+
+def write_corpus(folder: Path, seed: int = 0) -> None:
+    """A toy 'translation' task: the target is the reversed, upper-cased source."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(40)]
+    for split, n in (("train", 300), ("valid", 20), ("test", 20)):
+        sents = [[rng.choice(words) for _ in range(rng.randint(3, 9))] for _ in range(n)]
+        (folder / f"{split}.src").write_text("".join(" ".join(s) + "\n" for s in sents))
+        (folder / f"{split}.tgt").write_text(
+            "".join(" ".join(reversed(s)).upper() + "\n" for s in sents))
+
+
+def binarize(folder: Path, dest: Path, joined: bool, src: str = "src", tgt: str = "tgt") -> Path:
+    """``fairseq-preprocess`` of FOLDER/{train,valid,test}.{SRC,TGT} into DEST."""
+    run_cli("fairseq-preprocess", "--source-lang", src, "--target-lang", tgt,
+            "--trainpref", str(folder / "train"), "--validpref", str(folder / "valid"),
+            "--testpref", str(folder / "test"), "--destdir", str(dest), "--workers", "1",
+            *(["--joined-dictionary"] if joined else []))
+    return dest
+
+
+def binarize_lm(folder: Path, side: str, dest: Path) -> Path:
+    """``fairseq-preprocess --only-source`` of FOLDER/{train,valid,test}.SIDE."""
+    splits = [arg for split in ("train", "valid", "test")
+              for arg in (f"--{split}pref", str(folder / f"{split}.{side}"))]
+    run_cli("fairseq-preprocess", "--only-source", *splits, "--destdir", str(dest),
+            "--workers", "1")
+    return dest
+
+
+SIZES = {"train": 1500, "valid": 60, "test": 40}  # the tiny data dirs of the sweeps
+
+
+def build_tiny_data(root: Path, seed: int = 0) -> Path:
+    """``root/raw``, ``root/bin`` and ``root/prep.json``: a synthetic Es->En corpus in the
+    project's data-dir layout, word-level, a word-for-word mapping."""
+    rng = random.Random(seed)
+    src_words = [f"pal{i}" for i in range(24)]
+    tgt_words = [f"word{i}" for i in range(24)]
+    raw = root / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, n in SIZES.items():
+        src_lines, tgt_lines = [], []
+        for _ in range(n):
+            ids = [rng.randrange(len(src_words)) for _ in range(rng.randint(3, 7))]
+            src_lines.append(" ".join(src_words[i] for i in ids))
+            tgt_lines.append(" ".join(tgt_words[i] for i in ids))
+        (raw / f"{split}.es").write_text("\n".join(src_lines) + "\n")
+        (raw / f"{split}.en").write_text("\n".join(tgt_lines) + "\n")
+    binarize(raw, root / "bin", joined=True, src="es", tgt="en")
+    prep = {"corpus": "synthetic", "src": "es", "tgt": "en", "subword": "subword_nmt",
+            "post_process": "subword_nmt", "detokenizer": None, "vocab_size": 48}
+    (root / "prep.json").write_text(json.dumps(prep, indent=1) + "\n")
+    return root
+
+
+def build_tiny_lm_data(root: Path, seed: int = 0) -> Path:
+    """``root/raw``, ``root/bin`` (``fairseq-preprocess --only-source``) and ``root/prep.json``
+    of a toy language-modelling set: sentences of a 24-word language with a fixed word order
+    (each word mostly followed by the next), so that a model can lower its perplexity."""
+    rng = random.Random(seed)
+    words = [f"word{i}" for i in range(24)]
+    raw = root / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, n in SIZES.items():
+        lines = []
+        for _ in range(n):
+            i = rng.randrange(len(words))
+            ids = [(i + k + (rng.random() < 0.2)) % len(words) for k in range(rng.randint(3, 7))]
+            lines.append(" ".join(words[j] for j in ids))
+        (raw / f"{split}.en").write_text("\n".join(lines) + "\n")
+    binarize_lm(raw, "en", root / "bin")
+    prep = {"task": "language_modeling", "corpus": "synthetic", "lang": "en", "subword": "word",
+            "post_process": None}
+    (root / "prep.json").write_text(json.dumps(prep, indent=1) + "\n")
+    return root
+
+
+# ---- tiny models ----------------------------------------------------------------------------
+
+
+def arch_name(family: str, tying: str) -> str:
+    """The plugin arch of a family (transformer, dynamicconv) whose default is this tying."""
+    return f"{family}_{'twwt' if tying == 'three_way' else 'dwt'}"
+
+
+def train_args(data: Path, save_dir: Path, arch: str, *flags: str, updates: int = 4) -> list[str]:
+    """fairseq-train's arguments for a few updates of a tiny model."""
+    return [str(data), "--user-dir", "fairseq_tying", "--arch", arch, *TINY_MODEL,
+            "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "600",
+            "--max-update", str(updates), "--save-dir", str(save_dir), "--cpu", "--seed", "3",
+            "--no-progress-bar", "--log-interval", "1", "--no-epoch-checkpoints", *flags]
+
+
+def train_checkpoint(data: Path, save_dir: Path, arch: str, tying: str, output_layer: str,
+                     projection: bool, updates: int = 25, extra: tuple[str, ...] = ()) -> Path:
+    """``checkpoint_last.pt`` of a tiny model trained through fairseq-train (the exports' and
+    CTranslate2's tests start from it)."""
+    run_cli("fairseq-train", str(data), "--user-dir", "fairseq_tying", "--arch", arch,
+            *TINY_MODEL, *extra, "--tying", tying, "--output-layer", output_layer,
+            *(["--tied-projection"] if projection else []),
+            "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600",
+            "--max-update", str(updates), "--save-dir", str(save_dir), "--cpu", "--seed", "2",
+            "--no-progress-bar", "--no-epoch-checkpoints", "--no-save-optimizer-state")
+    return save_dir / "checkpoint_last.pt"
+
+
+def export_args(**kw) -> Namespace:
+    """A model config as the exports read it: a three-way tied cosine transformer, changed by
+    KW."""
+    base = {
+        "arch": "transformer_twwt",
+        "output_layer": "cosine",
+        "tying": "three_way",
+        "tied_projection": True,
+        "tied_embed_dim": None,
+        "decoder_embed_dim": 16,
+    }
+    return Namespace(**{**base, **kw})
+
+
+def build_model(data: Path, arch: str, *flags: str):
+    """Parse flags with fairseq's own training parser and build the model in-process."""
+    from fairseq import options, tasks
+
+    import fairseq_tying  # noqa: F401  (registration)
+
+    parser = options.get_training_parser()
+    args: Namespace = options.parse_args_and_arch(
+        parser, [str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *TINY_MODEL, *flags])
+    task = tasks.setup_task(args)
+    return task.build_model(args), task
+
+
+def build_on_meta(data: Path, arch: str, *flags: str) -> tuple:
+    """(task, model config as fairseq-train saves it, model) for exactly these flags, built on
+    the meta device: the shapes of any preset, the big ones too, without their memory."""
+    import torch
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *flags])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    with torch.device("meta"):
+        return task, cfg.model, task.build_model(cfg.model)
+
+
+def decode_full_and_incremental(model, task) -> tuple:
+    """(encoder output, random target prefixes, the decoder's scores in one full pass, the same
+    scores step by step through fairseq's incremental state) for a translation model in eval
+    mode: the two must agree, since fairseq-generate decodes incrementally."""
+    import torch
+
+    d = task.target_dictionary
+    src = torch.randint(d.nspecial, len(d), (2, 6))
+    prev = torch.cat([torch.full((2, 1), d.eos()), torch.randint(d.nspecial, len(d), (2, 4))], 1)
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state: dict = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+                 for t in range(prev.shape[1])]
+    return enc, prev, full, torch.cat(steps, 1)
+
+
+# ---- independent references -----------------------------------------------------------------
+
+
+def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The formulas written out row by row in float64."""
+    import torch
+
+    h, w = h.double(), w.double()
+    out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float64)
+    for i in range(w.shape[0]):
+        dot = h @ w[i]
+        norm = math.sqrt(float((w[i] * w[i]).sum()))
+        out[:, i] = {
+            "dot": dot,
+            "l2norm": dot / norm,
+            "cosine": dot / norm,
+            "sqnorm": dot / norm**2,
+            "distance": dot - 0.5 * norm**2,
+        }[output_layer]
+    return out
+
+
+def first_stop(values: list[float], patience: int, gain: float, cap: int) -> tuple[int, str]:
+    """Independent: the first epoch e whose last `patience` values all fail to beat the best
+    before them by a fraction `gain` (lower is better), else the cap."""
+    for e in range(1, len(values) + 1):
+        if e > patience:
+            best_before = min(values[:e - patience])
+            if all(v > best_before * (1 - gain) for v in values[e - patience:e]):
+                return e, "plateau"
+        if e >= cap:
+            return e, "cap"
+    return len(values), "running"
+
+
+# ---- sweeps and the SLURM cluster -----------------------------------------------------------
+
+TINY_SWEEP = REPO / "slurm" / "tiny_cpu.yaml"
+
+
+def write_sweep(path: Path, **changes) -> Path:
+    """The tiny CPU sweep with sections replaced/updated (``{"grid": {...}}`` merges one level)."""
+    data = yaml.safe_load(TINY_SWEEP.read_text())
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def launch(*args: str, data: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """``python -m fairseq_tying.launch ARGS`` as a user runs it (DATA: the tiny sweep's data)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if data is not None:
+        env["FAIRSEQ_TYING_TINY_DATA"] = str(data)
+    return run_module("fairseq_tying.launch", *args, check=check, timeout=600, env=env)
+
+
+def sacct(job: str) -> list[dict[str, str]]:
+    """All records (also requeued attempts) of a job or array, allocations only."""
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-D", "-j", job, "-o",
+                          "JobID,State,Start,End,NodeList"],
+                         capture_output=True, text=True, check=True).stdout
+    keys = ("JobID", "State", "Start", "End", "NodeList")
+    return [dict(zip(keys, line.split("|"), strict=True)) for line in out.splitlines() if line]
+
+
+ACTIVE = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING"}
+
+
+def _accounted(job: str) -> bool:
+    """slurmdbd has the job's end: it hears of it after squeue does, later on a busy machine."""
+    records = sacct(job)
+    return bool(records) and not any(r["State"].split()[0] in ACTIVE for r in records)
+
+
+def wait_jobs(jobs: list[str], timeout: float = 240) -> None:
+    """Until every job (array ids included) has left the queue in a terminal state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                                check=True).stdout.split()
+        base = {j.split("_")[0] for j in jobs}
+        if not any(q.split("_")[0] in base for q in queued) and all(_accounted(j) for j in jobs):
+            return
+        time.sleep(1)
+    raise AssertionError(f"jobs {jobs} still queued after {timeout:.0f}s: "
+                         + subprocess.run(["squeue"], capture_output=True, text=True).stdout)
+
+
+def raw_job_ids() -> set[int]:
+    """Every job id the cluster handed out (array tasks have their own)."""
+    out = subprocess.run(["sacct", "-n", "-X", "-D", "-o", "JobIDRaw"], capture_output=True,
+                         text=True, check=True).stdout
+    return {int(j) for j in out.split()}
