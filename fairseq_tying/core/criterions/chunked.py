@@ -72,6 +72,7 @@ class ChunkedLoss:
     (fairseq's ``ignore_prefix_size``, ``sentence_avg``, padding and logs kept)."""
 
     chunked_loss = False
+    logs_nll_loss = True  # fairseq's cross_entropy logs its loss only
     eps = 0.0
     ignore_prefix_size = 0
     report_accuracy = False
@@ -82,9 +83,10 @@ class ChunkedLoss:
         features, _ = model(**sample["net_input"], features_only=True)
         loss, nll_loss, n_correct, total = self.loss_from_features(model, features, sample, reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
-        logging_output = {"loss": loss.data, "nll_loss": nll_loss.data,
-                          "ntokens": sample["ntokens"], "nsentences": sample["target"].size(0),
-                          "sample_size": sample_size}
+        logging_output = {"loss": loss.data, "ntokens": sample["ntokens"],
+                          "nsentences": sample["target"].size(0), "sample_size": sample_size}
+        if self.logs_nll_loss:
+            logging_output["nll_loss"] = nll_loss.data
         if self.report_accuracy:
             logging_output["n_correct"], logging_output["total"] = n_correct, total
         return loss, sample_size, logging_output

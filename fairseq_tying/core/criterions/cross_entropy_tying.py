@@ -16,6 +16,8 @@ class CrossEntropyTyingConfig(CrossEntropyCriterionConfig):
 
 @register_criterion("cross_entropy_tying", dataclass=CrossEntropyTyingConfig)
 class CrossEntropyTying(ChunkedLoss, CrossEntropyCriterion):
+    logs_nll_loss = False
+
     def __init__(self, task, sentence_avg, chunked_loss=False):
         super().__init__(task, sentence_avg)
         self.chunked_loss = chunked_loss
