@@ -130,14 +130,17 @@ class OutputScorer(_Evicting):
         self.bias = nn.Parameter(weight.new_zeros(weight.shape[0])) if output_bias else None
 
     def forward(self, features: Tensor) -> Tensor:
-        if self.projection is not None:
-            features = self.projection(features)
+        features = self.project(features)
         w_out, bias = self.output_matrix_and_bias()
         # One matrix product over all positions. Given a non-contiguous (B, T, D) input (the
         # decoder's transposed output) and a weight without grad (the cached W_out), torch's
         # matmul would take a batched path that reads all of W_out once per sentence.
         scores = F.linear(features.reshape(-1, features.shape[-1]), w_out, bias)
         return scores.view(*features.shape[:-1], scores.shape[-1])
+
+    def project(self, features: Tensor) -> Tensor:
+        """L·h, the vectors that the output layer scores (h itself without a projection)."""
+        return features if self.projection is None else self.projection(features)
 
     def output_matrix_and_bias(self) -> scoring.Affine:
         """(W_out, b) of the scores s = (L·h)·W_outᵀ + b; b includes the output bias b₂."""

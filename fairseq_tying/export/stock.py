@@ -45,9 +45,11 @@ from fairseq_tying.core import names, scoring
 
 PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim", "output_bias",
                      "freeze_embeddings")
-PLUGIN_CRITERIA = {"label_smoothed_cross_entropy_pr": "label_smoothed_cross_entropy"}
-PLUGIN_CRITERION_KEYS = ("projection_reg",)
-PLUGIN_CRITERION_CLASSES = {"LabelSmoothedCrossEntropyPR": "LabelSmoothedCrossEntropyCriterion"}
+PLUGIN_CRITERIA = {"label_smoothed_cross_entropy_pr": "label_smoothed_cross_entropy",
+                   "cross_entropy_tying": "cross_entropy"}
+PLUGIN_CRITERION_KEYS = ("projection_reg", "chunked_loss")
+PLUGIN_CRITERION_CLASSES = {"LabelSmoothedCrossEntropyPR": "LabelSmoothedCrossEntropyCriterion",
+                            "CrossEntropyTying": "CrossEntropyCriterion"}
 # stock family: the plugin's architectures baked into it
 PLUGIN_ARCHS = {"transformer": "transformer_{dwt,twwt}*", "lightconv": "dynamicconv_{dwt,twwt}*",
                 "transformer_lm": "transformer_lm_tied*"}

@@ -1,3 +1,6 @@
 """Criterions registered with fairseq."""
 
-from fairseq_tying.core.criterions import label_smoothed_cross_entropy_pr  # noqa: F401
+from fairseq_tying.core.criterions import (  # noqa: F401
+    cross_entropy_tying,
+    label_smoothed_cross_entropy_pr,
+)

@@ -1,5 +1,6 @@
 """Label-smoothed cross-entropy + Press & Wolf's projection regularization λ‖P‖², with
-statistics of the tied matrix's row norms logged every update."""
+statistics of the tied matrix's row norms logged every update; ``--chunked-loss`` computes the
+cross-entropy without the N×V scores (``chunked.py``)."""
 
 
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.logging import metrics
 
+from fairseq_tying.core.criterions.chunked import ChunkedLoss, chunked_loss_field
+
 NORM_STATS = ("wnorm_mean", "wnorm_std", "wnorm_min", "wnorm_max")
 
 
@@ -21,6 +24,7 @@ class ProjectionRegConfig(LabelSmoothedCrossEntropyCriterionConfig):
         default=0.15,
         metadata={"help": "weight λ of the penalty λ‖P‖² on the --tied-projection matrix P"},
     )
+    chunked_loss: bool = chunked_loss_field()
 
 
 def row_norm_stats(weight: torch.Tensor, padding_idx: int | None) -> dict[str, float]:
@@ -34,11 +38,12 @@ def row_norm_stats(weight: torch.Tensor, padding_idx: int | None) -> dict[str, f
 
 
 @register_criterion("label_smoothed_cross_entropy_pr", dataclass=ProjectionRegConfig)
-class LabelSmoothedCrossEntropyPR(LabelSmoothedCrossEntropyCriterion):
+class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
-                 report_accuracy=False, projection_reg=0.15):
+                 report_accuracy=False, projection_reg=0.15, chunked_loss=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.projection_reg = projection_reg
+        self.chunked_loss = chunked_loss
 
     def forward(self, model, sample, reduce=True):
         loss, sample_size, logging_output = super().forward(model, sample, reduce)

@@ -65,6 +65,13 @@ class DynamicConvModel(CheckedLoadMixin, LightConvModel):
         attach_scorer(decoder, spec)
         return cls(encoder, decoder)
 
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, features_only: bool = False):
+        """fairseq's, plus ``features_only`` (the decoder output before the output layer), as
+        the Transformer has it: --chunked-loss scores the features itself."""
+        encoder_out = self.encoder(src_tokens, src_lengths)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out,
+                            features_only=features_only)
+
 
 def _kernel_sizes(layers: int) -> list[int]:
     return (KERNEL_SIZES + [KERNEL_SIZES[-1]] * layers)[:layers]

@@ -1,0 +1,23 @@
+"""fairseq's ``cross_entropy`` (the language models' criterion; loss logged in base 2) with
+``--chunked-loss``: the same loss without the N×V scores (``chunked.py``, ε = 0)."""
+
+from dataclasses import dataclass
+
+from fairseq.criterions import register_criterion
+from fairseq.criterions.cross_entropy import CrossEntropyCriterion, CrossEntropyCriterionConfig
+
+from fairseq_tying.core.criterions.chunked import ChunkedLoss, chunked_loss_field
+
+
+@dataclass
+class CrossEntropyTyingConfig(CrossEntropyCriterionConfig):
+    chunked_loss: bool = chunked_loss_field()
+
+
+@register_criterion("cross_entropy_tying", dataclass=CrossEntropyTyingConfig)
+class CrossEntropyTying(ChunkedLoss, CrossEntropyCriterion):
+    logs_nll_loss = False
+
+    def __init__(self, task, sentence_avg, chunked_loss=False):
+        super().__init__(task, sentence_avg)
+        self.chunked_loss = chunked_loss
