@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common.atomic import markers
-from fairseq_tying.evaluation.aggregate import stat
 from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.lm_study import verdict
+from fairseq_tying.evaluation.stats import stat
+from fairseq_tying.evaluation.verdicts import interval as verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "lm_study"

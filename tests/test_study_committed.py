@@ -11,14 +11,16 @@ import pytest
 import yaml
 
 from fairseq_tying.common.atomic import markers
-from fairseq_tying.evaluation.claims import study_claims, verdict
 from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS, stop_correlation
-from fairseq_tying.evaluation.study_records import training_summary
+from fairseq_tying.evaluation.records import training_summary
+from fairseq_tying.evaluation.specs import study_claims
+from fairseq_tying.evaluation.verdicts import bootstrap as verdict
+from fairseq_tying.evaluation.view_grid import LAYERS, TYINGS, stop_correlation
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.plateau import Plateau
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+BEGIN, END = markers("study")
 RECORDS = DOCS / "study" / "records"
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, launch, write_sweep
 
-from fairseq_tying.evaluation import study_records
 from fairseq_tying.evaluation.cli import main
+from fairseq_tying.evaluation.records import train_facts
 from tests.test_launch_plateau import first_stop
 
 pytestmark = pytest.mark.slow
@@ -197,10 +197,10 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
         valid = [json.loads(line.split("| valid | ", 1)[1])["epoch"]
                  for line in log.splitlines() if "| valid | " in line]
         assert valid == list(range(1, last + 1))
-        train = study_records._train(run)
+        train = train_facts(run)
         assert train["continued_from"] == {"run": run.name, "epochs": stops[run.name]}
         assert len(train["valid_history"]) == last
-        assert train["train_seconds"] > study_records._train(source)["train_seconds"]
+        assert train["train_seconds"] > train_facts(source)["train_seconds"]
         assert json.loads((run / "eval.json").read_text())["averaged"] == [
             f"checkpoint{e}.pt" for e in range(last - 2, last + 1)]
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO, write_sweep
 
+from fairseq_tying.common.atomic import markers
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.significance import seed_paired_bootstrap
-from fairseq_tying.evaluation.study import BEGIN, END
 
 pytestmark = pytest.mark.slow
+BEGIN, END = markers("study")
 
 GRID = {"tying": ["none", "three_way"], "output_layer": ["dot", "l2norm"], "seed": [1, 2]}
 
