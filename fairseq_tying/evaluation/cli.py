@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--block", default="study", help="name of the report's marked block: "
                     "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> (default: study)")
     st.add_argument("--view", default="auto", help="how the records are reported: "
-                    "translation, equal, lm or help (default auto: lm for language-model "
+                    "translation, equal, lm or does_it_help (default auto: lm for language-model "
                     "records, else translation)")
     st.add_argument("--expected-runs", type=int, metavar="N", help="the number of runs of the "
                     "study's sweep: the block starts with how many of them are recorded, and "

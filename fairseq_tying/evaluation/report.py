@@ -42,7 +42,7 @@ VIEWS: dict[str, View] = {
     "translation": View(GRID, view_grid.render, view_grid.plots),
     "equal": View(GRID, view_equal.render, view_equal.plots),
     "lm": View(LM, view_lm.render, view_lm.plots, "# Language models\n", sentences=False),
-    "help": View(GRID, view_help.render),
+    "does_it_help": View(GRID, view_help.render),
 }
 
 
@@ -94,17 +94,17 @@ class Renderer:
                                                   self.n_samples)
         return self._sections[key]
 
-    def block(self, name: str) -> tuple[str, Any]:
-        """The block text of view ``name`` (led by the count of recorded runs) and its
-        summary (None without records)."""
-        count = recorded(len(self.records), self.expected)
+    def block(self, name: str, count: bool = True) -> tuple[str, Any]:
+        """The block text of view ``name`` (led by the count of recorded runs, unless not
+        ``count``) and its summary (None without records)."""
+        count = recorded(len(self.records), self.expected) if count else ""
         if not self.records:
             return count, None
         text, summary = view_of(name).render(self.sections(view_of(name)))
         return (f"{count}\n\n{text}" if count else text), summary
 
-    def write(self, target: Target) -> tuple[str, Any]:
-        text, summary = self.block(target.view)
+    def write(self, target: Target, count: bool = True) -> tuple[str, Any]:
+        text, summary = self.block(target.view, count)
         replace_block(target.file, target.block, text, new_file=view_of(target.view).new_file)
         return text, summary
 
@@ -137,4 +137,5 @@ def build(records_dir: str | os.PathLike, targets: Sequence[Target],
         renderer.write(target)
         written.append(str(target.file))
     written += map(str, renderer.plots(targets[0].view, Path(plots_dir), summary))
-    return {"exported": exported, "records": len(recs), "markdown": first, "written": written}
+    return {"exported": exported, "records": len(recs), "markdown": first, "written": written,
+            "renderer": renderer}
