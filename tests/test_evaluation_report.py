@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,21 @@ def test_the_readme_block_is_the_short_answer_of_the_study_with_records(manifest
     readme = (REPO / "README.md").read_text()
     begin, end = markers(summary.target.block)
     assert readme[readme.index(begin) + len(begin) + 1:readme.index(end)] == text
+
+
+@pytest.mark.parametrize("name", ["converged", "equal", "one_epoch", "converged_gpu", "lm"])
+def test_every_study_with_a_sweep_dry_runs_its_data_and_unrecorded_runs(manifest, name, capsys,
+                                                                        monkeypatch):
+    """``study NAME --dry-run``: the data preparation into the sweep's dataset folder, and a
+    job for each run of the sweep without a record, nothing trained or written."""
+    monkeypatch.setattr("os.environ", dict(os.environ))  # the launcher pins the CPU kernels
+    study = manifest.study(name)
+    assert launch(["study", name, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    (data,) = {r.data_dir for r in load_sweep(study.sweep, check_data=False).runs}
+    assert f"# python -m fairseq_tying.data.prepare {' '.join(study.prepare)} --out {data}" in out
+    todo = expected_runs(study) - len(list(study.records.glob("*.json")))
+    assert f": {todo} training job(s)" in out
 
 
 def test_study_command_errors_name_the_fix(manifest, capsys):
