@@ -97,11 +97,11 @@ class Renderer:
     def block(self, name: str, count: bool = True) -> tuple[str, Any]:
         """The block text of view ``name`` (led by the count of recorded runs, unless not
         ``count``) and its summary (None without records)."""
-        count = recorded(len(self.records), self.expected) if count else ""
+        line = recorded(len(self.records), self.expected) if count else ""
         if not self.records:
-            return count, None
+            return line, None
         text, summary = view_of(name).render(self.sections(view_of(name)))
-        return (f"{count}\n\n{text}" if count else text), summary
+        return (f"{line}\n\n{text}" if line else text), summary
 
     def write(self, target: Target, count: bool = True) -> tuple[str, Any]:
         text, summary = self.block(target.view, count)
