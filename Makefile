@@ -41,63 +41,37 @@ test-fast: setup
 demo: setup
 	$(PY) -m fairseq_tying.demo --out work/demo
 
-# The studies of docs/results.md on the embedded Bible corpus. Runs live outside git
-# (STUDY_RUNS); the records of finished runs are committed, and runs that have one are never
-# trained again. Both commands resume unfinished runs from their last checkpoint after any stop.
-STUDY_DATA ?= work/study/data
-STUDY_RUNS ?= work
+# The studies of slurm/studies.yaml (docs/results.md, docs/language_models.md), each one command:
+# prepare its data, train and evaluate its sweep's runs without a record (two side by side;
+# resumable after any stop), export the new runs' records, rebuild its report blocks and plots.
+# Runs live outside git (the sweep's output_dir, or RUNS=DIR); the records are committed.
+# REPORT_ONLY=1 rebuilds the reports from the committed records alone.
 WORKERS ?= 2
-NO_START_AFTER ?=
-LOCAL_FLAGS = --local --workers $(WORKERS) $(if $(NO_START_AFTER),--no-start-after $(NO_START_AFTER))
-STUDY_ENV := FAIRSEQ_TYING_STUDY_DATA=$(STUDY_DATA) PYTHONWARNINGS=ignore
-# the Bible es->en corpus with its 4k sentencepiece vocabulary, as every study uses it
-PREPARE_STUDY_DATA = $(PY) -m fairseq_tying.data.prepare --corpus bible --src es --tgt en \
-  --subword sentencepiece --vocab-size 4000 --out $(STUDY_DATA)
+STUDY = PYTHONWARNINGS=ignore $(PY) -m fairseq_tying.launch study
+STUDY_FLAGS = $(if $(REPORT_ONLY),--report-only,--workers $(WORKERS) \
+  $(if $(NO_START_AFTER),--no-start-after $(NO_START_AFTER)) $(if $(ONLY),--only '$(ONLY)') \
+  $(if $(RUNS),--runs $(RUNS)))
 
 # The converged study: every run trained to a validation plateau, grids in priority order
 # (P1: 21 runs, 18 h of the 2 cores as run; its records are committed, so it trains P2, P3).
 study: setup
-	$(PREPARE_STUDY_DATA)
-	$(STUDY_ENV) FAIRSEQ_TYING_CONVERGED_RUNS=$(STUDY_RUNS)/converged/runs \
-	  $(PY) -m fairseq_tying.launch slurm/bible_converged.yaml $(LOCAL_FLAGS) \
-	  --skip-recorded docs/converged/records $(if $(ONLY),--only '$(ONLY)')
-	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/converged/runs \
-	  --records docs/converged/records --report docs/results.md --plots docs/converged \
-	  --block converged
+	$(STUDY) converged $(STUDY_FLAGS)
 
 # The equal-training study: E1 (three-way x every output layer), E2 (DynamicConv three-way x
 # {dot, l2norm}), E3 (untied and decoder-tied dot), 3 seeds each, every run trained exactly 40
-# epochs (27 runs, about 37 h on 2 cores); records in docs/equal/records.
+# epochs (27 runs, about 37 h on 2 cores).
 study-equal: setup
-	$(PREPARE_STUDY_DATA)
-	$(STUDY_ENV) FAIRSEQ_TYING_EQUAL_RUNS=$(STUDY_RUNS)/equal/runs \
-	  $(PY) -m fairseq_tying.launch slurm/bible_equal.yaml $(LOCAL_FLAGS) \
-	  --skip-recorded docs/equal/records $(if $(ONLY),--only '$(ONLY)')
-	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/equal/runs \
-	  --records docs/equal/records --report docs/results.md \
-	  --plots docs/equal --block equal
+	$(STUDY) equal $(STUDY_FLAGS)
 
 # The one-epoch study (600 updates a run, 45 runs, about 2 h on 2 cores).
 study-one-epoch: setup
-	$(PREPARE_STUDY_DATA)
-	$(STUDY_ENV) FAIRSEQ_TYING_RUNS=$(STUDY_RUNS)/study/runs \
-	  $(PY) -m fairseq_tying.launch slurm/bible_study.yaml --local --workers $(WORKERS) \
-	  --skip-recorded docs/study/records
-	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/study/runs \
-	  --records docs/study/records --report docs/results.md --plots docs/study
+	$(STUDY) one_epoch $(STUDY_FLAGS)
 
 # The perplexity study (docs/language_models.md): a word-level Transformer LM of the Bible's
 # English side, untied vs decoder-tied x every output layer and tied+L, 3 seeds (21 runs), each
-# trained to a validation plateau; records in docs/lm/records, the report block rebuilt from them.
-LM_DATA ?= work/lm/data
+# trained to a validation plateau.
 lm-study: setup
-	$(PY) -m fairseq_tying.data.prepare --corpus bible --lm en --subword word \
-	  --vocab-size 10000 --out $(LM_DATA)
-	PYTHONWARNINGS=ignore FAIRSEQ_TYING_LM_DATA=$(LM_DATA) FAIRSEQ_TYING_LM_RUNS=$(STUDY_RUNS)/lm/runs \
-	  $(PY) -m fairseq_tying.launch slurm/bible_lm.yaml $(LOCAL_FLAGS) \
-	  --skip-recorded docs/lm/records $(if $(ONLY),--only '$(ONLY)')
-	$(PY) -m fairseq_tying.evaluation study --runs $(STUDY_RUNS)/lm/runs \
-	  --records docs/lm/records --report docs/language_models.md --plots docs/lm --block lm
+	$(STUDY) lm $(STUDY_FLAGS)
 
 # GPU acceptance on one CUDA GPU (docs/performance.md): per output layer, --fp16 training of
 # transformer_twwt_iwslt_de_en on the Bible corpus (300 updates), fairseq-generate --fp16,

@@ -1,10 +1,11 @@
-"""The verdict rule of the claims tables (``evaluation.claims``), on hand-made comparisons."""
+"""The verdict rules (``evaluation.verdicts``) and the claims table, on hand-made comparisons."""
 
 from __future__ import annotations
 
 import pytest
 
-from fairseq_tying.evaluation.claims import SEEDS, claims_table, counts, verdict
+from fairseq_tying.evaluation.verdicts import SEEDS, bootstrap, counts
+from fairseq_tying.evaluation.view_grid import claims_table
 
 
 def comparison(*deltas: float, p: float) -> dict:
@@ -27,7 +28,7 @@ def comparison(*deltas: float, p: float) -> dict:
     ((-1.9, -1.5), 0.001, "unchanged", f"unresolved (2 of {SEEDS} seeds)"),
 ])
 def test_verdicts_follow_the_rule(deltas, p, expects, expected):
-    assert verdict(comparison(*deltas, p=p), expects) == expected
+    assert bootstrap(comparison(*deltas, p=p), expects) == expected
 
 
 def test_a_difference_at_p_alpha_does_not_count():

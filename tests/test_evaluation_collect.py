@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from fairseq_tying.evaluation import metrics, study
+from fairseq_tying.evaluation import engine, metrics, specs
 from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.collect import collect, load_records
+from fairseq_tying.evaluation.collect import collect
+from fairseq_tying.evaluation.records import load_evaluated, training_summary
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -117,11 +118,12 @@ def test_collect_and_study_agree_on_the_same_runs(runs):
     root, bleus = runs
     res = collect(root / "runs", root / "out", n_samples=200)
     methods = {m["method"]: m for m in res["results"]["groups"][0]["methods"]}
-    records = load_records(root / "runs")
+    records = load_evaluated(root / "runs")
     refs = (root / "data" / "test.en").read_text().splitlines()
     for r in records:  # the study's records also carry training facts, not compared here
-        r["train"] = {"valid": {"nll_loss": 0.0}, "params": 1}
-    cells = study.summarize(study.group(records), refs, 200)
+        r.data["train"] = {"valid": {"nll_loss": 0.0}, "params": 1}
+    [section] = engine.sections(specs.GRID, records, refs, 200)
+    cells = section.summary
     dot, l2 = cells["three_way/dot"], cells["three_way/l2norm"]
     for cell, method in ((dot, methods["dot"]), (l2, methods["l2norm"])):
         assert cell["bleu"]["mean"] == method["bleu_mean"] == pytest.approx(
@@ -145,8 +147,6 @@ def test_training_time_of_a_resumed_run_counts_every_process(tmp_path):
     last logged its wall clock at 4,968 s (train_inner's "wall"; its "train_wall" is the
     interval's) and that was resumed for 324.2 s trained for 5,292.2 s. An uninterrupted run
     keeps fairseq's time."""
-    from fairseq_tying.evaluation.study_records import training_summary
-
     params = "2026-11-25 02:21:50 | INFO | fairseq_cli.train | num. shared model params: " \
              "1,676,800 (num. trained: 1,676,800)"
     valid = _log_line("03:46:18", "valid", {"epoch": 14, "valid_loss": "6.036",
@@ -174,6 +174,6 @@ def test_exporting_records_needs_no_matplotlib():
     """A GPU machine exports its runs' records (row norms need the checkpoints it holds) with
     only what training needs: the record path must not import the plotting stack."""
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from fairseq_tying.evaluation import norms, study_records\n"
-            "assert callable(study_records.export) and callable(norms.row_norms)\n")
+            "from fairseq_tying.evaluation import norms, records\n"
+            "assert callable(records.export) and callable(norms.row_norms)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

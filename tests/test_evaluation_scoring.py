@@ -16,12 +16,12 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
 from fairseq_tying.evaluation import metrics
-from fairseq_tying.evaluation.aggregate import compare
 from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.evaluation.evaluate import evaluate_run
 from fairseq_tying.evaluation.generate import parse_hypotheses
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
-from fairseq_tying.evaluation.significance import seed_paired_bootstrap
+from fairseq_tying.evaluation.records import Record
+from fairseq_tying.evaluation.significance import compare, seed_paired_bootstrap
 from fairseq_tying.evaluation.stats import format_ci, mean_ci
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
@@ -147,12 +147,12 @@ def test_compare_bleu_and_chrf_per_seed_are_sacrebleus_test():
     refs, good, bad = _corpus()
     near = list(good)
     near[3] = bad[3]
-    runs = {name: {"hypotheses": hyps} for name, hyps in
+    runs = {name: Record({"name": name}, hyps) for name, hyps in
             (("good", good), ("bad", bad), ("same", list(good)), ("near", near))}
     pairs = [(name, runs[name], runs["good"]) for name in ("bad", "same", "near")]
     bleu, chrf = (compare(pairs, refs, 300, metric) for metric in ("bleu", "chrf"))
     for name in ("bad", "near"):
-        theirs = _sacrebleu_paired(good, runs[name]["hypotheses"], refs, 300)
+        theirs = _sacrebleu_paired(good, runs[name].hypotheses, refs, 300)
         assert bleu["per_seed_p"][name] == pytest.approx(theirs["bleu_p"])
         assert chrf["per_seed_p"][name] == pytest.approx(theirs["chrf_p"])
     assert bleu["per_seed_p"]["bad"] < 0.05 and chrf["per_seed_p"]["bad"] < 0.05

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -41,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="include the rows of <s>, <pad>, </s>, <unk>")
     no.add_argument("--bins", type=int, default=50)
 
-    st = sub.add_parser("study", help="the reproduction study: records, tables, plots")
+    st = sub.add_parser("study", help="a study's report from a folder of records: tables, "
+                        "plots (a study of slurm/studies.yaml: python -m fairseq_tying.launch "
+                        "study NAME)")
     st.add_argument("--runs", help="export records of newly evaluated runs under RUNS first")
     st.add_argument("--records", required=True, help="folder of the study's JSON records")
     st.add_argument("--report", required=True, help="Markdown report; the tables replace its "
@@ -51,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--bootstrap-samples", type=int, default=1000)
     st.add_argument("--block", default="study", help="name of the report's marked block: "
                     "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> (default: study)")
+    st.add_argument("--view", default="auto", help="how the records are reported: "
+                    "translation, equal, lm or does_it_help (default auto: lm for language-model "
+                    "records, else translation)")
+    st.add_argument("--expected-runs", type=int, metavar="N", help="the number of runs of the "
+                    "study's sweep: the block starts with how many of them are recorded, and "
+                    "may have no record yet")
     st.add_argument("--without-row-norms", action="store_true",
                     help="with --runs: export runs whose evaluated checkpoint is not on this "
                     "machine (e.g. trained on a GPU machine and brought back without "
@@ -125,7 +134,8 @@ def _tag(value: str) -> str:
 COMMANDS = ("evaluate", "evaluate-lm", "collect", "norms", "study", "average")
 
 
-def _references(path: str | None) -> list[str]:
+def references(path: str | os.PathLike | None) -> list[str]:
+    """The test set's references: ``path``, else the embedded Bible's test.en."""
     if path is None:
         from fairseq_tying.data.bible import read_split
 
@@ -165,11 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                args.keep_special, args.bins))
             print(f"wrote {args.out}")
         elif args.command == "study":
-            from fairseq_tying.evaluation.study import build
+            from fairseq_tying.evaluation.report import Target, build
 
-            refs = _references(args.references)
-            done = build(args.records, args.report, args.plots, refs, args.runs,
-                         args.bootstrap_samples, args.block, not args.without_row_norms)
+            done = build(args.records, [Target(args.report, args.block, args.view)],
+                         args.plots, references(args.references), args.runs,
+                         args.bootstrap_samples, args.expected_runs, not args.without_row_norms)
             print(done["markdown"])
             print(f"{len(done['exported'])} new record(s), {done['records']} in all; wrote "
                   + ", ".join(done["written"]))

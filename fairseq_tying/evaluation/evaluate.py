@@ -14,7 +14,7 @@ from fairseq_tying.common.atomic import read_lines, write_json, write_lines, wri
 from fairseq_tying.evaluation import average, metrics
 from fairseq_tying.evaluation.generate import generate
 from fairseq_tying.evaluation.presets import resolve_preset
-from fairseq_tying.evaluation.records import read_run_json, record_for_run
+from fairseq_tying.evaluation.records import read_run_json, run_identity
 
 PREP_KEYS = ("src", "tgt", "post_process")
 
@@ -176,7 +176,7 @@ def evaluate_run(
     ckpt, averaged = pick_checkpoint(run_dir, checkpoint, average_last)
     state = checkpoints.load(ckpt)
     preset_name, beam, lenpen = decoding(state, preset, beam, lenpen)
-    record = record_for_run(run_dir, state)
+    run = run_identity(run_dir, state)
     del state
     hyps, raw, cmd = translate(data_dir, ckpt, subset, beam, lenpen, len(refs),
                                batch_size=batch_size, max_tokens=max_tokens, cpu=cpu,
@@ -185,7 +185,7 @@ def evaluate_run(
     hyp_name = write_outputs(run_dir, f"{subset}.{tag}" if tag else subset, data_dir.tgt, hyps,
                              raw)
     result = {
-        "run": record.as_dict(), "run_dir": str(run_dir), "checkpoint": str(ckpt),
+        "run": run, "run_dir": str(run_dir), "checkpoint": str(ckpt),
         "averaged": averaged, "data": str(data_dir.root), "corpus": data_dir.prep.get("corpus"),
         "src": data_dir.src, "tgt": data_dir.tgt, "subset": subset, "tag": tag,
         "preset": preset_name, "beam": beam, "lenpen": lenpen, "hypotheses": hyp_name,

@@ -1,10 +1,12 @@
-"""sacrebleu scores: detokenized BLEU, tokenized (multi-bleu style) BLEU, chrF."""
+"""sacrebleu scores (detokenized BLEU, tokenized multi-bleu style BLEU, chrF) and ``METRICS``,
+the registry of the values of a run that the across-run views report per cell."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
@@ -75,3 +77,37 @@ def score(hyps: Sequence[str], refs: Sequence[str], src: str, tgt: str) -> Score
         chrf_signature=str(chrf.get_signature()),
         n_sentences=len(hyps),
     )
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One value of each run that a view reports per cell (mean ± 95 % CI over its seeds)."""
+
+    path: tuple[str, ...]  # where a record holds it, e.g. ("eval", "bleu")
+    optional: bool = False  # reported only where every run of the cell has it
+    scorer: type | None = None  # sacrebleu's metric: paired bootstraps over sentences
+
+    def of(self, record: Any) -> float | None:
+        """The run's value; None when an optional value is missing."""
+        value = record
+        for i, key in enumerate(self.path):
+            if key not in value:
+                if self.optional:
+                    return None
+                raise KeyError(f"{record['name']}: no {'.'.join(self.path[:i + 1])} in its "
+                               "record")
+            value = value[key]
+        return value
+
+
+# A new metric is one entry: the views report each metric their spec names.
+METRICS: dict[str, Metric] = {
+    "bleu": Metric(("eval", "bleu"), scorer=BLEU),
+    "chrf": Metric(("eval", "chrf"), scorer=CHRF),
+    "tok_bleu": Metric(("eval", "tok_bleu")),
+    "valid_nll": Metric(("train", "valid", "nll_loss")),
+    "bleu_best": Metric(("eval_best", "bleu"), optional=True),
+    "test_ppl": Metric(("eval", "perplexity")),
+    "test_loss": Metric(("eval", "loss")),
+    "test_ppl_best": Metric(("eval_best", "perplexity"), optional=True),
+}

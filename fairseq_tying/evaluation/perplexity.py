@@ -27,7 +27,7 @@ from fairseq_tying.evaluation.evaluate import (
     run_lines,
 )
 from fairseq_tying.evaluation.generate import fairseq_exe
-from fairseq_tying.evaluation.records import read_run_json, record_for_run
+from fairseq_tying.evaluation.records import run_identity
 
 _LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+|inf|nan), Perplexity: ([0-9.]+|inf|nan)")
 _TOKENS = re.compile(r"Evaluated ([\d,]+) tokens in")
@@ -99,7 +99,7 @@ def evaluate_lm_run(run_dir: str | os.PathLike, data: str | os.PathLike | None, 
     ckpt, averaged = pick_checkpoint(run_dir, checkpoint, average_last)
     state = checkpoints.load(ckpt)
     blocks = blocks_as_trained(state)
-    record = {**record_for_run(run_dir, state).as_dict(), "tag": read_run_json(run_dir).get("tag")}
+    record = run_identity(run_dir, state, extra=("tag",))
     del state
     cmd = eval_lm_command(bin_dir, ckpt, subset, blocks, max_tokens, cpu, user_dir)
     scores, output = run_eval_lm(cmd, run_dir.name)

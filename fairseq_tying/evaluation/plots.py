@@ -165,3 +165,9 @@ def plot_seed_lines(lines: dict[str, list[tuple[float, float]]], out: str | os.P
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(title)
     _save(fig, out)
+
+
+def points(label: str, s: dict[str, Any], baseline: bool = False) -> MethodPoints:
+    """A ``stats.stat`` as the markers of the per-method plots (seeds, mean ± CI)."""
+    return MethodPoints(label, s["values"], s["mean"], np.nan if s["ci95"] is None else s["ci95"],
+                        baseline=baseline)

@@ -1,14 +1,17 @@
-"""Paired bootstrap resampling of BLEU/chrF differences, on sacrebleu's per-sentence statistics
-and with the p-value of sacrebleu's own ``PairedTest`` (one pair), pooled over seeds."""
+"""The comparisons of two cells, seed by seed: the paired bootstrap resampling of BLEU/chrF
+differences (on sacrebleu's per-sentence statistics, with the p-value of sacrebleu's own
+``PairedTest`` for one pair, pooled over seeds), and the per-seed difference of a value."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
-from sacrebleu.metrics import BLEU, CHRF
 
-METRICS = {"bleu": BLEU, "chrf": CHRF}
+from fairseq_tying.evaluation import verdicts
+from fairseq_tying.evaluation.metrics import METRICS
+from fairseq_tying.evaluation.stats import mean_ci, stat
 
 
 def metric_stats(hyps: Sequence[str], refs: Sequence[str], metric: str = "bleu") -> np.ndarray:
@@ -16,7 +19,7 @@ def metric_stats(hyps: Sequence[str], refs: Sequence[str], metric: str = "bleu")
     lengths); a corpus score is computed from their sum."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
-    return np.array(METRICS[metric]()._extract_corpus_statistics(list(hyps), [list(refs)]),
+    return np.array(_scorer(metric)._extract_corpus_statistics(list(hyps), [list(refs)]),
                     dtype="float32")
 
 
@@ -44,7 +47,7 @@ def stats_paired_bootstrap(
 ) -> dict[str, float]:
     """``seed_paired_bootstrap`` on precomputed ``metric_stats``; the difference of the means
     is ``delta_bleu`` (``delta_chrf`` for chrF)."""
-    scorer = METRICS[metric]()
+    scorer = _scorer(metric)
 
     def score(s: np.ndarray) -> float:
         return scorer._compute_score_from_stats(s).score
@@ -63,3 +66,40 @@ def stats_paired_bootstrap(
     p = (int(np.sum(centred > abs(diff))) + 1) / (n_samples + 1)
     return {f"delta_{metric}": diff, "p": 1.0 if not sample_diffs.any() else p,
             "n_seeds": len(pairs), "n_samples": n_samples}
+
+
+def _scorer(metric: str):
+    scorer = METRICS[metric].scorer
+    if scorer is None:
+        raise ValueError(f"{metric}: no sacrebleu metric to resample sentence by sentence")
+    return scorer()
+
+
+def compare(pairs: Sequence[tuple[Hashable, Any, Any]], refs: Sequence[str], n_samples: int,
+            metric: str = "bleu") -> dict[str, Any]:
+    """Paired bootstrap of ``metric`` over ``(key, run, baseline run)`` pairs of records (one
+    per seed): pooled over the pairs (``delta_bleu``/``p``; ``delta_ci95`` over the pairs'
+    differences: training variance) and per pair (``per_seed_p``, ``per_seed_delta``, keyed
+    by ``key``)."""
+    stats = [(run.sentence_stats(metric, refs), base.sentence_stats(metric, refs))
+             for _, run, base in pairs]
+    test = stats_paired_bootstrap(stats, n_samples, metric=metric)
+    singles = {key: stats_paired_bootstrap([s], n_samples, metric=metric)
+               for (key, _, _), s in zip(pairs, stats, strict=True)}
+    test["per_seed_p"] = {k: t["p"] for k, t in singles.items()}
+    test["per_seed_delta"] = {k: t[f"delta_{metric}"] for k, t in singles.items()}
+    half = mean_ci(list(test["per_seed_delta"].values()))[1]
+    test["delta_ci95"] = None if np.isnan(half) else half
+    return test
+
+
+def seed_difference(runs: dict[int, Any], base: dict[int, Any], metric: str
+                    ) -> dict[str, Any] | None:
+    """Per-seed ``metric`` of ``runs`` minus ``base`` (paired by seed): the ``stat`` of the
+    differences, the seeds and the interval rule's verdict; None without shared seeds."""
+    shared = sorted(set(runs) & set(base))
+    if not shared:
+        return None
+    get = METRICS[metric].of
+    diff = stat([get(runs[s]) - get(base[s]) for s in shared])
+    return {**diff, "seeds": shared, "verdict": verdicts.interval(diff)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from scipy import stats as _st
 
@@ -25,3 +26,19 @@ def format_ci(mean: float, half: float, digits: int = 2) -> str:
     if math.isnan(half):
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+def stat(values: Sequence[float]) -> dict[str, Any]:
+    """``{"values", "mean", "ci95"}`` over seeds; ``ci95`` (the half width) is None for one
+    value."""
+    mean, half = mean_ci(list(values))
+    return {"values": list(values), "mean": mean, "ci95": None if math.isnan(half) else half}
+
+
+def format_stat(s: dict[str, Any], digits: int = 2) -> str:
+    """``mean ± half`` of a ``stat`` (just the mean for one run)."""
+    return format_ci(s["mean"], math.nan if s["ci95"] is None else s["ci95"], digits)
+
+
+def format_p(p: float) -> str:
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"

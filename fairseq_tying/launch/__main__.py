@@ -1,5 +1,6 @@
 """``python -m fairseq_tying.launch slurm/SWEEP.yaml [--dry-run | --local [--workers N]
-[--no-start-after MIN]] [--only PATTERN] [--skip-recorded DIR]``."""
+[--no-start-after MIN]] [--only PATTERN] [--skip-recorded DIR]``; ``python -m
+fairseq_tying.launch study NAME ...``: a study of slurm/studies.yaml (launch/studies.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ def recorded_stops(records: Path, runs: list[Run]) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["study"]:  # a study of slurm/studies.yaml, by name
+        from fairseq_tying.launch.studies import main as study
+
+        return study(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m fairseq_tying.launch",
                                      description="Launch a sweep of fairseq runs with submitit.")
     parser.add_argument("sweep", type=Path,

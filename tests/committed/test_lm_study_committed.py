@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common.atomic import markers
-from fairseq_tying.evaluation.aggregate import stat
 from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.lm_study import verdict
+from fairseq_tying.evaluation.stats import stat
+from fairseq_tying.evaluation.verdicts import interval as verdict
 from fairseq_tying.launch.__main__ import recorded_stops
 from fairseq_tying.launch.config import load_sweep
+from fairseq_tying.launch.studies import main as study
 from tests.helpers import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm_study"
@@ -36,17 +37,20 @@ def test_fixture_records_rebuild_their_report_byte_for_byte(tmp_path):
     assert (tmp_path / "summary.json").read_text() == (FIXTURE / "summary.json").read_text()
 
 
-def test_docs_block_is_what_the_committed_records_give(tmp_path):
+def test_docs_block_is_what_the_committed_records_give(tmp_path, monkeypatch):
     text = (DOCS / "language_models.md").read_text()
     assert text.count(BEGIN) == 1 and text.count(END) == 1
     records = DOCS / "lm" / "records"
     if not any(records.glob("*.json")):
         pytest.skip("the perplexity study has no committed records yet")
-    report = tmp_path / "language_models.md"
-    report.write_text(text)
-    _rebuild(records, report, tmp_path)
+    report = tmp_path / "docs" / "language_models.md"
+    report.parent.mkdir()
+    report.write_text(text[:text.index(BEGIN)] + f"{BEGIN}\nold\n" + text[text.index(END):])
+    monkeypatch.chdir(REPO)  # python -m fairseq_tying.launch study lm --report-only
+    assert study(["lm", "--report-only", "--out", str(tmp_path)]) == 0
     assert report.read_text() == text
-    assert (tmp_path / "summary.json").read_text() == (DOCS / "lm" / "summary.json").read_text()
+    assert (tmp_path / "docs" / "lm" / "summary.json").read_text() == \
+        (DOCS / "lm" / "summary.json").read_text()
 
 
 @pytest.mark.parametrize(("diffs", "want"), [

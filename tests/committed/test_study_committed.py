@@ -11,15 +11,17 @@ import pytest
 import yaml
 
 from fairseq_tying.common.atomic import markers
-from fairseq_tying.evaluation.claims import study_claims, verdict
-from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.study import BEGIN, END, LAYERS, TYINGS, stop_correlation
-from fairseq_tying.evaluation.study_records import training_summary
+from fairseq_tying.evaluation.records import training_summary
+from fairseq_tying.evaluation.specs import study_claims
+from fairseq_tying.evaluation.verdicts import bootstrap as verdict
+from fairseq_tying.evaluation.view_grid import LAYERS, TYINGS, stop_correlation
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.plateau import Plateau
+from fairseq_tying.launch.studies import main as study
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"
+BEGIN, END = markers("study")
 RECORDS = DOCS / "study" / "records"
 
 
@@ -32,12 +34,21 @@ def test_the_study_covers_the_grid_with_three_seeds():
         assert (r["eval"]["beam"], r["eval"]["lenpen"], r["eval"]["n_sentences"]) == (5, 1.0, 1434)
 
 
+def _rebuild(tmp_path: Path, name: str, folder: Path) -> tuple[Path, Path]:
+    """``python -m fairseq_tying.launch study NAME --report-only`` into ``tmp_path``: the
+    rebuilt docs/results.md (from one without the block) and the folder of the rebuilt
+    summary.json."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("# Results\n")
+    assert study([name, "--report-only", "--out", str(tmp_path)]) == 0
+    return tmp_path / "docs" / "results.md", tmp_path / folder.relative_to(DOCS.parent)
+
+
 @pytest.mark.slow
-def test_rebuilding_from_the_records_reproduces_the_report(tmp_path):
-    report = tmp_path / "results.md"
-    assert main(["study", "--records", str(RECORDS), "--report", str(report),
-                 "--plots", str(tmp_path)]) == 0
-    assert (tmp_path / "summary.json").read_text() == (DOCS / "study" / "summary.json").read_text()
+def test_rebuilding_from_the_records_reproduces_the_report(tmp_path, monkeypatch):
+    monkeypatch.chdir(DOCS.parent)
+    report, plots = _rebuild(tmp_path, "one_epoch", DOCS / "study")
+    assert (plots / "summary.json").read_text() == (DOCS / "study" / "summary.json").read_text()
 
     def block(text: str) -> str:
         return text[text.index(BEGIN):text.index(END)]
@@ -79,12 +90,12 @@ def test_the_gpu_records_say_where_and_how_they_were_trained():
         assert r["train"]["stop"]["reason"] in ("plateau", "cap")
 
 
-def _assert_block_rebuilds(tmp_path: Path, folder: Path, block_name: str) -> None:
-    """The report block and summary.json of ``folder``'s records are what the records give."""
-    report = tmp_path / "results.md"
-    assert main(["study", "--records", str(folder / "records"), "--report", str(report),
-                 "--plots", str(tmp_path), "--block", block_name]) == 0
-    assert (tmp_path / "summary.json").read_text() == (folder / "summary.json").read_text()
+def _assert_block_rebuilds(tmp_path: Path, folder: Path, block_name: str, name: str) -> None:
+    """The report block and summary.json of study ``name``'s records (in ``folder``) are what
+    the records give."""
+    report, plots = _rebuild(tmp_path, name, folder)
+    if any((folder / "records").glob("*.json")):
+        assert (plots / "summary.json").read_text() == (folder / "summary.json").read_text()
     begin, end = markers(block_name)
 
     def block(text: str) -> str:
@@ -94,8 +105,9 @@ def _assert_block_rebuilds(tmp_path: Path, folder: Path, block_name: str) -> Non
 
 
 @pytest.mark.slow
-def test_rebuilding_the_gpu_block_from_its_records_reproduces_it(tmp_path):
-    _assert_block_rebuilds(tmp_path, GPU, "converged_gpu_patience3")
+def test_rebuilding_the_gpu_block_from_its_records_reproduces_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(DOCS.parent)
+    _assert_block_rebuilds(tmp_path, GPU, "converged_gpu_patience3", "converged_gpu_patience3")
 
 
 GPU_PATIENCE6 = DOCS / "converged_gpu"
@@ -138,8 +150,9 @@ def test_the_h200_baselines_follow_the_gpu_sweep_and_overfit(tmp_path):
 
 
 @pytest.mark.slow
-def test_rebuilding_the_patience6_gpu_block_from_its_records_reproduces_it(tmp_path):
-    _assert_block_rebuilds(tmp_path, GPU_PATIENCE6, "converged_gpu")
+def test_rebuilding_the_patience6_gpu_block_from_its_records_reproduces_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(DOCS.parent)
+    _assert_block_rebuilds(tmp_path, GPU_PATIENCE6, "converged_gpu", "converged_gpu")
 
 CONVERGED = DOCS / "converged"
 
@@ -174,9 +187,10 @@ def test_converged_records_follow_the_protocol():
 
 
 @pytest.mark.slow
-def test_rebuilding_the_converged_block_from_its_records_reproduces_it(tmp_path):
+def test_rebuilding_the_converged_block_from_its_records_reproduces_it(tmp_path, monkeypatch):
     _converged_records()
-    _assert_block_rebuilds(tmp_path, CONVERGED, "converged")
+    monkeypatch.chdir(DOCS.parent)
+    _assert_block_rebuilds(tmp_path, CONVERGED, "converged", "converged")
 
 
 def test_converged_runs_are_compared_at_equal_training():
@@ -244,9 +258,10 @@ def test_equal_training_records_trained_their_budget():
 
 
 @pytest.mark.slow
-def test_rebuilding_the_equal_training_block_from_its_records_reproduces_it(tmp_path):
-    _equal_records()
-    _assert_block_rebuilds(tmp_path, EQUAL, "equal")
+def test_rebuilding_the_equal_training_block_from_its_records_reproduces_it(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.chdir(DOCS.parent)  # with no record yet, the block is the count of records
+    _assert_block_rebuilds(tmp_path, EQUAL, "equal", "equal")
 
 
 FP16 = DOCS / "converged_fp16"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_tying.evaluation import study_records
 from fairseq_tying.evaluation.cli import main
+from fairseq_tying.evaluation.records import train_facts
 from tests.helpers import REPO, first_stop, launch, write_sweep
 
 pytestmark = pytest.mark.slow
@@ -196,12 +196,25 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
         valid = [json.loads(line.split("| valid | ", 1)[1])["epoch"]
                  for line in log.splitlines() if "| valid | " in line]
         assert valid == list(range(1, last + 1))
-        train = study_records._train(run)
+        train = train_facts(run)
         assert train["continued_from"] == {"run": run.name, "epochs": stops[run.name]}
         assert len(train["valid_history"]) == last
-        assert train["train_seconds"] > study_records._train(source)["train_seconds"]
+        assert train["train_seconds"] > train_facts(source)["train_seconds"]
         assert json.loads((run / "eval.json").read_text())["averaged"] == [
             f"checkpoint{e}.pt" for e in range(last - 2, last + 1)]
+    # the equal-training view of these runs: every run trained `last` epochs
+    report, records = tmp_path / "equal.md", tmp_path / "records"
+    assert main(["study", "--runs", str(out), "--records", str(records), "--report", str(report),
+                 "--plots", str(tmp_path / "plots"), "--references",
+                 str(tiny_data / "raw" / "test.en"), "--bootstrap-samples", "100",
+                 "--block", "equal", "--view", "equal", "--expected-runs", "2"]) == 0
+    text = report.read_text()
+    assert f"2 of 2 runs are recorded.\n\nEvery run trained {last} epochs;" in text
+    row = next(line for line in text.splitlines() if line.startswith("| `l2norm` vs `dot`"))
+    assert row.rstrip(" |").endswith("unresolved (1 of 3 seeds)")
+    for rec in map(json.loads, map(Path.read_text, records.glob("*.json"))):
+        assert rec["train"]["stop"]["reason"] == "budget" and f"{rec['eval']['bleu']:.2f}" in text
+    assert (tmp_path / "plots" / "valid_nll_epochs.png").stat().st_size > 10_000
 
 
 def test_continuing_from_another_command_is_refused_before_anything_trains(

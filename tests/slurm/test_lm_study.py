@@ -13,8 +13,8 @@ import yaml
 
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.lm_study import verdict
 from fairseq_tying.evaluation.perplexity import parse_eval_lm
+from fairseq_tying.evaluation.verdicts import interval
 from tests.helpers import REPO, first_stop, launch, run_cli
 
 STOP = {"patience": 1, "min_gain": 0.02, "min_epoch": 1, "max_epoch": 3}
@@ -125,7 +125,7 @@ def test_records_and_report(lm_runs, tmp_path):
     assert "Press & Wolf" in text and text.endswith("Written by hand.\n")
     summary = json.loads((plots / "summary.json").read_text())
     tied = summary["decoder × dot"]
-    assert tied["vs_untied_dot"]["verdict"] == verdict(tied["vs_untied_dot"])
+    assert tied["vs_untied_dot"]["verdict"] == interval(tied["vs_untied_dot"])
     tied_l = summary["decoder × dot + tiedL (D = 8)"]
     ppl = {r.name: json.loads((r / "eval.json").read_text())["perplexity"] for r in _runs(lm_runs)}
     assert tied_l["vs_tied_dot"]["mean"] == pytest.approx(

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_tying.common.atomic import markers
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.significance import seed_paired_bootstrap
-from fairseq_tying.evaluation.study import BEGIN, END
 from tests.helpers import REPO, write_sweep
 
 pytestmark = pytest.mark.slow
+BEGIN, END = markers("study")
 
 GRID = {"tying": ["none", "three_way"], "output_layer": ["dot", "l2norm"], "seed": [1, 2]}
 
@@ -147,3 +148,77 @@ def test_runs_brought_back_without_checkpoints_export_only_when_asked(study, tmp
         {k: v for k, v in full.items() if k != "output_row_norms"}
     assert (away["plots"] / "bleu.png").is_file()
     assert not (away["plots"] / "norms_none.png").exists()
+
+
+def _manifest(tmp: Path, tiny_data: Path) -> Path:
+    """A manifest of one study: the tiny sweep (untied and three-way tied dot, seeds 1 and 2)
+    on the tiny corpus, prepared with sentencepiece by the study command itself."""
+    sweep = write_sweep(tmp / "tiny.yaml", output_dir=str(tmp / "runs"),
+                        datasets={"tiny": str(tmp / "data")}, fairseq={"log_format": "json"},
+                        grid={"tying": ["none", "three_way"], "output_layer": ["dot"],
+                              "seed": [1, 2]})
+    (tmp / "results.md").write_text("# Study\n\n<!-- tiny:begin -->\nold\n<!-- tiny:end -->\n"
+                                    "\nWritten by hand.\n")
+    (tmp / "README.md").write_text("# Tiny\n\n<!-- answer:begin -->\n<!-- answer:end -->\n")
+    manifest = tmp / "studies.yaml"
+    manifest.write_text(
+        "studies:\n  tiny:\n"
+        f"    prepare: [--corpus, {tiny_data / 'raw'}, --src, es, --tgt, en, --subword, "
+        "sentencepiece, --vocab-size, '60']\n"
+        f"    sweep: {sweep}\n    records: {tmp / 'records'}\n    plots: {tmp / 'plots'}\n"
+        f"    references: {tmp / 'data' / 'raw' / 'test.en'}\n"
+        f"    reports: [{{file: {tmp / 'results.md'}, block: tiny, view: translation}}]\n"
+        f"summaries:\n  - {{file: {tmp / 'README.md'}, block: answer, view: does_it_help, "
+        "from: [tiny]}\n")
+    return manifest
+
+
+def _study_command(manifest: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "fairseq_tying.launch", "study", "tiny",
+                           "--manifest", str(manifest), "--bootstrap-samples", "100", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _block(path: Path, name: str) -> str:
+    begin, end = markers(name)
+    text = path.read_text()
+    return text[text.index(begin) + len(begin) + 1:text.index(end)]
+
+
+def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(tiny_data, tmp_path):
+    """``python -m fairseq_tying.launch study NAME``: the data prepared by the manifest's
+    arguments, the runs of ``--only`` trained and recorded, the block saying how many of the
+    sweep's runs are; the next call trains only the others; ``--report-only`` rebuilds the same
+    report from the records alone."""
+    manifest = _manifest(tmp_path, tiny_data)
+    _study_command(manifest, "--workers", "2", "--only", "*.s1")
+    assert json.loads((tmp_path / "data" / "prep.json").read_text())["subword"] == \
+        "sentencepiece"
+    assert sorted(p.stem for p in (tmp_path / "records").glob("*.json")) == [
+        "tiny.transformer_twwt.none.dot.s1", "tiny.transformer_twwt.three_way.dot.s1"]
+    block = _block(tmp_path / "results.md", "tiny")
+    assert block.startswith("2 of 4 runs are recorded.\n\nSeeds: 1.")
+    assert (tmp_path / "results.md").read_text().endswith("\n\nWritten by hand.\n")
+    answer = _block(tmp_path / "README.md", "answer")
+    assert "| three_way | `dot` |" in answer and "| unresolved (1 of 3 seeds) |" in answer
+
+    first = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.s1/**/*.pt")}
+    recorded = {p.name: p.read_bytes() for p in (tmp_path / "records").iterdir()}
+    proc = _study_command(manifest, "--workers", "2")
+    assert "already prepared" in proc.stdout + proc.stderr
+    assert {p.name: p.stat().st_mtime_ns
+            for p in (tmp_path / "runs").glob("*.s1/**/*.pt")} == first  # not trained again
+    assert all((tmp_path / "records" / n).read_bytes() == b for n, b in recorded.items())
+    assert len(list((tmp_path / "records").glob("*.json"))) == 4
+    report = (tmp_path / "results.md").read_text()
+    assert _block(tmp_path / "results.md", "tiny").startswith("4 of 4 runs are recorded.\n\n"
+                                                              "Seeds: 1, 2.")
+    summary = (tmp_path / "plots" / "summary.json").read_text()
+    assert json.loads(summary)["three_way/dot"]["vs_untied"]["n_seeds"] == 2
+
+    _study_command(manifest, "--report-only")
+    assert (tmp_path / "results.md").read_text() == report
+    assert (tmp_path / "plots" / "summary.json").read_text() == summary

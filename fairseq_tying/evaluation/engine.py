@@ -1,0 +1,200 @@
+"""The across-run engine: records → sections → cells → summaries, driven by a :class:`Spec`.
+
+A study is a spec: how its runs group into cells (and cells into sections, e.g. one per
+architecture), which values a cell reports (``metrics.METRICS`` and the cell facts below),
+which cells it compares with which, and by which test (``significance``); the verdict rules are
+in ``verdicts``. The translation, language-model and run-folder (``collect``) views are specs of
+it (``specs``), each rendered by its own tables (``view_*``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Callable, Collection, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fairseq_tying.evaluation.metrics import METRICS
+from fairseq_tying.evaluation.records import Record
+from fairseq_tying.evaluation.stats import stat
+
+Key = Hashable  # a cell's key, e.g. (tying, output layer)
+Runs = dict[Any, Record]  # a cell's runs by member (its seed)
+Cells = dict[Key, Runs]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a section's values and comparisons need besides the runs."""
+
+    refs: Sequence[str] | None = None  # the test set's references (sentence-level tests)
+    n_samples: int = 1000  # bootstrap resamples
+    common_epoch: int | None = None  # the last epoch every run reached (runs under a rule)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A cell against its baseline cell: ``name`` is its key in the cell's summary."""
+
+    name: str
+    baseline: Callable[[Key, Collection[Key]], Key | None]  # (cell, cells there) -> baseline
+    test: Callable[[Runs, Runs, Context], dict[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Spec:
+    cell: Callable[[Record], Key]  # the cell a run belongs to
+    label: Callable[[Key, list[Record]], str]  # the cell's key in the summary
+    head: Callable[[Key, list[Record]], dict[str, Any]]  # the cell's first fields
+    values: tuple[str, ...]  # names in METRICS or FACTS, in the summary's order
+    comparisons: tuple[Comparison, ...] = ()
+    order: Callable[[Key], Any] = lambda key: key  # cells sort by this
+    member: Callable[[Record], Any] = lambda r: r["seed"]  # a run's key within its cell
+    section: Callable[[Record], Hashable] | None = None  # records split into sections by this
+
+
+@dataclass
+class Section:
+    """One section of a study: its cells (runs by member) and their summaries by label."""
+
+    key: Hashable
+    cells: Cells
+    summary: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _stop(records: list[Record], ctx: Context) -> dict[str, list] | None:
+    if not all("stop" in r["train"] for r in records):  # not trained under a stopping rule
+        return None
+    return {"epochs": [r["train"]["stop"]["epoch"] for r in records],
+            "reasons": [r["train"]["stop"]["reason"] for r in records]}
+
+
+def valid_at(record: Record, epoch: int) -> float:
+    """The run's validation value (the rule's metric) after ``epoch``."""
+    return next(v for e, _update, v in record["train"]["valid_epochs"] if e == epoch)
+
+
+def _valid_common(records: list[Record], ctx: Context) -> dict[str, Any] | None:
+    if ctx.common_epoch is None:
+        return None
+    return {"epoch": ctx.common_epoch, **stat([valid_at(r, ctx.common_epoch) for r in records])}
+
+
+# Cell facts: what a cell reports besides the metrics' mean ± CI (None: the cell has none).
+FACTS: dict[str, Callable[[list[Record], Context], Any]] = {
+    "seeds": lambda records, ctx: [r["seed"] for r in records],
+    "params": lambda records, ctx: sorted({r["train"]["params"] for r in records}),
+    "stop": _stop,
+    "valid_nll_common": _valid_common,
+}
+
+
+def cell_value(name: str, records: list[Record], ctx: Context) -> Any:
+    """The cell's ``name``: a fact, or a metric's ``stat`` (None where a run lacks an optional
+    metric)."""
+    if name in FACTS:
+        return FACTS[name](records, ctx)
+    values = [METRICS[name].of(r) for r in records]
+    return None if None in values else stat(values)
+
+
+def common_epoch(records: list[Record]) -> int | None:
+    """The last epoch that every run trained under a stopping rule reached (None unless all
+    were, with their per-epoch validation): where the runs compare at equal training."""
+    if not records or not all("stop" in r["train"] and "valid_epochs" in r["train"]
+                              for r in records):
+        return None
+    return min(r["train"]["stop"]["epoch"] for r in records)
+
+
+def group(spec: Spec, records: Sequence[Record]) -> Cells:
+    """The runs of each cell by member, cells in the spec's order; a member twice is an error."""
+    cells: dict[Key, Runs] = defaultdict(dict)
+    for r in records:
+        key, member = spec.cell(r), spec.member(r)
+        if member in cells[key]:
+            raise ValueError(f"two records for {key} seed {r['seed']} ({r.name})")
+        cells[key][member] = r
+    return {k: dict(sorted(cells[k].items())) for k in sorted(cells, key=spec.order)}
+
+
+def summarize(spec: Spec, cells: Cells, ctx: Context) -> dict[str, dict[str, Any]]:
+    """Per cell, by label: its head, its values, then its comparisons with its baselines."""
+    out = {}
+    for key, runs in cells.items():
+        records = list(runs.values())
+        cell = spec.head(key, records)
+        for name in spec.values:
+            if (value := cell_value(name, records, ctx)) is not None:
+                cell[name] = value
+        for comp in spec.comparisons:
+            base = comp.baseline(key, cells.keys())
+            if base is not None and base in cells and \
+                    (test := comp.test(runs, cells[base], ctx)) is not None:
+                cell[comp.name] = test
+        out[spec.label(key, records)] = cell
+    return out
+
+
+def sections(spec: Spec, records: Sequence[Record], refs: Sequence[str] | None = None,
+             n_samples: int = 1000) -> list[Section]:
+    """The study's sections (the largest first), each grouped and summarized."""
+    by_key: dict[Hashable, list[Record]] = defaultdict(list)
+    for r in records:
+        by_key[spec.section(r) if spec.section else None].append(r)
+    out = []
+    for key in sorted(by_key, key=lambda k: -len(by_key[k])):  # stable: ties keep their order
+        ctx = Context(refs, n_samples, common_epoch(by_key[key]) if
+                      "valid_nll_common" in spec.values else None)
+        cells = group(spec, by_key[key])
+        out.append(Section(key, cells, summarize(spec, cells, ctx)))
+    return out
+
+
+def check_references(records: Sequence[Record], refs: Sequence[str]) -> None:
+    """Every record was scored against ``refs`` and has one hypothesis per reference."""
+    digest = hashlib.sha256(("\n".join(refs) + "\n").encode("utf-8")).hexdigest()
+    for r in records:
+        if r["eval"]["references_sha256"] != digest:
+            raise ValueError(f"{r.name} was scored against other references than --references"
+                             f" (sha256 {r['eval']['references_sha256'][:12]}…, "
+                             f"given {digest[:12]}…)")
+        if len(r.hypotheses) != len(refs):
+            raise ValueError(f"{r.name}: {len(r.hypotheses)} hypotheses for "
+                             f"{len(refs)} references")
+
+
+def paired_bootstrap(metric: str = "bleu") -> Callable[[Runs, Runs, Context], dict | None]:
+    """The test of two cells' ``metric``: the paired bootstrap over the seeds they share."""
+    from fairseq_tying.evaluation.significance import compare
+
+    def test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any] | None:
+        shared = sorted(set(runs) & set(base))
+        if not shared:
+            return None
+        return compare([(s, runs[s], base[s]) for s in shared], ctx.refs, ctx.n_samples, metric)
+
+    return test
+
+
+def seed_differences(metric: str) -> Callable[[Runs, Runs, Context], dict | None]:
+    """The test of two cells' ``metric``: the CI of its per-seed differences."""
+    from fairseq_tying.evaluation.significance import seed_difference
+
+    return lambda runs, base, ctx: seed_difference(runs, base, metric)
+
+
+def band(records: Sequence[Record], transform: Callable[[float], float] = float
+         ) -> tuple[list, list, list, list]:
+    """Per epoch: the mean, min and max of the (transformed) validation value over the runs
+    that reached it."""
+    points: dict[int, list[float]] = defaultdict(list)
+    for r in records:
+        for epoch, _update, value in r["train"]["valid_epochs"]:
+            points[epoch].append(transform(value))
+    xs = sorted(points)
+    return (xs, [float(np.mean(points[x])) for x in xs], [min(points[x]) for x in xs],
+            [max(points[x]) for x in xs])

@@ -1,0 +1,174 @@
+"""The studies' specs (``engine.Spec``): how runs group into cells, what a cell reports, and
+which comparisons it makes; the papers' claims that the verdict rule decides.
+
+- ``GRID``: a translation study, a cell per (tying, output layer) and a section per
+  architecture; each cell against ``dot`` with its tying and against the untied model with its
+  output layer (paired bootstrap of BLEU over the seeds).
+- ``LM``: the perplexity study, a cell per (tying, output layer, tag); each cell against the
+  untied dot-product model, and each decoder-tied cell against the decoder-tied dot-product
+  model (the per-seed difference of test perplexity).
+- ``runs_spec``: ``collect``'s view of the evaluated run folders of one test set, a cell per
+  method; each method against a baseline method, run by run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.evaluation import verdicts
+from fairseq_tying.evaluation.engine import (
+    Comparison,
+    Context,
+    Key,
+    Runs,
+    Spec,
+    paired_bootstrap,
+    seed_differences,
+)
+from fairseq_tying.evaluation.records import Record
+
+# --- translation: (tying, output layer) cells ------------------------------------------------
+
+
+def _vs_dot(key: Key, cells: Collection[Key]) -> Key | None:
+    tying, layer = key
+    return None if layer == "dot" else (tying, "dot")
+
+
+def _vs_untied(key: Key, cells: Collection[Key]) -> Key | None:
+    tying, layer = key
+    return None if tying == "none" else ("none", layer)
+
+
+GRID = Spec(
+    cell=lambda r: (r["tying"], r["output_layer"]),
+    label=lambda key, records: f"{key[0]}/{key[1]}",
+    head=lambda key, records: {"tying": key[0], "output_layer": key[1]},
+    values=("seeds", "bleu", "chrf", "valid_nll", "params", "stop", "bleu_best",
+            "valid_nll_common"),
+    comparisons=(Comparison("vs_dot", _vs_dot, paired_bootstrap("bleu")),
+                 Comparison("vs_untied", _vs_untied, paired_bootstrap("bleu"))),
+    section=lambda r: r["arch"],
+)
+
+PRESS_WOLF = "Press & Wolf (2017)"
+LIU = "Liu et al. (2020)"
+NORMALIZED = tuple(la for la in LAYERS if la != "dot")
+# tying modes whose matrix is shared by the output layer, as in the normalization paper
+SHARED = ("three_way", "decoder")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim about one comparison of a ``GRID`` cell."""
+
+    text: str
+    source: str
+    cell: str  # the summary's "tying/layer" key
+    test: str  # "vs_untied" or "vs_dot": which comparison of the cell
+    expects: str  # verdicts.GAIN or verdicts.UNCHANGED
+
+
+def study_claims() -> list[Claim]:
+    """Tying keeps BLEU (with ``dot``); each normalized layer beats ``dot`` on a shared matrix."""
+    tying = [Claim(f"{t.replace('_', '-')} tying keeps BLEU (`dot`)", PRESS_WOLF, f"{t}/dot",
+                   "vs_untied", verdicts.UNCHANGED) for t in SHARED]
+    layers = [Claim(f"`{la}` beats `dot` ({t.replace('_', '-')} tying)", LIU, f"{t}/{la}",
+                    "vs_dot", verdicts.GAIN) for t in SHARED for la in NORMALIZED]
+    return tying + layers
+
+
+def claims_of(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any], str]]:
+    """The claims whose comparison the summary has, each with it and its verdict."""
+    return [(c, test, verdicts.bootstrap(test, c.expects)) for c in study_claims()
+            if (test := summary.get(c.cell, {}).get(c.test)) is not None]
+
+
+# --- language models: (tying, output layer, tag) cells ---------------------------------------
+
+LM_BASELINE: Key = ("none", "dot", "")
+LM_TIED: Key = ("decoder", "dot", "")
+
+
+def lm_label(key: Key, records: list[Record]) -> str:
+    tying, layer, tag = key
+    text = f"{tying} × {layer}"
+    if tag:
+        dims = sorted({_flag(r["train_args"], "--tied-embed-dim") for r in records} - {None})
+        text += f" + {tag}" + (f" (D = {', '.join(dims)})" if dims else "")
+    return text
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def _lm_order(key: Key) -> tuple:
+    tying, layer, tag = key
+    return (tag != "", tag, tying != "none", LAYERS.index(layer) if layer in LAYERS else 99)
+
+
+LM = Spec(
+    cell=lambda r: (r["tying"], r["output_layer"], r.get("tag") or ""),
+    label=lm_label,
+    head=lambda key, records: {"label": lm_label(key, records), "tying": key[0],
+                               "output_layer": key[1], "tag": key[2] or None},
+    values=("seeds", "test_ppl", "test_loss", "params", "test_ppl_best", "stop"),
+    comparisons=(
+        Comparison("vs_untied_dot", lambda key, cells: None if key == LM_BASELINE
+                   else LM_BASELINE, seed_differences("test_ppl")),
+        Comparison("vs_tied_dot", lambda key, cells: LM_TIED if key[0] == LM_TIED[0]
+                   and key != LM_TIED else None, seed_differences("test_ppl"))),
+    order=_lm_order,
+)
+
+# --- evaluated run folders (collect): a cell per method -------------------------------------
+
+RUN_METRICS = ("bleu", "tok_bleu", "chrf")
+
+
+def test_set(r: Record) -> tuple:
+    """The section of a run folder's record: the test set it was scored on."""
+    ev = r["eval"]
+    return ev.get("corpus"), ev["src"], ev["tgt"], ev["subset"], ev["references_sha256"]
+
+
+def default_baseline(records: Collection[Record]) -> str:
+    """The first method (by name) with a dot-product output layer, else the first method."""
+    methods = {r["method"] for r in records}
+    dot = sorted({r["method"] for r in records if r["output_layer"] == "dot"})
+    return dot[0] if dot else sorted(methods)[0]
+
+
+def _run_pairs(runs: Runs, base: Runs) -> list[tuple[str, Record, Record]]:
+    """Each run with the baseline run of the same seed (else the first baseline run)."""
+    by_seed = {r["seed"]: r for r in base.values()}
+    first = next(iter(base.values()))
+    return [(r.name, r, by_seed.get(r["seed"], first)) for r in runs.values()]
+
+
+def _run_test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any]:
+    from fairseq_tying.evaluation.significance import compare
+
+    pairs = _run_pairs(runs, base)
+    return {"pairs": {name: b.name for name, _, b in pairs},
+            **{m: compare(pairs, ctx.refs, ctx.n_samples, m) for m in ("bleu", "chrf")}}
+
+
+def runs_spec(baseline: str) -> Spec:
+    """``collect``'s spec with ``baseline`` the method every other one is compared with."""
+    return Spec(
+        cell=lambda r: r["method"],
+        label=lambda key, records: key,
+        head=lambda key, records: {"method": key, "baseline": key == baseline,
+                                   **{k: records[0][k] for k in ("arch", "tying",
+                                                                 "output_layer")}},
+        values=("seeds", *RUN_METRICS),
+        comparisons=(Comparison("vs_baseline", lambda key, cells: None if key == baseline
+                                else baseline, _run_test),),
+        order=lambda key: (key != baseline, key),
+        member=lambda r: (r["seed"] is None, r["seed"] or 0, r.name),
+    )

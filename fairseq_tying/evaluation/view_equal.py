@@ -1,0 +1,129 @@
+"""The equal-training study's tables and plot (``specs.GRID`` cells, every run trained the same
+number of epochs): BLEU per cell with each seed, the Δs that decide the papers' claims at equal
+training with the verdict rule (tying against untied; each normalized layer against ``dot``, for
+each architecture; DynamicConv ``l2norm`` against the normalization paper's +0.41), and the
+validation NLL per epoch."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
+from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.evaluation import verdicts
+from fairseq_tying.evaluation.engine import Cells, Section
+from fairseq_tying.evaluation.specs import LIU, PRESS_WOLF, SHARED
+from fairseq_tying.evaluation.stats import format_stat, mean_ci
+from fairseq_tying.evaluation.tables import markdown_table
+from fairseq_tying.evaluation.view_grid import PAPER_IWSLT14_ES_EN, format_delta
+
+# Liu et al. (2020): DynamicConv on IWSLT'14 De→En, l2norm over dot
+PAPER_DYNAMICCONV_L2NORM = 0.41
+
+
+def _cells(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cells in the grid's order: tying, then output layer."""
+    return sorted(summary.values(), key=lambda c: (TYINGS.index(c["tying"]),
+                                                   LAYERS.index(c["output_layer"])))
+
+
+def _budget(sections: list[Section]) -> str:
+    epochs = sorted({e for s in sections for c in s.summary.values() if "stop" in c
+                     for e in c["stop"]["epochs"]})
+    if not epochs:
+        return "training"
+    if len(epochs) == 1:
+        return f"{epochs[0]} epochs"
+    return f"{epochs[0]}–{epochs[-1]} epochs"
+
+
+def bleu_table(sections: list[Section]) -> str:
+    rows = []
+    for s in sections:
+        for c in _cells(s.summary):
+            seeds = " / ".join(f"{v:.2f}" for v in c["bleu"]["values"])
+            nll = format_stat(c["valid_nll"], 3)
+            rows.append([f"`{s.key}`", c["tying"], c["output_layer"],
+                         f"{format_stat(c['bleu'])} (n={len(c['seeds'])})",
+                         f"{seeds} (seeds {', '.join(map(str, c['seeds']))})",
+                         format_stat(c["chrf"]), nll])
+    return markdown_table(["model", "tying", "output layer", "BLEU", "BLEU per seed", "chrF",
+                           "validation NLL"], rows)
+
+
+def _paper(arch: str, layer: str) -> str:
+    if "dynamicconv" in arch:
+        return f"{PAPER_DYNAMICCONV_L2NORM:+.2f} (DynamicConv, IWSLT'14 De→En)" \
+            if layer == "l2norm" else "–"
+    return f"{PAPER_IWSLT14_ES_EN[layer] - PAPER_IWSLT14_ES_EN['dot']:+.2f}"
+
+
+def comparisons(sections: list[Section]) -> list[list[str]]:
+    """Rows of the Δ table: tying against untied (``dot``), each normalized layer against
+    ``dot`` with three-way tying, per architecture; those whose two cells have runs."""
+    rows = []
+    for s in sections:
+        for t in SHARED[::-1]:  # decoder, then three-way
+            if (test := s.summary.get(f"{t}/dot", {}).get("vs_untied")) is not None:
+                rows.append([f"{t.replace('_', '-')} tying vs untied (`dot`)", f"`{s.key}`",
+                             PRESS_WOLF, "–", format_delta(test),
+                             verdicts.bootstrap(test, verdicts.UNCHANGED)])
+        for la in LAYERS[1:]:
+            if (test := s.summary.get(f"three_way/{la}", {}).get("vs_dot")) is not None:
+                rows.append([f"`{la}` vs `dot` (three-way tying)", f"`{s.key}`", LIU,
+                             _paper(str(s.key), la), format_delta(test),
+                             verdicts.bootstrap(test, verdicts.GAIN)])
+    return rows
+
+
+def render(sections: list[Section]) -> tuple[str, Any]:
+    """The block's text and ``summary.json`` (one summary per architecture)."""
+    budget = _budget(sections)
+    parts = [f"Every run trained {budget}; its score is the average of its last epoch "
+             "checkpoints. Mean ± 95 % CI (Student t over seeds); validation NLL in base 2 per "
+             "token after the last epoch.\n",
+             f"**BLEU after {budget}** (sacrebleu, detokenized, test set)\n",
+             bleu_table(sections)]
+    if rows := comparisons(sections):
+        parts += [f"\n**Δ BLEU after {budget}**: mean over seeds of the paired difference ± its "
+                  "95 % CI over seeds; p of the paired bootstrap over test sentences, pooled "
+                  "over the seeds; per-seed p in brackets. The paper's Δ is Liu et al.'s "
+                  "(Transformer: IWSLT'14 Es→En). Verdict: " + verdicts.RULE + ".\n",
+                  markdown_table(["comparison", "model", "source", "paper Δ", "Δ BLEU",
+                                  "verdict"], rows)]
+    return "\n".join(parts), {str(s.key): s.summary for s in sections}
+
+
+def _ci_band(runs: list) -> tuple[list, list, list, list]:
+    """Per epoch: the mean validation NLL over the runs that reached it, ± its 95 % CI."""
+    points: dict[int, list[float]] = defaultdict(list)
+    for r in runs:
+        for epoch, _update, value in r["train"]["valid_epochs"]:
+            points[epoch].append(value)
+    xs = sorted(points)
+    mean, half = zip(*(mean_ci(points[x]) for x in xs), strict=True)
+    half = [0.0 if h != h else h for h in half]  # one seed: no interval
+    return (xs, list(mean), [m - h for m, h in zip(mean, half, strict=True)],
+            [m + h for m, h in zip(mean, half, strict=True)])
+
+
+def _panel(cells: Cells) -> dict[str, tuple]:
+    keys = sorted(cells, key=lambda k: (TYINGS.index(k[0]), LAYERS.index(k[1])))
+    return {f"{t} × {la}": _ci_band(list(cells[(t, la)].values())) for t, la in keys
+            if all("valid_epochs" in r["train"] for r in cells[(t, la)].values())}
+
+
+def plots(sections: list[Section], out: Path) -> list[Path]:
+    """``valid_nll_epochs.png``: validation NLL per epoch, a panel per architecture, a line
+    per cell with its 95 % CI over seeds."""
+    from fairseq_tying.evaluation.plots import plot_bands
+
+    panels = {str(s.key): p for s in sections if (p := _panel(s.cells))}
+    if not panels:
+        return []
+    path = out / "valid_nll_epochs.png"
+    plot_bands(panels, path, "epoch", "validation NLL (base 2)",
+               "Validation NLL per epoch: mean over seeds, band the 95 % CI")
+    return [path]

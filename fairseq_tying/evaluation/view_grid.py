@@ -1,0 +1,238 @@
+"""The translation studies' tables and plots (``specs.GRID``): a grid of output layers × tying
+modes per value, the paired Δs, the parameters, the paper side by side and the claims, one set
+per architecture (the main one first, the others under their own heading)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import pearsonr
+
+from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
+from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.evaluation import specs, verdicts
+from fairseq_tying.evaluation.engine import Cells, Section, band
+from fairseq_tying.evaluation.stats import format_p, format_stat
+from fairseq_tying.evaluation.tables import markdown_table
+
+# Liu et al. (2020), Transformer on IWSLT'14 Es→En, shared input–output embeddings.
+PAPER_IWSLT14_ES_EN = {"dot": 34.24, "l2norm": 34.65, "sqnorm": 34.97, "distance": 34.54,
+                       "cosine": 34.81}
+
+
+def cell_of(summary: dict[str, Any], tying: str, layer: str) -> dict[str, Any] | None:
+    return summary.get(f"{tying}/{layer}")
+
+
+def format_delta(test: dict[str, Any], per_seed: bool = True) -> str:
+    """``+Δ ± CI (p …; [per-seed p])`` of a paired bootstrap (``significance.compare``)."""
+    ci = "" if test["delta_ci95"] is None else f" ± {test['delta_ci95']:.2f}"
+    if not per_seed:
+        return f"{test['delta_bleu']:+.2f}{ci} ({format_p(test['p'])})"
+    per = ", ".join("<0.001" if p < 0.001 else f"{p:.3f}" for p in test["per_seed_p"].values())
+    return f"{test['delta_bleu']:+.2f}{ci} ({format_p(test['p'])}; [{per}])"
+
+
+def _delta(cell: dict[str, Any], key: str, is_baseline: bool, per_seed: bool = True) -> str:
+    if is_baseline:
+        return "baseline"
+    if key not in cell:
+        return "no baseline run"
+    return format_delta(cell[key], per_seed)
+
+
+def stop_correlation(summary: dict[str, Any]) -> tuple[float, float, int] | None:
+    """Pearson r (and its p) between the epoch at which each run stopped and its BLEU, over
+    every run trained to a plateau: how much of a BLEU difference is training length. None
+    when fewer than 3 runs have a stop or they all stopped at the same epoch."""
+    pairs = [(e, b) for c in summary.values() if "stop" in c
+             for e, b in zip(c["stop"]["epochs"], c["bleu"]["values"], strict=True)]
+    if len(pairs) < 3 or len({e for e, _ in pairs}) < 2:
+        return None
+    r, p = pearsonr(*zip(*pairs, strict=True))
+    return float(r), float(p), len(pairs)
+
+
+def epochs_text(cell: dict[str, Any]) -> str:
+    """``26.3 (27/20/32; 3 plateau)``: mean epochs, per seed, and the stop reasons."""
+    stop = cell["stop"]
+    reasons = ", ".join(f"{stop['reasons'].count(r)} {r}" for r in sorted(set(stop["reasons"])))
+    epochs = "/".join(str(e) for e in stop["epochs"])
+    return f"{np.mean(stop['epochs']):.1f} ({epochs}; {reasons})"
+
+
+def claims_table(summary: dict[str, Any]) -> str | None:
+    """The claims whose cells the study has, as a markdown table (None when it has none)."""
+    rows = [[c.text, c.source, format_delta(test), verdict]
+            for c, test, verdict in specs.claims_of(summary)]
+    if not rows:
+        return None
+    return markdown_table(["claim", "source", "Δ BLEU", "verdict"], rows)
+
+
+def tables(summary: dict[str, Any]) -> str:
+    tyings = [t for t in TYINGS if any(cell_of(summary, t, la) for la in LAYERS)]
+    seeds = sorted({s for c in summary.values() for s in c["seeds"]})
+
+    def grid(fmt) -> str:
+        rows = [[la] + [fmt(c) if (c := cell_of(summary, t, la)) else "–" for t in tyings]
+                for la in LAYERS]
+        return markdown_table(["output layer", *tyings], rows)
+
+    parts = [f"Seeds: {', '.join(map(str, seeds))}. Mean ± 95 % CI (Student t over seeds).\n",
+             "**BLEU** (sacrebleu, detokenized, test set)\n",
+             grid(lambda c: f"{format_stat(c['bleu'])} (n={len(c['seeds'])})"),
+             "\n**Δ BLEU against `dot` with the same tying**: mean over seeds of the paired "
+             "difference ± its 95 % CI over seeds (training variance); p of the paired bootstrap "
+             "over test sentences, pooled over the seeds (test-set variance); per-seed p in "
+             "brackets\n",
+             grid(lambda c: _delta(c, "vs_dot", c["output_layer"] == "dot")),
+             "\n**Δ BLEU of tying against the untied model with the same output layer** "
+             "(p as above)\n",
+             grid(lambda c: _delta(c, "vs_untied", c["tying"] == "none")),
+             "\n**chrF**\n", grid(lambda c: format_stat(c["chrf"])),
+             "\n**Validation NLL** (base 2, per token, last validation)\n",
+             grid(lambda c: format_stat(c["valid_nll"], 3))]
+    if all("stop" in c for c in summary.values()):
+        parts += ["\n**Epochs trained** (mean over seeds; stop reasons)\n",
+                  grid(epochs_text),
+                  "\n**BLEU of the best single checkpoint** (lowest validation NLL), beside the "
+                  "average of the last epochs above\n",
+                  grid(lambda c: format_stat(c["bleu_best"]) if "bleu_best" in c else "–")]
+    if corr := stop_correlation(summary):
+        r, p, n = corr
+        parts += [f"\n**BLEU and training length**: over the {n} runs, test BLEU against the "
+                  f"epoch at which the run stopped has Pearson r = {r:.2f} ({format_p(p)}).\n"]
+    if all("valid_nll_common" in c for c in summary.values()):
+        epoch = next(iter(summary.values()))["valid_nll_common"]["epoch"]
+        parts += [f"\n**Validation NLL after epoch {epoch}**, the last epoch every run reached: "
+                  "the runs at equal training, where the plateau rule stops them at different "
+                  "epochs\n",
+                  grid(lambda c: format_stat(c["valid_nll_common"], 3))]
+    parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
+    parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: three-way "
+              "tying on the Bible, mean over seeds)\n", paper_table(summary)]
+    if table := claims_table(summary):
+        parts += [f"\n**The papers' claims**: {verdicts.RULE} (Δ and p as above)\n", table]
+    return "\n".join(parts)
+
+
+def params_table(summary: dict[str, Any]) -> str:
+    rows, untied = [], None
+    for t in TYINGS:
+        counts = sorted({n for la in LAYERS if (c := cell_of(summary, t, la))
+                         for n in c["params"]})
+        if not counts:
+            continue
+        if len(counts) > 1:
+            raise ValueError(f"tying {t}: output layers disagree on the parameter count {counts}")
+        untied = counts[0] if t == "none" else untied
+        rel = f"{counts[0] / untied:.1%}" if untied else "–"
+        rows.append([t, f"{counts[0]:,}", rel])
+    return markdown_table(["tying", "parameters", "of untied"], rows)
+
+
+def paper_table(summary: dict[str, Any]) -> str:
+    rows = []
+    base = PAPER_IWSLT14_ES_EN["dot"]
+    for la in LAYERS:
+        c = cell_of(summary, "three_way", la)
+        paper = PAPER_IWSLT14_ES_EN[la]
+        ours = format_stat(c["bleu"]) if c else "–"
+        if la == "dot":
+            ours_delta = "baseline"
+        elif c and "vs_dot" in c:
+            ours_delta = _delta(c, "vs_dot", False, per_seed=False)
+        else:
+            ours_delta = "–"
+        rows.append([la, f"{paper:.2f}", "baseline" if la == "dot" else f"{paper - base:+.2f}",
+                     ours, ours_delta])
+    return markdown_table(["output layer", "paper BLEU", "paper Δ", "our BLEU", "our Δ"], rows)
+
+
+def render(sections: list[Section]) -> tuple[str, Any]:
+    """The block's text and ``summary.json`` (one architecture's summary, else one per
+    architecture) of a translation study's sections."""
+    texts = [tables(s.summary) if i == 0 else f"### `{s.key}`\n\n{tables(s.summary)}"
+             for i, s in enumerate(sections)]
+    summary = sections[0].summary if len(sections) == 1 else {s.key: s.summary for s in sections}
+    return "\n\n".join(texts), summary
+
+
+def plots(sections: list[Section], out: Path) -> list[Path]:
+    """Each section's plots: the first in ``out``, the others in ``out/ARCH``."""
+    written = []
+    for i, s in enumerate(sections):
+        folder = out if i == 0 else out / str(s.key)
+        folder.mkdir(parents=True, exist_ok=True)
+        written += section_plots(s.cells, s.summary, folder)
+    return written
+
+
+def section_plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
+    from fairseq_tying.evaluation.plots import (
+        plot_bands,
+        plot_bleu_grid,
+        plot_curves,
+        plot_norm_histograms,
+        plot_seed_lines,
+        points,
+    )
+
+    groups = {}
+    for t in TYINGS:
+        marks = [points(la, c["bleu"], baseline=la == "dot")
+                 for la in LAYERS if (c := cell_of(summary, t, la))]
+        if marks:
+            groups[t] = marks
+    written = [out / "bleu.png"]
+    plot_bleu_grid(groups, written[0])
+    written.append(out / "valid_nll.png")
+    plot_curves(_per_tying(cells, _mean_curve), written[-1], "updates",
+                "validation NLL (base 2)", "Validation NLL during training, mean over seeds")
+    if all("valid_epochs" in r["train"] for runs in cells.values() for r in runs.values()):
+        written.append(out / "valid_nll_epochs.png")
+        plot_bands(_per_tying(cells, band), written[-1], "epoch", "validation NLL (base 2)",
+                   "Validation NLL per epoch: mean over seeds, band from min to max")
+    if all("stop" in c for c in summary.values()):  # trained to a plateau
+        written.append(out / "bleu_by_stop_epoch.png")
+        plot_seed_lines({f"{t} × {la}": [(r["train"]["stop"]["epoch"], r["eval"]["bleu"])
+                                         for r in cells[(t, la)].values()]
+                         for t in TYINGS for la in LAYERS if (t, la) in cells},
+                        written[-1], "epoch at which the run stopped", "BLEU (sacrebleu)",
+                        "BLEU against training length: one dot per seed, a line per cell")
+    for t in TYINGS:
+        runs = [(la, cells[(t, la)]) for la in LAYERS if (t, la) in cells]
+        if runs:
+            seed = min(min(r) for _, r in runs)
+            chosen = [(la, r[seed]) for la, r in runs
+                      if seed in r and r[seed]["output_row_norms"] is not None]
+            if not chosen:  # exported with --without-row-norms
+                continue
+            path = out / f"norms_{t}.png"
+            plot_norm_histograms([np.asarray(r["output_row_norms"]) for _, r in chosen],
+                                 [f"{la} (seed {seed})" for la, _ in chosen], path,
+                                 title=f"Row norms of the output matrix, tying: {t}")
+            written.append(path)
+    return written
+
+
+def _per_tying(cells: Cells, curve: Callable[[Iterable], tuple]) -> dict[str, dict]:
+    """Plot panels: per tying mode, ``curve`` of each output layer's runs."""
+    return {f"tying: {t}": {la: curve(list(cells[(t, la)].values())) for la in LAYERS
+                            if (t, la) in cells}
+            for t in TYINGS if any((t, la) in cells for la in LAYERS)}
+
+
+def _mean_curve(records) -> tuple[list[float], list[float]]:
+    """The validation NLL at each update count, averaged over the runs that have it."""
+    points: dict[int, list[float]] = defaultdict(list)
+    for r in records:
+        for updates, nll in r["train"]["valid_history"]:
+            points[updates].append(nll)
+    xs = sorted(points)
+    return xs, [sum(points[x]) / len(points[x]) for x in xs]

@@ -1,0 +1,54 @@
+"""The short answer (README's "Does it help?"): per cell of a translation study, its parameters,
+BLEU (mean and each seed), the Δ that decides its claim and the verdict rule's word on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
+from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.evaluation import specs, verdicts
+from fairseq_tying.evaluation.engine import Section
+
+
+def _order(cell: dict[str, Any]) -> tuple:
+    """The untied and tied ``dot`` cells first (by tying), then the normalized layers."""
+    return (cell["output_layer"] != "dot", TYINGS.index(cell["tying"]),
+            LAYERS.index(cell["output_layer"]))
+
+
+def rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One row per cell that has a claim, and the untied ``dot`` baseline."""
+    claims = {c.cell: c for c in specs.study_claims()}
+    out = []
+    for cell in sorted(summary.values(), key=_order):
+        key = f"{cell['tying']}/{cell['output_layer']}"
+        claim = claims.get(key)
+        if claim is None and key != "none/dot":
+            continue
+        bleu = cell["bleu"]
+        row = [cell["tying"], f"`{cell['output_layer']}`", f"{cell['params'][0] / 1e6:.2f}M",
+               f"{bleu['mean']:.2f} ({', '.join(f'{v:.2f}' for v in bleu['values'])})"]
+        if claim is None:
+            row += ["baseline", "baseline"]
+        elif (test := cell.get(claim.test)) is None:
+            row += ["–", "–"]
+        else:
+            against = "untied" if claim.test == "vs_untied" else "`dot`"
+            row += [f"{test['delta_bleu']:+.2f} over {against}",
+                    verdicts.bootstrap(test, claim.expects)]
+        out.append(row)
+    return out
+
+
+def render(sections: list[Section]) -> tuple[str, Any]:
+    """The table (a model column when the study has more than one architecture)."""
+    many = len(sections) > 1
+    seeds = sorted({s for sec in sections for c in sec.summary.values() for s in c["seeds"]})
+    header = [*(["model"] * many), "tying", "output layer", "parameters",
+              f"BLEU: mean (seeds {', '.join(map(str, seeds))})", "Δ BLEU", "verdict"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for sec in sections:
+        for row in rows(sec.summary):
+            lines.append("| " + " | ".join([*([f"`{sec.key}`"] * many), *row]) + " |")
+    return "\n".join(lines) + "\n", None

@@ -1,0 +1,102 @@
+"""The perplexity study's table and plots (``specs.LM``): test perplexity per cell, its per-seed
+difference to the untied and to the decoder-tied dot-product model with the interval rule's
+verdict, and Press & Wolf's finding beside ours."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fairseq_tying.evaluation import verdicts
+from fairseq_tying.evaluation.engine import Key, Section, band
+from fairseq_tying.evaluation.specs import LM_BASELINE, LM_TIED, lm_label
+from fairseq_tying.evaluation.stats import format_stat
+from fairseq_tying.evaluation.tables import markdown_table
+from fairseq_tying.evaluation.view_grid import epochs_text
+
+
+def _epochs(cell: dict[str, Any]) -> str:
+    return epochs_text(cell) if "stop" in cell else "–"
+
+
+def _delta(cell: dict[str, Any], to: str, base: Key) -> str:
+    if to not in cell:
+        return "baseline" if (cell["tying"], cell["output_layer"], cell["tag"]) == \
+            (*base[:2], None) else "–"
+    diff = cell[to]
+    return f"{format_stat(diff)} ({diff['verdict']})"
+
+
+def main_table(summary: dict[str, Any]) -> str:
+    untied = summary.get(lm_label(LM_BASELINE, []), {}).get("params", [None])[0]
+    rows = []
+    for name, c in summary.items():
+        params = "/".join(f"{n:,}" for n in c["params"])
+        rel = f" ({c['params'][0] / untied:.1%})" if untied and len(c["params"]) == 1 else ""
+        rows.append([name, f"{format_stat(c['test_ppl'])} (n={len(c['seeds'])})",
+                     format_stat(c["test_ppl_best"]) if "test_ppl_best" in c else "–",
+                     _delta(c, "vs_untied_dot", LM_BASELINE), _delta(c, "vs_tied_dot", LM_TIED),
+                     params + rel, _epochs(c)])
+    return markdown_table(["tying × output layer", "test perplexity", "best checkpoint",
+                           "Δ vs untied dot", "Δ vs tied dot", "parameters (of untied)",
+                           "epochs (per seed; stop)"], rows)
+
+
+def finding(summary: dict[str, Any]) -> str:
+    """Press & Wolf's finding beside ours (decoder-tied vs untied, dot product)."""
+    tied = summary.get(lm_label(LM_TIED, []))
+    ours, answer = "no paired runs", "unresolved"
+    if tied and "vs_untied_dot" in tied:
+        diff = tied["vs_untied_dot"]
+        base = summary[lm_label(LM_BASELINE, [])]["test_ppl"]
+        ours = (f"{format_stat(base)} → {format_stat(tied['test_ppl'])}; Δ "
+                f"{format_stat(diff)} over seed{'s' * (len(diff['seeds']) > 1)} "
+                f"{', '.join(map(str, diff['seeds']))}")
+        answer = diff["verdict"]
+    rows = [["Press & Wolf (2017), LSTM LMs, Penn Treebank and others",
+             "significantly lower with tying, on a variety of models", "yes (their finding)"],
+            ["this study, Transformer LM, Bible English (word level)", ours, answer]]
+    return markdown_table(["", "untied → tied test perplexity", "tying lowers perplexity"],
+                          rows)
+
+
+def render(sections: list[Section]) -> tuple[str, Any]:
+    """The block's text and ``summary.json`` of the perplexity study."""
+    (section,) = sections
+    summary = section.summary
+    seeds = sorted({s for c in summary.values() for s in c["seeds"]})
+    text = "\n".join([
+        f"Seeds: {', '.join(map(str, seeds))}. Test perplexity (fairseq-eval-lm) of the average "
+        "of the last epoch checkpoints, and of the best single checkpoint (lowest validation "
+        "loss); mean ± 95 % CI (Student t over seeds). Δ: per-seed difference to the untied "
+        "dot-product model, and for the decoder-tied cells to the decoder-tied dot-product "
+        f"model, mean ± 95 % CI; {verdicts.INTERVAL_RULE}.\n",
+        main_table(summary),
+        "\n**Press & Wolf's finding side by side**\n",
+        finding(summary)])
+    return text, summary
+
+
+def plots(sections: list[Section], out: Path) -> list[Path]:
+    """Test perplexity per cell (seeds, mean ± CI); validation perplexity against epochs, one
+    panel per tying, one line per cell."""
+    from fairseq_tying.evaluation.plots import plot_bands, plot_methods, points
+
+    (section,) = sections
+    cells, summary = section.cells, section.summary
+    out.mkdir(parents=True, exist_ok=True)
+    test = out / "test_ppl.png"
+    plot_methods({"test set, average of the last epoch checkpoints": [
+        points(name, c["test_ppl"], baseline=key == LM_BASELINE)
+        for key, (name, c) in zip(cells, summary.items(), strict=True)]}, test,
+        metric="test perplexity (fairseq-eval-lm)")
+    if not all("valid_epochs" in r["train"] for runs in cells.values() for r in runs.values()):
+        return [test]
+    panels: dict[str, dict[str, tuple]] = defaultdict(dict)
+    for (key, runs), name in zip(cells.items(), summary, strict=True):
+        panels[f"tying: {key[0]}"][name] = band(list(runs.values()), lambda loss: 2.0 ** loss)
+    path = out / "valid_ppl_epochs.png"
+    plot_bands(dict(panels), path, "epoch", "validation perplexity",
+               "Validation perplexity per epoch: mean over seeds, band from min to max")
+    return [test, path]

@@ -1,0 +1,195 @@
+"""The study manifest (slurm/studies.yaml), the one study command over it, and the views the
+engine renders from committed records: the equal-training block and README's short answer."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fairseq_tying.common.atomic import markers
+from fairseq_tying.evaluation import records, verdicts, view_help
+from fairseq_tying.evaluation.cli import references
+from fairseq_tying.evaluation.engine import Section
+from fairseq_tying.evaluation.records import Record
+from fairseq_tying.evaluation.report import Renderer, recorded
+from fairseq_tying.launch.__main__ import main as launch
+from fairseq_tying.launch.config import load_sweep
+from fairseq_tying.launch.studies import (
+    ManifestError,
+    _summary_source,
+    expected_runs,
+    load_manifest,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+MANIFEST = REPO / "slurm" / "studies.yaml"
+FORBIDDEN = ("running", "in progress", "not yet")  # a block states records, not plans
+
+
+@pytest.fixture()
+def manifest(monkeypatch):
+    monkeypatch.chdir(REPO)  # the manifest's paths are relative to the repository's root
+    return load_manifest(MANIFEST)
+
+
+def test_every_study_has_its_records_sweep_and_marked_blocks(manifest):
+    assert set(manifest.studies) == {"converged", "equal", "one_epoch", "converged_gpu",
+                                     "converged_gpu_patience3", "lm"}
+    targets = [t for s in manifest.studies.values() for t in s.reports]
+    targets += [s.target for s in manifest.summaries]
+    for t in targets:
+        text = t.file.read_text()
+        begin, end = markers(t.block)
+        assert text.count(begin) == text.count(end) == 1, t
+    for study in manifest.studies.values():
+        if study.sweep is None:  # frozen: a report of the records there are
+            assert any(study.records.glob("*.json")) and not study.prepare
+            continue
+        assert "${" not in study.sweep.read_text()  # no environment variables to set
+        sweep = load_sweep(study.sweep, check_data=False)
+        assert len({r.data_dir for r in sweep.runs}) == 1 and study.prepare
+        recorded_names = {p.stem for p in study.records.glob("*.json")}
+        assert recorded_names <= {r.name for r in sweep.runs}  # each record is a run of it
+    assert expected_runs(manifest.study("equal")) == 27
+    assert expected_runs(manifest.study("converged_gpu_patience3")) == 7
+
+
+def test_the_makefile_study_targets_are_one_line_each_over_the_study_command():
+    text = (REPO / "Makefile").read_text()
+    for target, name in {"study": "converged", "study-equal": "equal",
+                         "study-one-epoch": "one_epoch", "lm-study": "lm"}.items():
+        recipe = text.split(f"\n{target}: setup\n")[1].split("\n\n")[0].splitlines()
+        assert recipe == [f"\t$(STUDY) {name} $(STUDY_FLAGS)"]
+    assert "FAIRSEQ_TYING_" not in text
+
+
+def test_a_study_without_records_says_how_many_runs_it_has():
+    text, summary = Renderer([], None, expected=27).block("equal")
+    assert text == "0 of 27 runs are recorded." and summary is None
+    assert not any(word in text.lower() for word in FORBIDDEN)
+    results = (DOCS / "results.md").read_text()
+    begin, end = markers("equal")
+    assert results[results.index(begin):results.index(end)] == f"{begin}\n{text}\n"
+    assert recorded(1, 27) == "1 of 27 runs is recorded."
+    assert recorded(3, None) == ""  # no sweep to count: no line
+
+
+def test_the_readme_block_is_the_short_answer_of_the_study_with_records(manifest):
+    """README's "Does it help?" table: the converged study's summary through the
+    ``does_it_help`` view, while the equal-training study has no records."""
+    (summary,) = manifest.summaries
+    assert summary.sources == ("equal", "converged")
+    source = _summary_source(manifest, summary)
+    assert source == ("equal" if any((DOCS / "equal" / "records").glob("*.json"))
+                      else "converged")
+    folder = manifest.study(source).plots
+    cells = json.loads((folder / "summary.json").read_text())
+    sections = [Section(arch, {}, s) for arch, s in cells.items()] if source == "equal" \
+        else [Section("transformer_twwt", {}, cells)]
+    text, _ = view_help.render(sections)
+    readme = (REPO / "README.md").read_text()
+    begin, end = markers(summary.target.block)
+    assert readme[readme.index(begin) + len(begin) + 1:readme.index(end)] == text
+
+
+@pytest.mark.parametrize("name", ["converged", "equal", "one_epoch", "converged_gpu", "lm"])
+def test_every_study_with_a_sweep_dry_runs_its_data_and_unrecorded_runs(manifest, name, capsys,
+                                                                        monkeypatch):
+    """``study NAME --dry-run``: the data preparation into the sweep's dataset folder, and a
+    job for each run of the sweep without a record, nothing trained or written."""
+    monkeypatch.setattr("os.environ", dict(os.environ))  # the launcher pins the CPU kernels
+    study = manifest.study(name)
+    assert launch(["study", name, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    (data,) = {r.data_dir for r in load_sweep(study.sweep, check_data=False).runs}
+    assert f"# python -m fairseq_tying.data.prepare {' '.join(study.prepare)} --out {data}" in out
+    todo = expected_runs(study) - len(list(study.records.glob("*.json")))
+    assert f": {todo} training job(s)" in out
+
+
+def test_study_command_errors_name_the_fix(manifest, capsys):
+    assert launch(["study", "nope", "--report-only"]) == 2
+    err = capsys.readouterr().err
+    assert "study 'nope' is not in slurm/studies.yaml" in err and "converged, equal" in err
+    assert launch(["study", "converged", "--report-only", "--only", "*.s1"]) == 2
+    assert "--report-only trains nothing" in capsys.readouterr().err
+    assert launch(["study", "converged_gpu_patience3", "--workers", "1"]) == 2
+    assert "rebuild its report with --report-only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("{records: r, plots: p, reports: [{file: f.md, block: b, view: nope}]}",
+     "studies.s.reports[0].view: 'nope' is not a view"),
+    ("{records: r, plots: p, reports: [{file: f.md, block: b, view: lm}], runs_dir: x}",
+     "studies.s.runs_dir: unknown key"),
+    ("{records: r, plots: p, sweep: s.yaml, prepare: [--out, d], "
+     "reports: [{file: f.md, block: b, view: lm}]}", "without --out"),
+    ("{plots: p, reports: [{file: f.md, block: b, view: lm}]}", "studies.s.records: expected"),
+])
+def test_a_wrong_manifest_is_refused_by_key(tmp_path, entry, message):
+    path = tmp_path / "studies.yaml"
+    path.write_text(f"studies:\n  s: {entry}\n")
+    with pytest.raises(ManifestError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_manifest(path)
+
+
+def test_a_summary_names_studies_of_the_manifest(tmp_path):
+    path = tmp_path / "studies.yaml"
+    path.write_text("studies:\n  s: {records: r, plots: p, reports: [{file: f.md, block: b, "
+                    "view: lm}]}\nsummaries:\n  - {file: R.md, block: h, view: does_it_help, "
+                    "from: [s, other]}\n")
+    with pytest.raises(ManifestError, match=r"summaries\[0\].from: expected a list of the "
+                       "manifest's studies \\(s\\)"):
+        load_manifest(path)
+
+
+def _dynamicconv(record: Record) -> Record:
+    """A three-way tied converged record relabelled as a DynamicConv run (same hypotheses):
+    a second architecture for the view, from real scores."""
+    data = copy.deepcopy(record.data)
+    data["arch"] = "dynamicconv_twwt"
+    data["name"] = data["name"].replace("transformer_twwt", "dynamicconv_twwt")
+    return Record(data, record.hypotheses)
+
+
+@pytest.mark.slow
+def test_the_equal_view_of_real_records(tmp_path):
+    """The equal-training tables from the converged study's P1 records (E1 and E3's cells) and
+    two of them relabelled as DynamicConv (E2's): each seed's BLEU, each Δ the mean of the
+    records' per-seed BLEU differences, each verdict the bootstrap rule's, and the plot."""
+    recs = records.load(DOCS / "converged" / "records")
+    e2 = [_dynamicconv(r) for r in recs
+          if r["tying"] == "three_way" and r["output_layer"] in ("dot", "l2norm")]
+    renderer = Renderer(recs + e2, references(None), n_samples=200, expected=27)
+    text, summary = renderer.block("equal")
+    assert text.startswith("27 of 27 runs are recorded.\n\n")
+    assert not any(word in text.lower() for word in FORBIDDEN)
+    for r in recs:
+        assert f"{r['eval']['bleu']:.2f}" in text
+    bleu = {(r["tying"], r["output_layer"], r["seed"]): r["eval"]["bleu"] for r in recs}
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+             if " vs " in line]
+    rows = {(c[0], c[1]): c for c in cells}
+    expect = [("decoder tying vs untied (`dot`)", ("decoder", "dot"), ("none", "dot")),
+              ("three-way tying vs untied (`dot`)", ("three_way", "dot"), ("none", "dot"))]
+    expect += [(f"`{la}` vs `dot` (three-way tying)", ("three_way", la), ("three_way", "dot"))
+               for la in ("l2norm", "sqnorm", "distance", "cosine")]
+    for label, cell, base in expect:
+        delta = np.mean([bleu[(*cell, s)] - bleu[(*base, s)] for s in (1, 2, 3)])
+        row = rows[(label, "`transformer_twwt`")]
+        test = summary["transformer_twwt"][f"{cell[0]}/{cell[1]}"][
+            "vs_untied" if "untied" in label else "vs_dot"]
+        rule = verdicts.UNCHANGED if "untied" in label else verdicts.GAIN
+        assert row[4].startswith(f"{delta:+.2f} ± ") and row[5] == verdicts.bootstrap(test, rule)
+    dynamicconv = rows[("`l2norm` vs `dot` (three-way tying)", "`dynamicconv_twwt`")]
+    assert dynamicconv[3] == "+0.41 (DynamicConv, IWSLT'14 De→En)"
+    assert len(rows) == 7
+    (png,) = renderer.plots("equal", tmp_path, summary)[1:]
+    assert png.name == "valid_nll_epochs.png" and png.read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(summary))
