@@ -11,7 +11,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 
 from fairseq_tying.core import scoring
 from fairseq_tying.core.criterions.chunked import linear_label_smoothed_nll_loss, predictions
-from tests.conftest import PLUGIN_DIR, TINY_LM, TINY_MODEL
+from tests.helpers import PLUGIN_DIR, TINY_LM, TINY_MODEL
 
 RTOL = 1e-5  # fp32, relative
 TRANSLATION = ["--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1"]

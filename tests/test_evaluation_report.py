@@ -118,7 +118,7 @@ def test_study_command_errors_name_the_fix(manifest, capsys):
     err = capsys.readouterr().err
     assert "study 'nope' is not in slurm/studies.yaml" in err and "converged, equal" in err
     assert launch(["study", "converged", "--report-only", "--only", "*.s1"]) == 2
-    assert "--report-only trains nothing" in capsys.readouterr().err
+    assert "--report-only exports and trains nothing" in capsys.readouterr().err
     assert launch(["study", "converged_gpu_patience3", "--workers", "1"]) == 2
     assert "rebuild its report with --report-only" in capsys.readouterr().err
 

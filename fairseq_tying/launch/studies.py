@@ -220,7 +220,7 @@ def sweep_of(study: Study, runs: Path | None):
 def train(study: Study, args: argparse.Namespace) -> tuple[int, Path]:
     """Prepare the data, then train and evaluate the runs without a record (the launcher);
     its exit status and the run folders."""
-    from fairseq_tying.launch.__main__ import main as launch
+    from fairseq_tying.launch.sweeps import main as launch
 
     sweep = sweep_of(study, args.runs)
     if args.dry_run:
