@@ -85,3 +85,15 @@ def test_recorded_runs_tell_the_forecast_their_stop_epochs(tmp_path):
     assert recorded_stops(tmp_path, runs) == [12, 15]
     seed1 = [r for r in sweep.runs if r.name.endswith((".none.dot.s1", ".decoder.dot.s1"))]
     assert recorded_stops(REPO / "docs" / "lm" / "records", seed1) == [12, 15]  # committed
+
+
+def test_every_record_replays_the_command_that_built_its_model():
+    """Each record's ``train_args`` is its sweep's command for the run, so replaying it builds
+    the model that was trained (four early records lacked the pre-norm width flags that the
+    preset gave then and the sweep states now)."""
+    sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
+    commands = {r.name: r.train_args for r in sweep.runs}
+    records = [json.loads(p.read_text()) for p in (DOCS / "lm" / "records").glob("*.json")]
+    assert len(records) == 21
+    for r in records:
+        assert r["train_args"] == commands[r["name"]], r["name"]
