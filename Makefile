@@ -30,8 +30,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 # One pytest-xdist worker a core (auto: the cores this process may use); TEST_WORKERS=0 runs
 # the tests one at a time in one process.
 TEST_WORKERS ?= auto
+# The tests of the one loopback SLURM cluster run after the others, in one process.
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15 -m "not slurm"
+	$(PY) -m pytest -q -n 0 -m slurm
 
 # The unit tests only (formulas, properties, configs, errors): the edit-test loop.
 test-fast: setup
