@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 
 from fairseq_tying.launch.sweeps import main as sweep
-from fairseq_tying.launch.sweeps import recorded_stops  # noqa: F401  (the tests' import)
 
 
 def main(argv: list[str] | None = None) -> int:
