@@ -5,6 +5,8 @@
 - ``serve`` (``serve.py``): a trained checkpoint decoded by fairseq-generate and by CTranslate2
   (float32, int8): speed, agreement and BLEU; a language model scored as fairseq-eval-lm
   scores it and by CTranslate2: speed and perplexity.
+- ``loss`` (``loss.py``): peak training memory and step time of fairseq's loss against
+  ``--chunked-loss``, by vocabulary size, and the largest batch within a memory budget.
 - ``gpu-check`` (``gpu_check.py``): the acceptance run on one CUDA GPU (fp16 training,
   fairseq-generate, CTranslate2 float16, ``layers`` on CUDA); ``make gpu-check``.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-MODES = ("layers", "serve", "gpu-check")
+MODES = ("layers", "serve", "loss", "gpu-check")
 
 
 def main(argv: list[str] | None = None):
@@ -24,6 +26,8 @@ def main(argv: list[str] | None = None):
     known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
     if known.mode == "serve":
         from fairseq_tying.bench import serve as mode
+    elif known.mode == "loss":
+        from fairseq_tying.bench import loss as mode
     elif known.mode == "gpu-check":
         from fairseq_tying.bench import gpu_check as mode
     else:
