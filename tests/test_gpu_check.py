@@ -137,7 +137,8 @@ def test_a_checked_layer_is_kept_and_not_checked_again(tmp_path, monkeypatch):
     assert gpu_check.checked_layer(tmp_path, "l2norm", opts) == done
     path = gpu_check.layer_path(tmp_path, "l2norm")
     assert json.loads(path.read_text()) == {
-        "settings": {"updates": 300, "max_tokens": 4096}, "result": done}
+        "settings": {"updates": 300, "max_tokens": 4096, "chunked_loss": True},
+        "result": done}
     assert gpu_check.checked_layer(tmp_path, "l2norm", opts) == done
     assert steps.calls == ["check l2norm", "decode l2norm"]
 
@@ -189,3 +190,16 @@ def test_cuda_library_errors_say_what_to_do():
     assert "--device cpu" in str(hint)
     other = RuntimeError("out of memory")
     assert translate.cuda_library_error(other) is other
+
+
+def test_chunked_training_must_log_the_reference_losses():
+    """Step 3's verdict: the H100 log's checks pass against themselves, and fail for losses 2 %
+    off or for fewer than three logged values."""
+    log = H100_LOG.read_text()
+    reference = gpu_check.train_log_checks(log, updates=300)
+    same = gpu_check.compare_first_losses(reference, reference)
+    assert same["passed"] and same["first_losses_rel_gap"] == 0.0
+    off = {**reference, "logged_losses": [x * 1.02 for x in reference["logged_losses"]]}
+    assert not gpu_check.compare_first_losses(off, reference)["passed"]
+    short = {**reference, "logged_losses": reference["logged_losses"][:2]}
+    assert not gpu_check.compare_first_losses(short, reference)["same_first_losses"]

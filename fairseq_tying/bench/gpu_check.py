@@ -11,7 +11,11 @@ For each output layer (``--output-layer dot l2norm sqnorm distance cosine`` by d
    halves it at each overflow and doubles it back only after ``--fp16-scale-window`` updates,
    so one late overflow is normal and a collapse halves it again and again);
 2. ``fairseq-generate --fp16`` (beam 5) from the checkpoint: BLEU, and every hypothesis finite;
-3. CTranslate2 float16 decoding on the GPU of the checkpoint exported with
+3. ``fairseq-train`` again with ``--chunked-loss`` (the loss from the decoder's features in
+   chunks, log Z in fp32): the same checks, and its first three logged losses within
+   ``CHUNKED_TOLERANCE`` (relative) of step 1's, which computes the same loss from the half scores
+   (``--no-chunked-loss`` skips it);
+4. CTranslate2 float16 decoding on the GPU of the checkpoint exported with
    ``python -m fairseq_tying.export --format ctranslate2``: BLEU and the share of sentences with
    the same hypothesis as step 2 (reported, not checked: fp16 rounding differs between the two).
 
@@ -21,10 +25,11 @@ trained and decoded with fairseq within 5 minutes, about what their trainings al
 after another. ``--jobs 1`` checks them one at a time, for training times of a run alone.
 
 Then ``python -m fairseq_tying.bench --device cuda --fp16`` once (all output layers against
-fairseq's own tied Transformer). Everything is written under ``--out``: each output layer's
-result in ``OUT/layers/LAYER.json`` as soon as steps 1 and 2 are checked, and again with step 3
-(a rerun skips the layers that have a complete result, and for a layer cut off during step 3
-only decodes again), and the summary in ``OUT/gpu_check.json`` (``"passed"`` per check and
+fairseq's own tied Transformer) and ``--mode loss --device cuda --fp16`` (fairseq's loss against
+``--chunked-loss``, memory and time by V). Everything is written under ``--out``: each output
+layer's result in ``OUT/layers/LAYER.json`` as soon as steps 1 to 3 are checked, and again with
+step 4 (a rerun skips the layers that have a complete result, and for a layer cut off during
+step 4 only decodes again), and the summary in ``OUT/gpu_check.json`` (``"passed"`` per check and
 overall). Without a CUDA device it stops before doing anything, with exit status 2.
 """
 
@@ -46,6 +51,7 @@ from fairseq_tying.core import scoring
 
 BIN = Path(sys.executable).parent
 HYPOTHESIS = re.compile(r"^D-(\d+)\t(\S+)\t(.*)$", re.M)  # fairseq-generate's detokenized lines
+CHUNKED_TOLERANCE = 0.01  # fp16 scores rounded per element vs the chunked loss's fp32 log Z
 OVERFLOW = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: "
                       r"([\d.e+-]+)")
 
@@ -111,7 +117,8 @@ def prepare_data(out: Path) -> Path:
     return data
 
 
-def train(data: Path, output_layer: str, run_dir: Path, opts: argparse.Namespace) -> dict:
+def train(data: Path, output_layer: str, run_dir: Path, opts: argparse.Namespace,
+          extra: tuple[str, ...] = ()) -> dict:
     log = run([str(BIN / "fairseq-train"), str(data / "bin"), "--user-dir", PLUGIN_DIR,
                "--arch", "transformer_twwt_iwslt_de_en", "--output-layer", output_layer, "--fp16",
                "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
@@ -120,8 +127,26 @@ def train(data: Path, output_layer: str, run_dir: Path, opts: argparse.Namespace
                "--max-tokens", str(opts.max_tokens), "--max-update", str(opts.updates),
                "--save-dir", str(run_dir / "checkpoints"), "--no-epoch-checkpoints",
                "--log-format", "json", "--log-interval", "10", "--seed", "1",
-               "--num-workers", "0"], run_dir / "train.log")
+               "--num-workers", "0", *extra], run_dir / "train.log")
     return train_log_checks(log, opts.updates)
+
+
+def chunked_train(data: Path, output_layer: str, run_dir: Path, opts: argparse.Namespace,
+                  reference: dict) -> dict:
+    """Step 3: the same training with ``--chunked-loss``; its first logged losses against
+    step 1's."""
+    return compare_first_losses(train(data, output_layer, run_dir, opts, ("--chunked-loss",)),
+                                reference)
+
+
+def compare_first_losses(checks: dict, reference: dict) -> dict:
+    """``checks`` of a ``--chunked-loss`` training, failed unless its first three logged losses
+    are within ``CHUNKED_TOLERANCE`` of the reference training's."""
+    pairs = list(zip(checks["logged_losses"][:3], reference["logged_losses"][:3], strict=False))
+    gaps = [abs(a - b) / abs(b) for a, b in pairs]
+    same = len(gaps) == 3 and max(gaps) <= CHUNKED_TOLERANCE
+    return {**checks, "first_losses_rel_gap": max(gaps) if gaps else None,
+            "same_first_losses": same, "passed": checks["passed"] and same}
 
 
 def generate(data: Path, run_dir: Path) -> dict:
@@ -171,8 +196,15 @@ def check_output_layer(data: Path, output_layer: str, out: Path, opts: argparse.
     """Steps 1 and 2 (the checked ones), kept on disk before step 3 (reported only)."""
     run_dir = out / "runs" / output_layer
     result = {"train": train(data, output_layer, run_dir, opts)}
-    result["generate"] = generate(data, run_dir)
-    result["passed"] = result["train"]["passed"] and result["generate"]["passed"]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # step 3 beside step 2: the GPU is idle
+        decoded = pool.submit(generate, data, run_dir)
+        if opts.chunked_loss:
+            result["chunked_loss"] = chunked_train(data, output_layer, out / "runs" /
+                                                   f"{output_layer}-chunked", opts,
+                                                   result["train"])
+        result["generate"] = decoded.result()
+    result["passed"] = all(result[k]["passed"] for k in ("train", "generate", "chunked_loss")
+                           if k in result)
     atomic.write_json(layer_path(out, output_layer), {"settings": settings, "result": result})
     return result
 
@@ -182,7 +214,8 @@ def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> di
     same settings (decoding again with CTranslate2 if it was cut off or failed there), else
     checked now."""
     path = layer_path(opts.out, output_layer)
-    settings = {"updates": opts.updates, "max_tokens": opts.max_tokens}
+    settings = {"updates": opts.updates, "max_tokens": opts.max_tokens,
+                "chunked_loss": opts.chunked_loss}
     kept = json.loads(path.read_text()) if path.is_file() else {"settings": None}
     if kept["settings"] == settings and "error" not in kept["result"].get(
             "ct2_float16", {"error": "not reached"}):
@@ -230,7 +263,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--jobs", type=int, default=None,
                    help="output layers checked side by side on the GPU (default: all)")
-    p.add_argument("--no-bench", action="store_true", help="skip bench --device cuda --fp16")
+    p.add_argument("--no-chunked-loss", dest="chunked_loss", action="store_false",
+                   help="skip step 3, the training with --chunked-loss")
+    p.add_argument("--no-bench", action="store_true",
+                   help="skip bench --device cuda --fp16 (layers) and --mode loss")
     opts = p.parse_args(argv)
     if opts.jobs is None:
         opts.jobs = len(opts.output_layers)
@@ -270,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
             opts.out / "logs" / "bench.log",
         )
         summary["bench"] = str(bench_dir / "bench.json")
+        run([sys.executable, "-m", "fairseq_tying.bench", "--mode", "loss", "--device", "cuda",
+             "--fp16", "--out", str(bench_dir / "loss.json")], opts.out / "logs" / "loss.log")
+        summary["bench_loss"] = str(bench_dir / "loss.json")
     summary["passed"] = all(r["passed"] for r in summary["output_layers"].values())
     atomic.write_json(opts.out / "gpu_check.json", summary)
     print(f"wrote {opts.out / 'gpu_check.json'}: {'PASSED' if summary['passed'] else 'FAILED'}")
