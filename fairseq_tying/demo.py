@@ -3,15 +3,22 @@ Transformer with the ``dot`` output layer and one with a normalized layer, evalu
 sacrebleu, print the table and write the plots.
 
     python -m fairseq_tying.demo [--out work/demo] [--max-update N] [--output-layers dot l2norm]
+                                 [--record docs/demo/demo.json --readme README.md]
 
 The models train side by side, one single-threaded process each, their fairseq logs prefixed with
 the output layer. Finished steps are skipped on a rerun (fairseq resumes from
-``checkpoint_last.pt``).
+``checkpoint_last.pt``). Every run ends with ``OUT/results/demo.json``: per output layer BLEU,
+chrF and the row norms of the tied matrix, and the minutes the whole command took; ``--record``
+copies it (the repository's is ``docs/demo/demo.json``) and ``--readme`` writes its table into
+that file's ``demo`` block; ``--report-only`` does the last from an existing record.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import subprocess
 import sys
 import threading
@@ -19,11 +26,11 @@ import time
 from pathlib import Path
 
 from fairseq_tying.common import PLUGIN_DIR, RUN_JSON
-from fairseq_tying.common.atomic import write_json
+from fairseq_tying.common.atomic import replace_block, write_json
 from fairseq_tying.common.reproducible import pinned_env
 from fairseq_tying.evaluation.collect import collect
 from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
-from fairseq_tying.evaluation.norms import norms_report
+from fairseq_tying.evaluation.norms import norms_report, row_norms
 
 ARCH = "transformer_twwt"
 MODEL = ["--encoder-layers", "2", "--decoder-layers", "2",
@@ -123,6 +130,48 @@ def train_in_parallel(commands: dict[str, list[str]]) -> None:
         raise SystemExit(f"training failed for {failed}: see the [{failed[0]}] lines above")
 
 
+def demo_record(run_dirs: dict[str, Path], results: list[dict], args: argparse.Namespace,
+                seconds: float) -> dict:
+    """What the README's demo block shows, and how it was made."""
+    import torch
+
+    layers = {}
+    for (layer, run), res in zip(run_dirs.items(), results, strict=True):
+        norms = row_norms(run / "checkpoints" / "checkpoint_best.pt")[1]
+        layers[layer] = {"run": run.name, "bleu": round(res["bleu"], 2),
+                         "chrf": round(res["chrf"], 2), "bleu_signature": res["bleu_signature"],
+                         "sentences": res["n_sentences"], "checkpoint": "checkpoint_best.pt",
+                         "row_norm_mean": round(float(norms.mean()), 3),
+                         "row_norm_std": round(float(norms.std()), 3)}
+    return {"command": "python -m fairseq_tying.demo " + " ".join(args.argv),
+            "minutes": round(seconds / 60, 1), "max_update": args.max_update,
+            "seed": args.seed, "layers": layers,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                        "python": platform.python_version(), "torch": torch.__version__}}
+
+
+def readme_block(record: dict) -> str:
+    """The README's demo block: the table of ``record`` and how it was made."""
+    rows = ["| output layer | BLEU | chrF | row norms of W: mean ± std |", "|---|---:|---:|---|"]
+    rows += [f"| `{layer}` | {r['bleu']:.2f} | {r['chrf']:.2f} | "
+             f"{r['row_norm_mean']:.3f} ± {r['row_norm_std']:.3f} |"
+             for layer, r in record["layers"].items()]
+    cpus = record["machine"]["cpus"]
+    return ("\n".join(rows) + f"\n\n`{record['command']}`: {record['minutes']:g} min on "
+            f"{cpus} CPU core{'s' * (cpus != 1)}, {record['max_update']} updates each, seed "
+            f"{record['seed']}, test set of {next(iter(record['layers'].values()))['sentences']:,} "
+            "verses; from [docs/demo/demo.json](docs/demo/demo.json).\n")
+
+
+def publish(record: dict, path: Path | None, readme: Path | None) -> None:
+    if path:
+        write_json(path, record)
+        print(f"wrote {path}", flush=True)
+    if readme:
+        replace_block(readme, "demo", readme_block(record))
+        print(f"wrote the demo block of {readme}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fairseq_tying.demo",
@@ -139,7 +188,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="output layers to train and compare (default: dot l2norm; "
                              "--rules is the old name of this flag)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--record", type=Path,
+                        help="copy the run's demo.json here (the repository's record: "
+                             "docs/demo/demo.json)")
+    parser.add_argument("--readme", type=Path,
+                        help="write the record's table into this file's <!-- demo:begin --> block")
+    parser.add_argument("--report-only", action="store_true",
+                        help="no training: write --readme's block from the --record file")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.report_only:
+        if not (args.record and args.readme):
+            parser.error("--report-only needs --record (the record to read) and --readme")
+        if not args.record.is_file():
+            parser.error(f"--record {args.record}: no such file; run the demo with --record "
+                         "first")
+        publish(json.loads(args.record.read_text()), None, args.readme)
+        return 0
+    if args.readme and not args.readme.is_file():
+        parser.error(f"--readme {args.readme}: no such file")
     start = time.time()
     data = prepare(args.out, args.corpus, args.vocab_size)
     runs = args.out / "runs"
@@ -158,18 +225,20 @@ def main(argv: list[str] | None = None) -> int:
             for output_layer, run in run_dirs.items()
         }
     )
+    evaluated = []
     for run in run_dirs.values():
         print(f"\n== evaluating {run.name} ==", flush=True)
-        print("\n".join(summary_lines(evaluate_run(run, data, cpu=True))), flush=True)
+        evaluated.append(evaluate_run(run, data, cpu=True))
+        print("\n".join(summary_lines(evaluated[-1])), flush=True)
     results = args.out / "results"
     print(collect(runs, results)["markdown"], flush=True)
     checkpoints = [run / "checkpoints" / "checkpoint_best.pt" for run in run_dirs.values()]
     print(norms_report(checkpoints, results / "norms.png", args.output_layers), flush=True)
-    print(
-        f"\ndemo finished in {(time.time() - start) / 60:.1f} min; table, JSON and plots "
-        f"in {results}/",
-        flush=True,
-    )
+    record = demo_record(run_dirs, evaluated, args, time.time() - start)
+    write_json(results / "demo.json", record)
+    publish(record, args.record, args.readme)
+    print(f"\ndemo finished in {record['minutes']:.1f} min; table, JSON and plots in {results}/",
+          flush=True)
     return 0
 
 

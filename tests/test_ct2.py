@@ -327,3 +327,22 @@ def test_serve_bench_compares_fairseq_and_ctranslate2(tiny_corpus, joined_bin, t
     assert rows["fairseq"]["sentences"] == rows["ct2_int8"]["sentences"] == n_test
     assert rows["ct2_float32"]["same_as_fairseq"] >= 0.75  # all but cut-off hypotheses
     assert all(r["tokens_per_s"] > 0 and r["bleu"] is not None for r in rows.values())
+    # --summarize tabulates the written report into a file's serving block, decoding nothing
+    doc = tmp_path / "serving.md"
+    doc.write_text("# S\n\n<!-- serving:begin -->\nold\n<!-- serving:end -->\n")
+    table = bench.main(["--mode", "serve", "--summarize", str(out), "--into", str(doc)])["table"]
+    row = rows["ct2_float32"]
+    assert (f"| three_way, distance | CTranslate2 float32 | {row['sentences_per_s']:.1f} | "
+            f"{row['speedup_sentences']:.2f}× | {row['same_count']:,}/{n_test:,} ") in table
+    assert table.strip() in doc.read_text() and "old" not in doc.read_text()
+
+
+def test_serve_summary_refuses_what_it_cannot_tabulate(tmp_path, capsys):
+    from fairseq_tying.bench import serve
+
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--summarize", str(tmp_path / "none.json")])
+    assert "no such report" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--into", str(tmp_path / "x.md")])
+    assert "--into goes with --summarize" in capsys.readouterr().err

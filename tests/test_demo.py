@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_tying import demo
+from fairseq_tying.common.atomic import markers
 from fairseq_tying.data import bible
 from tests.helpers import run_module
 
@@ -24,8 +26,11 @@ def test_demo_pipeline_with_a_tiny_budget(tmp_path):
     bible.extract(tmp_path / "full")
     _slice(tmp_path / "full", tmp_path / "corpus", {"train": 400, "valid": 20, "test": 12})
     out = tmp_path / "demo"
+    readme = tmp_path / "README.md"
+    readme.write_text("# R\n\n{}\nstale\n{}\n\nrest\n".format(*markers("demo")))
     proc = run_module("fairseq_tying.demo", "--out", out, "--corpus", tmp_path / "corpus",
-                      "--vocab-size", "300", "--max-update", "6")
+                      "--vocab-size", "300", "--max-update", "6",
+                      "--record", tmp_path / "demo.json", "--readme", readme)
     log = proc.stdout + proc.stderr
     assert "num_updates 6" in log  # fairseq's own training log is shown
     results = out / "results"
@@ -39,3 +44,21 @@ def test_demo_pipeline_with_a_tiny_budget(tmp_path):
         assert record["run"]["output_layer"] == output_layer and record["subset"] == "test"
         hyps = (out / "runs" / f"transformer_twwt-{output_layer}-seed1" / record["hypotheses"])
         assert len(hyps.read_text().splitlines()) == 12
+
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    assert summary == json.loads((results / "demo.json").read_text())
+    for row in summary["layers"].values():
+        record = json.loads((out / "runs" / row["run"] / "eval.json").read_text())
+        assert row["bleu"] == round(record["bleu"], 2) and row["sentences"] == 12
+    assert summary["max_update"] == 6 and "--max-update 6" in summary["command"]
+    text = readme.read_text()
+    assert "stale" not in text and text.endswith("\nrest\n")
+    assert demo.readme_block(summary) in text
+
+
+def test_report_only_needs_a_record(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        demo.main(["--report-only", "--record", str(tmp_path / "none.json"),
+                   "--readme", str(tmp_path / "R.md")])
+    assert "--record" in capsys.readouterr().err and not (tmp_path / "R.md").exists()
+

@@ -305,6 +305,30 @@ def table(report: dict) -> str:
     return "\n\n".join(lines) + "\n"
 
 
+def summary(cpu: dict, cuda: dict | None) -> str:
+    """The README's table: the loss's extra memory, built-in → chunked, and the step-time ratio,
+    by V, on the CPU (fp32) and on CUDA (fp16) when ``cuda`` is given."""
+    head = "| V | CPU fp32: loss extra MB, built-in → chunked | CPU time, chunked ÷ built-in |"
+    rule = "|---:|---|---:|"
+    if cuda:
+        head += " CUDA fp16: loss extra MB | CUDA time ratio |"
+        rule += "---|---:|"
+    rows = [head, rule]
+    for vocab in sorted({*cpu["results"], *(cuda or {}).get("results", {})}, key=int):
+        cells = [f"{int(vocab) // 1000}k"]
+        for report, key in ((cpu, "cpu_s"), *(((cuda, "wall_s"),) if cuda else ())):
+            res = report["results"].get(vocab)
+            if res is None or "loss_extra" not in res["chunked"] or "loss_extra" not in res[
+                    "builtin"]:
+                cells += ["not measured", "—"]
+                continue
+            cells += [f"{res['builtin']['loss_extra'] / MB:,.0f} → "
+                      f"{res['chunked']['loss_extra'] / MB:,.0f}",
+                      f"{res['chunked'][key] / res['builtin'][key]:.2f}×"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m fairseq_tying.bench --mode loss",
                                 description=__doc__,

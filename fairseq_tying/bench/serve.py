@@ -24,6 +24,7 @@ it reports the perplexity each computes and the tokens scored per second.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -237,11 +238,49 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def summary_table(reports: list[dict]) -> str:
+    """One table of several translation reports (``--summarize``): a row per model and decoder,
+    with the share of hypotheses equal to fairseq's and the BLEU difference."""
+    lines = ["| model (tying, output layer) | decoder | sentences/s | speed-up "
+             "| same hypotheses as fairseq | BLEU | Δ BLEU |", "|---|---|---:|---:|---:|---:|---:|"]
+    for report in reports:
+        if report["task"] == LM_TASK:
+            raise ValueError("--summarize: language-model reports have their own table "
+                             "(python -m fairseq_tying.bench --mode serve --checkpoint LM)")
+        model = f"{report['model']['tying']}, {report['model']['output_layer']}"
+        base = report["results"]["fairseq"]["bleu"]
+        for name, row in report["results"].items():
+            same = ("–" if name == "fairseq" else
+                    f"{row['same_count']:,}/{row['sentences']:,} "
+                    f"({100 * row['same_as_fairseq']:.2f} %)")
+            delta = "–" if name == "fairseq" else f"{row['bleu'] - base:+.2f}"
+            lines.append(f"| {model} | {DECODERS[name]} | {row['sentences_per_s']:.1f} | "
+                         f"{row['speedup_sentences']:.2f}× | {same} | {row['bleu']:.2f} | "
+                         f"{delta} |")
+    return "\n".join(lines) + "\n"
+
+
+DECODERS = {"fairseq": "fairseq", "ct2_float32": "CTranslate2 float32",
+            "ct2_int8": "CTranslate2 int8"}
+
+
+def summarize(paths: list[Path], into: Path | None) -> str:
+    """The table of the reports at ``paths``, printed, and written into ``into``'s ``serving``
+    block."""
+    text = summary_table([json.loads(p.read_text()) for p in paths])
+    text += "\nFrom " + ", ".join(f"[{p.name}]({p.parent.name}/{p.name})" for p in paths) + ".\n"
+    print(text)
+    if into is not None:
+        atomic.replace_block(into, "serving", text)
+        print(f"wrote the serving block of {into}")
+    return text
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m fairseq_tying.bench --mode serve",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", type=Path, required=True,
+    p.add_argument("--checkpoint", type=Path,
                    help="a transformer_{dwt,twwt}* or transformer_lm_tied* checkpoint")
     p.add_argument("--data", type=Path, help="fairseq-preprocess folder (default: the one the "
                    "model was trained on)")
@@ -257,7 +296,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="wall time, or this process's CPU time (steadier on a shared machine "
                         "with --threads 1) (default: wall)")
     p.add_argument("--out", type=Path, help="write the report (JSON) here")
+    p.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
+                   help="no decoding: one table of these --out reports (translation models)")
+    p.add_argument("--into", type=Path,
+                   help="with --summarize: write the table into this file's <!-- serving:begin "
+                        "--> block (docs/serving.md)")
     opts = p.parse_args(argv)
+    if opts.summarize:
+        missing = [str(x) for x in opts.summarize if not x.is_file()]
+        if missing:
+            p.error(f"--summarize: no such report: {', '.join(missing)}")
+        if opts.into is not None and not opts.into.is_file():
+            p.error(f"--into {opts.into}: no such file")
+        return opts
+    if opts.into is not None:
+        p.error("--into goes with --summarize")
+    if opts.checkpoint is None:
+        p.error("--checkpoint is required (or --summarize JSON... to tabulate reports)")
     if not opts.checkpoint.is_file():
         p.error(f"--checkpoint {opts.checkpoint} does not exist")
     if opts.data is None:
@@ -272,6 +327,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     opts = parse_args(argv)
+    if opts.summarize:
+        return {"table": summarize(opts.summarize, opts.into)}
     with tempfile.TemporaryDirectory(prefix="serve-bench.") as tmp:
         report = measure(opts, Path(tmp))
     report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}
