@@ -280,13 +280,13 @@ def table(report: dict) -> str:
     key = "cpu_s" if clock == "CPU" else "wall_s"
     rows = ["| V | loss extra MB: built-in / plugin / chunked | chunked ÷ built-in "
             "| step extra MB: built-in / plugin / chunked | step peak MB: built-in / chunked "
-            f"| step {clock} s: built-in / plugin / chunked | chunked ÷ built-in time |",
+            f"| step {clock} ms: built-in / plugin / chunked | chunked ÷ built-in time |",
             "|---:|---|---:|---|---|---|---:|"]
     for vocab, res in report["results"].items():
         rows.append(f"| {int(vocab) // 1000}k | {_cells(res, 'loss_extra')} "
                     f"| {_ratio(res, 'loss_extra', '{:.3f}')} | {_cells(res, 'step_extra')} "
                     f"| {_cells(res, 'peak', ('builtin', 'chunked'))} "
-                    f"| {_cells(res, key, scale=1, fmt='{:.2f}')} "
+                    f"| {_cells(res, key, scale=1e-3, fmt='{:.1f}')} "
                     f"| {_ratio(res, key, '{:.2f}')} |")
     skipped = [f"{m} at V = {int(v) // 1000}k: {r[m]['skipped']}"
                for v, r in report["results"].items() for m in MODELS if "skipped" in r[m]]
@@ -295,8 +295,9 @@ def table(report: dict) -> str:
         lines.append("Not measured: " + "; ".join(skipped) + ".")
     if "max_tokens" in report:
         mt = report["max_tokens"]
+        memory = "resident memory" if clock == "CPU" else "CUDA memory allocated"
         lines.append(
-            f"Largest batch within {mt['budget_bytes'] / 2**30:g} GiB of peak resident memory "
+            f"Largest batch within {mt['budget_bytes'] / 2**30:g} GiB of peak {memory} "
             f"at V = {mt['vocab'] // 1000}k: built-in {mt['builtin']['max_tokens']:,} target "
             f"tokens, chunked {mt['chunked']['max_tokens']:,} ({mt['ratio']:.1f}×); "
             f"{mt['builtin']['bytes_per_token'] / 1024:.0f} KiB against "
