@@ -185,6 +185,8 @@ def measure_lm(opts: argparse.Namespace, model: Path, meta: dict) -> dict:
 
 
 def measure(opts: argparse.Namespace, workdir: Path) -> dict:
+    from fairseq.data import data_utils
+
     try:
         subword = find_subword(opts.data)
     except ExportError:  # pre-tokenized data: BLEU on the tokens
@@ -198,7 +200,9 @@ def measure(opts: argparse.Namespace, workdir: Path) -> dict:
     ids = sorted(fs["sources"])
     sources = [fs["sources"][i] for i in ids]
     fs_hyps = [fs["hypotheses"][i] for i in ids]
-    refs = _references(opts, ids, meta["target_lang"])
+    # a checkpoint trained without --target-lang names none: fairseq reads the pair off the files
+    tgt = meta["target_lang"] or data_utils.infer_language_pair(str(opts.data))[1]
+    refs = _references(opts, ids, tgt)
     rows = {"fairseq": {**{k: fs[k] for k in ("seconds", "sentences", "tokens")},
                         "bleu": bleu(fs_hyps, refs, decode), "same_as_fairseq": 1.0}}
     for compute_type in ("float32", "int8"):
@@ -253,7 +257,7 @@ def summary_table(reports: list[dict]) -> str:
             same = ("–" if name == "fairseq" else
                     f"{row['same_count']:,}/{row['sentences']:,} "
                     f"({100 * row['same_as_fairseq']:.2f} %)")
-            delta = "–" if name == "fairseq" else f"{row['bleu'] - base:+.2f}"
+            delta = "–" if name == "fairseq" else f"{round(row['bleu'] - base, 2) + 0.0:+.2f}"
             lines.append(f"| {model} | {DECODERS[name]} | {row['sentences_per_s']:.1f} | "
                          f"{row['speedup_sentences']:.2f}× | {same} | {row['bleu']:.2f} | "
                          f"{delta} |")

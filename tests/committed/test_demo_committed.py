@@ -16,3 +16,19 @@ def test_the_readme_demo_block_is_the_committed_record():
     begin, end = markers("demo")
     block = (REPO / "README.md").read_text().split(begin)[1].split(end)[0]
     assert block.strip() == demo.readme_block(record).strip()
+
+
+def test_the_serving_table_is_the_committed_reports():
+    """docs/serving.md's serving block is `bench --mode serve --summarize` of the committed
+    reports of the demo's checkpoints, whose BLEU is the demo record's."""
+    from fairseq_tying.bench import serve
+
+    record = json.loads((REPO / "docs" / "demo" / "demo.json").read_text())
+    paths = [REPO / "docs" / "serving" / f"demo-{layer}.json" for layer in record["layers"]]
+    reports = [json.loads(p.read_text()) for p in paths]
+    for report, row in zip(reports, record["layers"].values(), strict=True):
+        assert row["run"] in report["config"]["checkpoint"]
+        assert round(report["results"]["fairseq"]["bleu"], 2) == row["bleu"]
+    begin, end = markers("serving")
+    block = (REPO / "docs" / "serving.md").read_text().split(begin)[1].split(end)[0]
+    assert serve.summary_table(reports) in block
