@@ -82,12 +82,12 @@ def test_a_study_without_records_says_how_many_runs_it_has():
 
 def test_the_readme_block_is_the_short_answer_of_the_study_with_records(manifest):
     """README's "Does it help?" table: the converged study's summary through the
-    ``does_it_help`` view, while the equal-training study has no records."""
+    ``does_it_help`` view, until the equal-training study's records answer it."""
     (summary,) = manifest.summaries
     assert summary.sources == ("equal", "converged")
     source = _summary_source(manifest, summary)
-    assert source == ("equal" if any((DOCS / "equal" / "records").glob("*.json"))
-                      else "converged")
+    equal = [json.loads(p.read_text()) for p in (DOCS / "equal" / "records").glob("*.json")]
+    assert source == ("equal" if view_help.answers(equal) else "converged")
     folder = manifest.study(source).plots
     cells = json.loads((folder / "summary.json").read_text())
     sections = [Section(arch, {}, s) for arch, s in cells.items()] if source == "equal" \
@@ -193,3 +193,17 @@ def test_the_equal_view_of_real_records(tmp_path):
     (png,) = renderer.plots("equal", tmp_path, summary)[1:]
     assert png.name == "valid_nll_epochs.png" and png.read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(summary))
+
+
+def test_only_a_study_with_every_cell_and_seed_answers():
+    """The short answer comes from a study whose records hold every tying mode with dot and
+    every layer under three-way tying, all seeds, for one architecture: the converged study's
+    do; without
+    one seed of one cell, without the baseline, or spread over two architectures they do not."""
+    records = [json.loads(p.read_text()) for p in (DOCS / "converged" / "records").glob("*.json")]
+    assert len(records) == 21 and view_help.answers(records)
+    assert not view_help.answers([r for r in records if r["name"] != records[0]["name"]])
+    assert not view_help.answers([r for r in records if r["tying"] != "none"])
+    other = [{**r, "arch": "dynamicconv_twwt"} if r["output_layer"] == "cosine" else r
+             for r in records]
+    assert not view_help.answers(other) and not view_help.answers([])
