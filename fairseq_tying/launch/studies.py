@@ -11,7 +11,8 @@ sweep files. A study's run folders are its sweep's ``output_dir`` (``--runs`` fo
 data the sweep's dataset folder, which ``prepare`` (the arguments of ``python -m
 fairseq_tying.data.prepare`` but ``--out``) fills. A study without a sweep has frozen records:
 only its report is rebuilt. ``summaries`` are blocks rendered from the first of several studies
-whose records answer them (README's short answer: every cell of it with all seeds).
+whose records answer them (README's short answer: every cell of it with all seeds), else from
+the first with records.
 """
 
 from __future__ import annotations
@@ -182,16 +183,20 @@ def rebuild(manifest: Manifest, study: Study, runs: Path | None = None, row_norm
 
 def _summary_source(manifest: Manifest, summary: Summary) -> str | None:
     """The first study of ``summary.sources`` whose records answer the summary's question
-    (``does_it_help``: every cell of the answer with all its seeds; other views: any record)."""
+    (``does_it_help``: every cell of the answer with all its seeds; other views: any record);
+    when none does yet, the first with records."""
     import json
 
     from fairseq_tying.evaluation import view_help
 
+    with_records = {}
     for name in summary.sources:
-        records = [json.loads(p.read_text()) for p in manifest.studies[name].records.glob("*.json")]
+        paths = manifest.studies[name].records.glob("*.json")
+        with_records[name] = [json.loads(p.read_text()) for p in paths]
+    for name, records in with_records.items():
         if records and (summary.target.view != "does_it_help" or view_help.answers(records)):
             return name
-    return None
+    return next((name for name, records in with_records.items() if records), None)
 
 
 def prepare_data(study: Study, data_dirs: set[Path]) -> None:
