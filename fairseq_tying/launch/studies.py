@@ -185,18 +185,15 @@ def _summary_source(manifest: Manifest, summary: Summary) -> str | None:
     """The first study of ``summary.sources`` whose records answer the summary's question
     (``does_it_help``: every cell of the answer with all its seeds; other views: any record);
     when none does yet, the first with records."""
-    import json
+    from fairseq_tying.evaluation import records, view_help
 
-    from fairseq_tying.evaluation import view_help
-
-    with_records = {}
-    for name in summary.sources:
-        paths = manifest.studies[name].records.glob("*.json")
-        with_records[name] = [json.loads(p.read_text()) for p in paths]
-    for name, records in with_records.items():
-        if records and (summary.target.view != "does_it_help" or view_help.answers(records)):
+    with_records = {name: [r.data for r in records.load(manifest.studies[name].records,
+                                                        allow_empty=True)]
+                    for name in summary.sources}
+    for name, found in with_records.items():
+        if found and (summary.target.view != "does_it_help" or view_help.answers(found)):
             return name
-    return next((name for name, records in with_records.items() if records), None)
+    return next((name for name, found in with_records.items() if found), None)
 
 
 def prepare_data(study: Study, data_dirs: set[Path]) -> None:
