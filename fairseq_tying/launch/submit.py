@@ -235,16 +235,26 @@ class Forecast:
     seen to end (so the estimate holds still between epochs). A run is expected to stop at the
     mean stop epoch of the finished runs (``stops``: recorded ones, and those that finish
     here); while none has finished, at the rule's earliest stop, and the estimate is a lower
-    bound."""
+    bound. The pace counts only time the sweep was running: a gap between two calls longer
+    than ``max_gap`` seconds (the bar refreshes every ``REFRESH_S``) is a suspended process
+    (SIGSTOP, a machine asleep) and counts as ``max_gap``; None counts every gap whole."""
 
     def __init__(self, runs: list[Run], stops: Iterable[int],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 max_gap: float | None = 4 * REFRESH_S) -> None:
         self.rule = Plateau(**runs[0].stopping) if runs and runs[0].stopping else None
         self.stops = list(stops)
         self.runs = runs
         self.start = self.seen = sum(map(epochs_done, runs))
-        self.clock = clock
-        self.t0 = self.t_seen = clock()
+        self.clock, self.max_gap = clock, max_gap
+        self.last = clock()
+        self.running = self.t_seen = 0.0  # seconds the sweep has run here, at the last epoch
+
+    def _tick(self) -> None:
+        now = self.clock()
+        gap = now - self.last
+        self.running += gap if self.max_gap is None else min(gap, self.max_gap)
+        self.last = now
 
     def finished(self, run: Run) -> None:
         if (epoch := stop_epoch(run)) is not None:
@@ -255,9 +265,10 @@ class Forecast:
         a plateau rule or before an epoch has ended here."""
         if self.rule is None or not unfinished:
             return ""
+        self._tick()
         if (total := sum(map(epochs_done, self.runs))) != self.seen:
-            self.seen, self.t_seen = total, self.clock()
-        trained, elapsed = self.seen - self.start, self.t_seen - self.t0
+            self.seen, self.t_seen = total, self.running
+        trained, elapsed = self.seen - self.start, self.t_seen
         if trained <= 0 or elapsed <= 0:
             return ""
         if not self.rule.plateau:  # a fixed budget: every run trains to the cap

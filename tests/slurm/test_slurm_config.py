@@ -264,8 +264,8 @@ def test_forecast_of_the_time_left_from_the_pace_and_the_finished_runs(tmp_path)
     a, b = (dataclasses.replace(r, run_dir=tmp_path / r.name) for r in sweep.runs[:2])
     _validated(a, 2)
     now = [0.0]
-    fresh = Forecast([a, b], [], clock=lambda: now[0])
-    recorded = Forecast([a, b], [12, 15], clock=lambda: now[0])
+    fresh = Forecast([a, b], [], clock=lambda: now[0], max_gap=None)
+    recorded = Forecast([a, b], [12, 15], clock=lambda: now[0], max_gap=None)
     now[0] = 600.0
     assert fresh([a, b]) == ""  # no epoch has ended here yet: no pace
     _validated(a, 4)
@@ -279,6 +279,30 @@ def test_forecast_of_the_time_left_from_the_pace_and_the_finished_runs(tmp_path)
     fresh.finished(b)
     assert fresh.stops == [10] and fresh([a]) == "≈ 30 min left (runs of 10 epochs)"
     assert Forecast([dataclasses.replace(a, stopping=None)], [12])([a]) == ""
+
+
+def test_forecast_leaves_out_the_time_a_sweep_was_suspended(tmp_path):
+    """The bar asks every 30 s. Run A starts at epoch 2 and B from scratch; after 300 s of
+    ticks the launcher is stopped for an hour (SIGSTOP), resumed, and 300 s later A is at 4
+    and B at 2. The hour counts as one 120 s gap: 4 epochs in 720 s, so the 4 epochs left to
+    the earliest stop (5) take 12 min, not the 1 h 10 min of the wall clock's 4,200 s."""
+    import dataclasses
+
+    sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
+    a, b = (dataclasses.replace(r, run_dir=tmp_path / r.name) for r in sweep.runs[:2])
+    _validated(a, 2)
+    now = [0.0]
+    running = Forecast([a, b], [], clock=lambda: now[0])
+    wall = Forecast([a, b], [], clock=lambda: now[0], max_gap=None)
+    ticks = [*range(30, 301, 30), *range(3900, 4171, 30)]  # the hour stopped after 300 s
+    for t in ticks:
+        now[0] = float(t)
+        assert running([a, b]) == wall([a, b]) == ""  # no epoch has ended yet
+    now[0] = 4200.0
+    _validated(a, 4)
+    _validated(b, 2)
+    assert running([a, b]) == "≥ 12 min left (runs of 5 epochs or more)"
+    assert wall([a, b]) == "≥ 1 h 10 min left (runs of 5 epochs or more)"
 
 
 def test_lm_sweep_refuses_translation_evaluation_flags(tmp_path):
