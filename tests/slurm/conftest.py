@@ -29,6 +29,14 @@ def tiny_lm_data(tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "tinylm", build_tiny_lm_data)
 
 
+def _acquired(lock: FileLock) -> bool:
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    return True
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """munge + MariaDB + slurmdbd + slurmctld + slurmd n1, n2 on loopback, torn down after."""
@@ -36,9 +44,7 @@ def cluster():
     if reason:
         pytest.skip(reason)
     lock = FileLock(CLUSTER_LOCK)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
+    if not _acquired(lock):
         pytest.fail(f"another test process runs the loopback SLURM cluster ({CLUSTER_LOCK} is "
                     "locked): the cluster tests run on one worker with --dist loadgroup (as "
                     "`make test` runs them), and one test run at a time", pytrace=False)
