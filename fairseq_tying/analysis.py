@@ -61,7 +61,8 @@ ROLES = {  # state-dict key: (role, dictionary side)
 BENCHMARKS = {"SimLex-999": "simlex999.txt", "WordSim-353": "wordsim353.tsv"}
 # every word (mean of its pieces' rows), and only the pairs of words that are one piece each
 VARIANTS = {"": False, " whole-word": True}
-BEGIN, END = markers("analysis")
+BLOCK = "analysis"  # the report's marked block: <!-- analysis:begin --> … <!-- analysis:end -->
+BEGIN, END = markers(BLOCK)
 WORDS = "none"  # --spm value of a word-level vocabulary: a word is its own row
 
 
@@ -384,7 +385,8 @@ def _save(fig, path: Path) -> None:
 
 
 def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str | None = None,
-        labels: Sequence[str] | None = None, report: Path | None = None) -> list[ModelReport]:
+        labels: Sequence[str] | None = None, report: Path | None = None,
+        block: str = BLOCK) -> list[ModelReport]:
     if labels and len(labels) != len(paths):
         raise SystemExit(f"--labels has {len(labels)} entries for {len(paths)} checkpoints")
     states = {str(p): checkpoints.load(p) for p in paths}
@@ -409,7 +411,7 @@ def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str 
     write_text(out / "analysis.md", table)
     plot(reports, states, dicts, out)
     if report is not None:
-        replace_block(report, "analysis", table)
+        replace_block(report, block, table)
     return reports
 
 
@@ -427,16 +429,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--labels", nargs="+", help="one name per checkpoint for the table and plots")
     p.add_argument("--report", type=Path, help=f"Markdown file whose {BEGIN} … {END} block "
                                                 "gets the table (appended if missing)")
+    p.add_argument("--block", default=BLOCK, help="the report's block name, for a report with "
+                   f"several analyses (default: {BLOCK})")
     opts = p.parse_args(argv)
     # the report is the output: fairseq's and gensim's INFO lines would bury it
     logging.basicConfig(level=logging.WARNING, force=True)
     missing = [c for c in opts.checkpoints if not os.path.isfile(c)]
     if missing:
         p.error(f"no such checkpoint: {', '.join(missing)}")
-    reports = run(opts.checkpoints, opts.out, opts.spm, opts.data, opts.labels, opts.report)
+    if not opts.block.replace("_", "").isalnum():
+        p.error(f"--block {opts.block!r}: use letters, digits and _ (it names the report's "
+                "<!-- NAME:begin --> marker)")
+    reports = run(opts.checkpoints, opts.out, opts.spm, opts.data, opts.labels, opts.report,
+                  opts.block)
     print(Path(opts.out / "analysis.md").read_text(), end="")
     print(f"wrote {opts.out}/analysis.json, analysis.md, norms_vs_frequency.png, similarity.png "
-          f"({len(reports)} checkpoints)")
+          f"({len(reports)} checkpoint{'s' * (len(reports) != 1)})")
     return 0
 
 

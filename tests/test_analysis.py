@@ -133,9 +133,19 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
     for png in ("norms_vs_frequency.png", "similarity.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # a second analysis goes to its own block and leaves the first alone
+    before = report_md.read_text()
+    report_md.write_text(before + "<!-- trained:begin -->\n<!-- trained:end -->\n")
+    run_module("fairseq_tying.analysis", ckpts["none"], "--out", tmp_path / "trained",
+               "--labels", "untied", "--report", report_md, "--block", "trained")
+    second = (tmp_path / "trained" / "analysis.md").read_text()
+    assert "| untied | decoder output |" in second
+    assert report_md.read_text() == (before + f"<!-- trained:begin -->\n{second}"
+                                     "<!-- trained:end -->\n")
+
 
 @pytest.mark.slow
-def test_analysis_names_a_missing_subword_model(simlex_run, tmp_path):
+def test_analysis_names_a_missing_subword_model(simlex_run, tmp_path, capsys):
     from fairseq_tying import analysis
 
     _root, ckpts = simlex_run
@@ -143,6 +153,10 @@ def test_analysis_names_a_missing_subword_model(simlex_run, tmp_path):
         analysis.main([str(ckpts["none"]), "--out", str(tmp_path),
                        "--spm", str(tmp_path / "nope.model")])
     assert "--spm" in str(error.value) and "nope.model" in str(error.value)
+    assert not (tmp_path / "analysis.json").exists()
+    with pytest.raises(SystemExit):  # argparse's error names --block and what to use
+        analysis.main([str(ckpts["none"]), "--out", str(tmp_path), "--block", "a block"])
+    assert "--block 'a block'" in capsys.readouterr().err
     assert not (tmp_path / "analysis.json").exists()
 
 
