@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from fairseq_tying.common.atomic import markers
-from fairseq_tying.evaluation import records, verdicts, view_help
+from fairseq_tying.evaluation import records, verdicts, view_equal, view_help
 from fairseq_tying.evaluation.cli import references
 from fairseq_tying.evaluation.engine import Section
 from fairseq_tying.evaluation.records import Record
@@ -190,9 +191,48 @@ def test_the_equal_view_of_real_records(tmp_path):
     dynamicconv = rows[("`l2norm` vs `dot` (three-way tying)", "`dynamicconv_twwt`")]
     assert dynamicconv[3] == "+0.41 (DynamicConv, IWSLT'14 De→En)"
     assert len(rows) == 7
-    (png,) = renderer.plots("equal", tmp_path, summary)[1:]
-    assert png.name == "valid_nll_epochs.png" and png.read_bytes()[:4] == b"\x89PNG"
+    pngs = renderer.plots("equal", tmp_path, summary)[1:]
+    assert [p.name for p in pngs] == ["valid_nll_epochs.png", "valid_nll_delta_epochs.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(summary))
+
+
+def _nll(record: Record, epoch: int) -> float | None:
+    return next((v for e, _, v in record["train"]["valid_epochs"] if e == epoch), None)
+
+
+def test_the_equal_views_differences_are_paired_by_seed():
+    """The Δ plot's lines, from P1's records: at each epoch, the mean over the seeds that
+    reached it in both cells of (cell's NLL − its baseline's NLL, same seed), with the 95 %
+    t-interval; a panel per comparison, and none for a cell without its baseline."""
+    recs = records.load(DOCS / "converged" / "records")
+    cells: dict = {}
+    for r in recs:
+        cells.setdefault((r["tying"], r["output_layer"]), {})[r["seed"]] = r
+    panels = view_equal._delta_panels("T", cells)
+    assert list(panels) == ["T: layer − dot (three-way)", "T: tying − untied (dot)"]
+    assert list(panels["T: layer − dot (three-way)"]) == [
+        "l2norm − dot", "sqnorm − dot", "distance − dot", "cosine − dot"]
+    assert list(panels["T: tying − untied (dot)"]) == ["decoder − none", "three_way − none"]
+    for label, cell, base in (("l2norm − dot", ("three_way", "l2norm"), ("three_way", "dot")),
+                              ("decoder − none", ("decoder", "dot"), ("none", "dot"))):
+        panel = next(p for p in panels.values() if label in p)
+        xs, mean, lo, hi = panel[label]
+        for i, epoch in enumerate(xs):
+            diffs = [a - b for s in (1, 2, 3)
+                     if (a := _nll(cells[cell][s], epoch)) is not None
+                     and (b := _nll(cells[base][s], epoch)) is not None]
+            assert mean[i] == pytest.approx(np.mean(diffs))
+            if len(diffs) > 1:
+                half = stats.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / np.sqrt(
+                    len(diffs))
+                assert (lo[i], hi[i]) == pytest.approx((mean[i] - half, mean[i] + half))
+            else:
+                assert lo[i] == hi[i] == mean[i]
+        assert xs[-1] == max(min(len(cells[c][s]["train"]["valid_epochs"]) for c in (cell, base))
+                             for s in (1, 2, 3))
+    without_untied = {k: v for k, v in cells.items() if k[0] != "none"}
+    assert list(view_equal._delta_panels("T", without_untied)) == ["T: layer − dot (three-way)"]
 
 
 def test_only_a_study_with_every_cell_and_seed_answers():

@@ -80,15 +80,17 @@ def plot_norm_histograms(
 
 def _panels(panels: dict[str, dict[str, tuple]], out: str | os.PathLike, xlabel: str,
             ylabel: str, title: str, draw: Callable[[Any, int, str, tuple], None],
-            integer_x: bool = False) -> None:
-    """One panel per key of ``panels``, sharing the y axis, each with its legend;
-    ``draw(ax, k, label, data)`` draws a line in colour ``k``, one colour per label in every
-    panel (a panel may lack some labels)."""
+            integer_x: bool = False, zero_line: bool = False, sharey: bool = True) -> None:
+    """One panel per key of ``panels``, sharing the y axis unless not ``sharey``, each with
+    its legend; ``draw(ax, k, label, data)`` draws a line in colour ``k``, one colour per label
+    in every panel (a panel may lack some labels); ``zero_line``: a line at y = 0."""
     colours = {label: k for k, label in enumerate(
         dict.fromkeys(label for lines in panels.values() for label in lines))}
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False,
-                             sharey=True, layout="constrained")
+                             sharey=sharey, layout="constrained")
     for ax, (name, lines) in zip(axes[0], panels.items(), strict=True):
+        if zero_line:
+            ax.axhline(0.0, color="black", linewidth=0.8)
         for label, data in lines.items():
             draw(ax, colours[label], label, data)
         if integer_x:
@@ -113,15 +115,18 @@ def plot_curves(panels: dict[str, dict[str, tuple[Sequence[float], Sequence[floa
 
 
 def plot_bands(panels: dict[str, dict[str, tuple[Sequence[float], ...]]],
-               out: str | os.PathLike, xlabel: str, ylabel: str, title: str) -> None:
-    """Like :func:`plot_curves` with a shaded band: ``panels[panel][label] = (x, y, lo, hi)``."""
+               out: str | os.PathLike, xlabel: str, ylabel: str, title: str,
+               zero_line: bool = False, sharey: bool = True) -> None:
+    """Like :func:`plot_curves` with a shaded band: ``panels[panel][label] = (x, y, lo, hi)``;
+    differences get a ``zero_line``, and panels of different ranges not ``sharey``."""
 
     def draw(ax, k: int, label: str, data: tuple) -> None:
         x, y, lo, hi = data
         ax.plot(x, y, marker="o", markersize=2, color=f"C{k}", label=label)
         ax.fill_between(x, lo, hi, color=f"C{k}", alpha=0.2, linewidth=0)
 
-    _panels(panels, out, xlabel, ylabel, title, draw, integer_x=True)
+    _panels(panels, out, xlabel, ylabel, title, draw, integer_x=True, zero_line=zero_line,
+            sharey=sharey)
 
 
 def plot_bleu_grid(series: dict[str, list[MethodPoints]], out: str | os.PathLike) -> None:

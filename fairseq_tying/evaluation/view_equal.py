@@ -96,12 +96,8 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     return "\n".join(parts), {str(s.key): s.summary for s in sections}
 
 
-def _ci_band(runs: list) -> tuple[list, list, list, list]:
-    """Per epoch: the mean validation NLL over the runs that reached it, ± its 95 % CI."""
-    points: dict[int, list[float]] = defaultdict(list)
-    for r in runs:
-        for epoch, _update, value in r["train"]["valid_epochs"]:
-            points[epoch].append(value)
+def _band(points: dict[int, list[float]]) -> tuple[list, list, list, list]:
+    """Per epoch: the mean of its values ± their 95 % CI (none for one value)."""
     xs = sorted(points)
     mean, half = zip(*(mean_ci(points[x]) for x in xs), strict=True)
     half = [0.0 if h != h else h for h in half]  # one seed: no interval
@@ -109,15 +105,63 @@ def _ci_band(runs: list) -> tuple[list, list, list, list]:
             [m + h for m, h in zip(mean, half, strict=True)])
 
 
-def _panel(cells: Cells) -> dict[str, tuple]:
+def _epochs(run: Any) -> dict[int, float]:
+    return {epoch: value for epoch, _update, value in run["train"]["valid_epochs"]}
+
+
+def _ci_band(runs: list) -> tuple[list, list, list, list]:
+    """Per epoch: the mean validation NLL over the runs that reached it, ± its 95 % CI."""
+    points: dict[int, list[float]] = defaultdict(list)
+    for r in runs:
+        for epoch, value in _epochs(r).items():
+            points[epoch].append(value)
+    return _band(points)
+
+
+def _delta_band(runs: dict, baseline: dict) -> tuple[list, list, list, list] | None:
+    """Per epoch: the mean over seeds of the paired difference (a run's validation NLL minus
+    its seed's baseline run's) ± its 95 % CI; None without a seed in both."""
+    points: dict[int, list[float]] = defaultdict(list)
+    for seed in sorted(runs.keys() & baseline.keys()):
+        mine, base = _epochs(runs[seed]), _epochs(baseline[seed])
+        for epoch in sorted(mine.keys() & base.keys()):
+            points[epoch].append(mine[epoch] - base[epoch])
+    return _band(points) if points else None
+
+
+def _with_epochs(cells: Cells) -> list[tuple[str, str]]:
     keys = sorted(cells, key=lambda k: (TYINGS.index(k[0]), LAYERS.index(k[1])))
-    return {f"{t} × {la}": _ci_band(list(cells[(t, la)].values())) for t, la in keys
-            if all("valid_epochs" in r["train"] for r in cells[(t, la)].values())}
+    return [k for k in keys if all("valid_epochs" in r["train"] for r in cells[k].values())]
+
+
+def _panel(cells: Cells) -> dict[str, tuple]:
+    return {f"{t} × {la}": _ci_band(list(cells[(t, la)].values())) for t, la in _with_epochs(cells)}
+
+
+def _delta_panels(arch: str, cells: Cells) -> dict[str, dict[str, tuple]]:
+    """``ARCH: layer − dot``: each normalized layer against ``dot`` under three-way tying;
+    ``ARCH: tying − untied``: each tying mode against untied, with ``dot``."""
+    keys = _with_epochs(cells)
+    pairs = {f"{arch}: layer − dot (three-way)":
+             {f"{la} − dot": (("three_way", la), ("three_way", "dot")) for t, la in keys
+              if t == "three_way" and la != "dot"},
+             f"{arch}: tying − untied (dot)":
+             {f"{t} − none": ((t, "dot"), ("none", "dot")) for t, la in keys
+              if la == "dot" and t != "none"}}
+    out = {}
+    for name, lines in pairs.items():
+        bands = {label: band for label, (cell, base) in lines.items() if base in keys
+                 and (band := _delta_band(cells[cell], cells[base])) is not None}
+        if bands:
+            out[name] = bands
+    return out
 
 
 def plots(sections: list[Section], out: Path) -> list[Path]:
     """``valid_nll_epochs.png``: validation NLL per epoch, a panel per architecture, a line
-    per cell with its 95 % CI over seeds."""
+    per cell with its 95 % CI over seeds. ``valid_nll_delta_epochs.png``: the same as paired
+    differences (seed by seed) from the cell each claim compares with, so that the epoch at
+    which two cells separate shows against the zero line."""
     from fairseq_tying.evaluation.plots import plot_bands
 
     panels = {str(s.key): p for s in sections if (p := _panel(s.cells))}
@@ -126,4 +170,12 @@ def plots(sections: list[Section], out: Path) -> list[Path]:
     path = out / "valid_nll_epochs.png"
     plot_bands(panels, path, "epoch", "validation NLL (base 2)",
                "Validation NLL per epoch: mean over seeds, band the 95 % CI")
-    return [path]
+    written = [path]
+    deltas = {name: bands for s in sections
+              for name, bands in _delta_panels(str(s.key), s.cells).items()}
+    if deltas:
+        written.append(out / "valid_nll_delta_epochs.png")
+        plot_bands(deltas, written[-1], "epoch", "Δ validation NLL (base 2); below 0: lower",
+                   "Paired Δ validation NLL per epoch (same seed): mean over seeds, band the "
+                   "95 % CI", zero_line=True, sharey=False)
+    return written
