@@ -39,6 +39,10 @@ def _budget(sections: list[Section]) -> str:
     return f"{epochs[0]}–{epochs[-1]} epochs"
 
 
+def _seeds(seeds: list[int]) -> str:
+    return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
+
+
 def bleu_table(sections: list[Section]) -> str:
     rows = []
     for s in sections:
@@ -47,7 +51,7 @@ def bleu_table(sections: list[Section]) -> str:
             nll = format_stat(c["valid_nll"], 3)
             rows.append([f"`{s.key}`", c["tying"], c["output_layer"],
                          f"{format_stat(c['bleu'])} (n={len(c['seeds'])})",
-                         f"{seeds} (seeds {', '.join(map(str, c['seeds']))})",
+                         f"{seeds} ({_seeds(c['seeds'])})",
                          format_stat(c["chrf"]), nll])
     return markdown_table(["model", "tying", "output layer", "BLEU", "BLEU per seed", "chrF",
                            "validation NLL"], rows)

@@ -62,7 +62,7 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     many = len(sections) > 1
     seeds = sorted({s for sec in sections for c in sec.summary.values() for s in c["seeds"]})
     header = [*(["model"] * many), "tying", "output layer", "parameters",
-              f"BLEU: mean (seeds {', '.join(map(str, seeds))})", "Δ BLEU", "verdict"]
+              f"BLEU: mean (seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))})", "Δ BLEU", "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for sec in sections:
         for row in rows(sec.summary):
