@@ -79,6 +79,7 @@ class MatrixReport:
     rows_seen: int
     rows_unseen: int
     mean_norm_unseen: float | None
+    norm_by_side: dict[str, dict[str, Any]] | None = None  # a matrix of both sides: norm_by_side()
 
 
 @dataclass
@@ -242,6 +243,20 @@ def geometry(matrix: np.ndarray, side: Side) -> dict[str, float]:
             "mean_norm_unseen": float(unseen_norms.mean()) if unseen.any() else None}
 
 
+def norm_by_side(matrix: np.ndarray, source: Side, target: Side) -> dict[str, dict[str, Any]]:
+    """A three-way tied matrix's rows by where their piece occurs in the training data (source
+    only, target only, both): how many and their mean norm. Only target pieces are ever the
+    softmax's correct class, so ``dot`` can give the two sides different lengths."""
+    n = len(matrix)
+    real = np.arange(n) >= source.dictionary.nspecial
+    src, tgt = source.counts[:n] > 0, target.counts[:n] > 0
+    norms = np.linalg.norm(matrix.astype(np.float64), axis=1)
+    groups = {"source only": src & ~tgt, "target only": tgt & ~src, "both": src & tgt}
+    return {name: {"rows": int((rows := mask & real).sum()),
+                   "mean_norm": float(norms[rows].mean()) if rows.any() else None}
+            for name, mask in groups.items()}
+
+
 def _number(x: float) -> float | None:
     return None if x is None or math.isnan(float(x)) else float(x)
 
@@ -294,8 +309,11 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
             for variant, whole in (VARIANTS if sp is not None else {"": False}).items():
                 vectors = word_vectors(pieces, matrix, whole_words=whole)
                 sims[name + variant] = similarity(vectors, matrix.shape[1], name)
+        serves = {side for role, side in ROLES.values() if role in roles}
+        by_side = norm_by_side(matrix, dicts["source"], dicts["target"]) \
+            if serves == {"source", "target"} else None
         report.matrices.append(MatrixReport(key, roles, matrix.shape[0], matrix.shape[1], sims,
-                                            **geometry(matrix, side)))
+                                            **geometry(matrix, side), norm_by_side=by_side))
     return report
 
 
@@ -331,6 +349,14 @@ def markdown(reports: Sequence[ModelReport], vectors: str) -> str:
     lines.append(f"Word vectors: {vectors}; ρ from gensim's KeyedVectors.evaluate_word_pairs. "
                  "Geometry over the rows whose token occurs on the role's side of the training "
                  "data (seen); unseen rows apart.")
+    if by_side := [(r.label, m.norm_by_side) for r in reports for m in r.matrices
+                   if m.norm_by_side]:
+        lines.append("")
+        lines.append("Rows of a three-way tied matrix by where their piece occurs in the training "
+                     "data, mean ‖w‖ (rows): " + "; ".join(
+                         f"{label}: " + ", ".join(f"{name} {_fmt(g['mean_norm'], 2)} ({g['rows']})"
+                                                  for name, g in groups.items())
+                         for label, groups in by_side) + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -36,8 +36,9 @@ def simlex_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     raw = {}
     for split, n in (("train", 300), ("valid", 20), ("test", 20)):
         sents = [[rng.choice(words) for _ in range(rng.randint(3, 8))] for _ in range(n)]
-        raw[split] = {"src": [" ".join(s) for s in sents],
-                      "tgt": [" ".join(reversed(s)) for s in sents]}
+        # a word of each side's own, so that the tied matrix has rows of one side only
+        raw[split] = {"src": [" ".join([*s, "zqzq"]) for s in sents],
+                      "tgt": [" ".join(["xjxj", *reversed(s)]) for s in sents]}
     (root / "all.txt").write_text("\n".join(raw["train"]["src"] + raw["train"]["tgt"]) + "\n")
     spm.SentencePieceTrainer.train(input=str(root / "all.txt"), model_prefix=str(root / "spm"),
                                    vocab_size=100, model_type="unigram", minloglevel=2,
@@ -106,9 +107,30 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
         whole = matrix["similarity"]["SimLex-999 whole-word"]
         assert whole["pairs_scored"] <= scored
 
+    # a three-way tied matrix's norms by the side its pieces occur on, by brute force
+    from fairseq.data import Dictionary
+
+    d = Dictionary.load(str(root / "bin" / "dict.src.txt"))
+    seen = {}
+    for side in ("src", "tgt"):
+        counts = np.zeros(len(d))
+        for line in (root / "enc" / f"train.{side}").read_text().splitlines():
+            for piece in line.split():
+                counts[d.index(piece)] += 1
+        seen[side] = (counts > 0) & (np.arange(len(d)) >= d.nspecial)
+    tied_rows = torch.load(ckpts["three_way"], weights_only=True)["model"][
+        "encoder.embed_tokens.weight"].double().numpy()
+    by_side = tied["matrices"][0]["norm_by_side"]
+    for name, mask in (("source only", seen["src"] & ~seen["tgt"]),
+                       ("target only", seen["tgt"] & ~seen["src"]),
+                       ("both", seen["src"] & seen["tgt"])):
+        assert by_side[name]["rows"] == mask.sum() > 0
+        assert by_side[name]["mean_norm"] == pytest.approx(
+            np.linalg.norm(tied_rows[mask], axis=1).mean(), abs=1e-9)
+    assert all(m["norm_by_side"] is None for m in untied["matrices"])
+
     # geometry, by brute force on the untied output matrix
     state = torch.load(ckpts["none"], weights_only=True)["model"]
-    from fairseq.data import Dictionary
 
     d = Dictionary.load(str(root / "bin" / "dict.tgt.txt"))
     counts = np.zeros(len(d))  # target-side occurrences, from the encoded text
@@ -128,6 +150,8 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
 
     table = (out / "analysis.md").read_text()
     assert "| three_way·dot | encoder input = decoder input = decoder output |" in table
+    assert (f"three_way·dot: source only {by_side['source only']['mean_norm']:.2f} "
+            f"({by_side['source only']['rows']}), target only") in table
     assert report_md.read_text() == ("# R\n\nwritten by hand\n<!-- analysis:begin -->\n"
                                      f"{table}<!-- analysis:end -->\nafter\n")
     for png in ("norms_vs_frequency.png", "similarity.png"):
