@@ -156,11 +156,15 @@ def test_evaluate_average_of_last_checkpoints(world, eval_a):
 
 def test_average_of_two_real_checkpoints_is_their_mean(world, tmp_path):
     run = world["a"]
-    out = average_checkpoints([run / "checkpoint1.pt", run / "checkpoint2.pt"], tmp_path / "a.pt")
+    out = average_checkpoints([run / "checkpoint2.pt", run / "checkpoint1.pt"], tmp_path / "a.pt")
     load = dict(map_location="cpu", weights_only=True)
     a = torch.load(run / "checkpoint1.pt", **load)["model"]
-    b = torch.load(run / "checkpoint2.pt", **load)["model"]
+    b_state = torch.load(run / "checkpoint2.pt", **load)
+    b = b_state["model"]
     avg = torch.load(out, **load)
+    # the newest input's training state, whatever the order given (as fairseq's script keeps)
+    assert avg["optimizer_history"] == b_state["optimizer_history"]
+    assert avg["optimizer_history"][-1]["num_updates"] > 0 and avg["last_optimizer_state"] is None
     assert avg["model"].keys() == a.keys()
     changed = 0
     for key, value in avg["model"].items():

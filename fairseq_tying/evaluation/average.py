@@ -14,20 +14,21 @@ from fairseq_tying.common.atomic import atomic_write
 
 
 def average_states(paths: Sequence[str | os.PathLike]) -> dict:
-    """Return the first checkpoint's state with ``model`` replaced by the parameter mean.
+    """Return the newest checkpoint's state (the most updates, as fairseq's
+    average_checkpoints.py keeps the newest) with ``model`` replaced by the parameter mean, so
+    that the average reports how long its latest input trained.
 
     Floating point tensors are summed in float64 and cast back to their dtype; integer
     tensors are floor-divided like fairseq does. The optimizer state is dropped.
     """
     if not paths:
         raise ValueError("no checkpoints to average")
-    first: dict | None = None
+    newest: dict | None = None
     sums: dict[str, torch.Tensor] = {}
     for path in tqdm(paths, desc="averaging checkpoints", unit="ckpt"):
         state = checkpoints.load(path)
-        params = state["model"]
-        if first is None:
-            first = state
+        params = state.pop("model")
+        if newest is None:
             dtypes = {k: v.dtype for k, v in params.items()}
         elif params.keys() != sums.keys():
             missing = sorted(set(sums) ^ set(params))[:5]
@@ -41,15 +42,21 @@ def average_states(paths: Sequence[str | os.PathLike]) -> dict:
                 sums[key] += value
             else:
                 sums[key] = value.clone()
+        if newest is None or _updates(state) >= _updates(newest):
+            newest = state
     n = len(paths)
     averaged = {}
     for key, total in sums.items():
         mean = total / n if total.is_floating_point() else total // n
         averaged[key] = mean.to(dtypes[key])
-    assert first is not None
-    first["model"] = averaged
-    first["last_optimizer_state"] = None
-    return first
+    assert newest is not None
+    newest["model"] = averaged
+    newest["last_optimizer_state"] = None
+    return newest
+
+
+def _updates(state: dict) -> int:
+    return int((state.get("optimizer_history") or [{}])[-1].get("num_updates", 0))
 
 
 def last_checkpoints(run_dir: str | os.PathLike, n: int) -> list[Path]:
