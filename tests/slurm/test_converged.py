@@ -214,7 +214,44 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
     assert row.rstrip(" |").endswith("unresolved (1 of 3 seeds)")
     for rec in map(json.loads, map(Path.read_text, records.glob("*.json"))):
         assert rec["train"]["stop"]["reason"] == "budget" and f"{rec['eval']['bleu']:.2f}" in text
-    assert (tmp_path / "plots" / "valid_nll_epochs.png").stat().st_size > 10_000
+    for png in ("valid_nll_epochs.png", "valid_nll_delta_epochs.png"):
+        assert (tmp_path / "plots" / png).stat().st_size > 10_000
+
+
+def test_dynamicconv_runs_to_a_budget_are_recorded_and_compared_as_e2(tiny_data, tmp_path):
+    """E2's path at a tiny size: DynamicConv three-way × {dot, l2norm} trained to a fixed
+    budget by the launcher, scored on the average of its last epoch checkpoints, exported as
+    records (row norms of its tied matrix included) and reported by the equal view as a
+    section of its own, its l2norm row against the paper's +0.41."""
+    last = 3
+    sweep = write_sweep(tmp_path / "e2.yaml", grid={"arch": ["dynamicconv_twwt"],
+                                                    "output_layer": ["dot", "l2norm"],
+                                                    "seed": [1]},
+                        fairseq=FAIRSEQ, evaluation=EVAL,
+                        stopping={"plateau": False, "max_epoch": last})
+    out = tmp_path / "runs"
+    launch(str(sweep), "--local", "--workers", "2", "--output-dir", str(out), data=tiny_data)
+    report, records = tmp_path / "equal.md", tmp_path / "records"
+    assert main(["study", "--runs", str(out), "--records", str(records), "--report", str(report),
+                 "--plots", str(tmp_path / "plots"), "--references",
+                 str(tiny_data / "raw" / "test.en"), "--bootstrap-samples", "100",
+                 "--block", "equal", "--view", "equal", "--expected-runs", "6"]) == 0
+    recs = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
+    assert [(r["arch"], r["output_layer"]) for r in recs] == [
+        ("dynamicconv_twwt", "dot"), ("dynamicconv_twwt", "l2norm")]
+    for rec in recs:
+        assert rec["train"]["stop"]["epoch"] == last and rec["train"]["stop"]["reason"] == "budget"
+        assert rec["eval"]["averaged"] == [f"checkpoint{e}.pt" for e in range(1, last + 1)]
+        assert len(rec["output_row_norms"]) > 0
+    text = report.read_text()
+    assert text.startswith("# Results\n\n<!-- equal:begin -->\n2 of 6 runs are recorded.")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| `")]
+    assert [r[:3] for r in rows[:2]] == [["`dynamicconv_twwt`", "three_way", "dot"],
+                                         ["`dynamicconv_twwt`", "three_way", "l2norm"]]
+    (claim,) = [r for r in rows if r[0] == "`l2norm` vs `dot` (three-way tying)"]
+    assert claim[1] == "`dynamicconv_twwt`" and claim[3] == "+0.41 (DynamicConv, IWSLT'14 De→En)"
+    assert claim[5] == "unresolved (1 of 3 seeds)"
 
 
 def test_continuing_from_another_command_is_refused_before_anything_trains(
