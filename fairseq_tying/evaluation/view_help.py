@@ -61,8 +61,9 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     """The table (a model column when the study has more than one architecture)."""
     many = len(sections) > 1
     seeds = sorted({s for sec in sections for c in sec.summary.values() for s in c["seeds"]})
+    which = f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
     header = [*(["model"] * many), "tying", "output layer", "parameters",
-              f"BLEU: mean (seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))})", "Δ BLEU", "verdict"]
+              f"BLEU: mean ({which})", "Δ BLEU", "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for sec in sections:
         for row in rows(sec.summary):

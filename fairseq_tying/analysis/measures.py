@@ -1,40 +1,13 @@
-"""What the embeddings learned: word similarity and geometry of every embedding role.
-
-    python -m fairseq_tying.analysis CKPT [CKPT …] --out DIR [--spm MODEL] [--data DIR] \
-        [--report docs/results.md]
-
-For each checkpoint and each embedding matrix it holds (encoder input, decoder input, decoder
-output; one matrix when tied) it reports
-
-- word similarity (Press & Wolf 2017, Tables 2–3): Spearman ρ between the cosine similarity of
-  two words' vectors and the human ratings of SimLex-999 and WordSim-353, as computed by
-  gensim's ``KeyedVectors.evaluate_word_pairs`` on the copies gensim ships. A word's vector is
-  the mean of the rows of its subword pieces (the ``--spm`` sentencepiece model); a word with a
-  piece missing from the dictionary is out of vocabulary, and coverage says how many pairs
-  were scored. A subword model splits almost any word, so the "whole-word" variant scores
-  only the pairs whose two words are each a single piece. A word-level vocabulary (``--spm
-  none``, or data prepared with ``--subword word``) gives each word its own row;
-- geometry: Spearman ρ between a row's norm and its token's frequency on that role's side of
-  the binarized training data (source side for the encoder, target side for the decoder, both
-  for a three-way tied matrix; a language model's one text), and
-  the mean pairwise cosine of the rows (anisotropy), both over the rows seen on that side; the
-  rows never seen there (the other language's pieces of a joined dictionary) are counted apart.
-
-The rows are the stored parameters (under ``l2norm``, ``cosine`` and ``sqnorm`` the model
-only uses their directions for scoring; cosine similarities of one-piece words are the same).
-Writes ``analysis.json``, ``analysis.md``, ``norms_vs_frequency.png`` and ``similarity.png``.
-"""
+"""The measures of ``python -m fairseq_tying.analysis``: the embedding matrices of a checkpoint
+by role, the training data's token counts per side, word similarity through gensim, and the
+geometry of the rows (norm–frequency ρ, anisotropy, norms by side)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
-import os
-import sys
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +17,6 @@ from fairseq.data import Dictionary
 from scipy.stats import spearmanr
 
 from fairseq_tying.common import LM_TASK, checkpoints
-from fairseq_tying.common.atomic import (
-    atomic_write,
-    markers,
-    replace_block,
-    write_json,
-    write_text,
-)
 from fairseq_tying.core import names
 
 ROLES = {  # state-dict key: (role, dictionary side)
@@ -61,9 +27,8 @@ ROLES = {  # state-dict key: (role, dictionary side)
 BENCHMARKS = {"SimLex-999": "simlex999.txt", "WordSim-353": "wordsim353.tsv"}
 # every word (mean of its pieces' rows), and only the pairs of words that are one piece each
 VARIANTS = {"": False, " whole-word": True}
-BLOCK = "analysis"  # the report's marked block: <!-- analysis:begin --> … <!-- analysis:end -->
-BEGIN, END = markers(BLOCK)
 WORDS = "none"  # --spm value of a word-level vocabulary: a word is its own row
+
 
 
 @dataclass
@@ -322,157 +287,3 @@ def default_label(path: str, state: dict) -> str:
     tying, output_layer = getattr(args, "tying", "?"), getattr(args, "output_layer", "?")
     extras = [f for f in ("tied_projection", "output_bias") if getattr(args, f, False)]
     return " ".join([f"{tying}·{output_layer}", *(f"+{e}" for e in extras)])
-
-
-# --- outputs --------------------------------------------------------------------------------
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
-def markdown(reports: Sequence[ModelReport], vectors: str) -> str:
-    names = list(reports[0].matrices[0].similarity)
-    head = ["model", "matrix (roles)", *(f"{n} ρ (pairs)" for n in names), "ρ(norm, freq)",
-            "mean cos", "mean ‖w‖ (seen rows)", "mean ‖w‖ (unseen rows)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
-    for r in reports:
-        for m in r.matrices:
-            sims = [f"{_fmt(m.similarity[n]['spearman'])} ({m.similarity[n]['pairs_scored']}/"
-                    f"{m.similarity[n]['pairs_total']})" for n in names]
-            lines.append("| " + " | ".join([r.label, " = ".join(m.roles), *sims,
-                                            _fmt(m.norm_frequency_spearman),
-                                            _fmt(m.mean_pairwise_cosine),
-                                            f"{_fmt(m.mean_norm, 2)} ({m.rows_seen})",
-                                            f"{_fmt(m.mean_norm_unseen, 2)} ({m.rows_unseen})",
-                                            ]) + " |")
-    lines.append("")
-    lines.append(f"Word vectors: {vectors}; ρ from gensim's KeyedVectors.evaluate_word_pairs. "
-                 "Geometry over the rows whose token occurs on the role's side of the training "
-                 "data (seen); unseen rows apart.")
-    if by_side := [(r.label, m.norm_by_side) for r in reports for m in r.matrices
-                   if m.norm_by_side]:
-        lines.append("")
-        lines.append("Rows of a three-way tied matrix by where their piece occurs in the training "
-                     "data, mean ‖w‖ (rows): " + "; ".join(
-                         f"{label}: " + ", ".join(f"{name} {_fmt(g['mean_norm'], 2)} ({g['rows']})"
-                                                  for name, g in groups.items())
-                         for label, groups in by_side) + ".")
-    return "\n".join(lines) + "\n"
-
-
-def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[str, dict],
-         out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(r, m) for r in reports for m in r.matrices]
-    cols = min(3, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
-    for ax, (r, m) in zip(axes.flat, panels, strict=False):
-        side = side_of(m.roles, dicts[r.checkpoint])
-        matrix = states[r.checkpoint]["model"][m.key].float().numpy()
-        keep = seen_rows(matrix, side)
-        ax.scatter(side.counts[keep], np.linalg.norm(matrix[keep], axis=1), s=3, alpha=0.4)
-        ax.set_xscale("log")
-        ax.set_title(f"{r.label}\n{' = '.join(m.roles)}", fontsize=8)
-        ax.set_xlabel(f"token frequency in training ({side.label})")
-        ax.set_ylabel("row norm ‖w‖")
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.tight_layout()
-    _save(fig, out / "norms_vs_frequency.png")
-
-    roles = [role for role, _ in ROLES.values()
-             if any(role in m.roles for r in reports for m in r.matrices)]
-    fig, axes = plt.subplots(1, len(BENCHMARKS), figsize=(max(6, 1.6 * len(reports)) * 2, 3.8),
-                             squeeze=False)
-    width = 0.8 / len(roles)
-    for ax, name in zip(axes.flat, BENCHMARKS, strict=True):
-        for j, role in enumerate(roles):
-            values = [next((m.similarity[name]["spearman"] or 0.0 for m in r.matrices
-                            if role in m.roles), np.nan) for r in reports]
-            offset = (j - (len(roles) - 1) / 2) * width
-            ax.bar(np.arange(len(reports)) + offset, values, width, label=role)
-        ax.axhline(0, color="black", linewidth=0.5)
-        ax.set_xticks(np.arange(len(reports)), [r.label for r in reports], rotation=30,
-                      ha="right", fontsize=8)
-        ax.set_ylabel(f"{name} Spearman ρ")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    _save(fig, out / "similarity.png")
-    plt.close("all")
-
-
-def _save(fig, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
-
-
-def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str | None = None,
-        labels: Sequence[str] | None = None, report: Path | None = None,
-        block: str = BLOCK) -> list[ModelReport]:
-    if labels and len(labels) != len(paths):
-        raise SystemExit(f"--labels has {len(labels)} entries for {len(paths)} checkpoints")
-    states = {str(p): checkpoints.load(p) for p in paths}
-    dicts = {p: sides(s, data) for p, s in states.items()}
-    subword, sp = subword_model(spm_path, next(iter(states.values())), data)
-    reports = [analyse(p, labels[i] if labels else default_label(p, s), dicts[p], sp, s)
-               for i, (p, s) in enumerate(states.items())]
-    benchmarks = {n: {"file": f"gensim.test.utils.datapath('{f}')",
-                      "pairs": len(benchmark_pairs(n)[1])} for n, f in BENCHMARKS.items()}
-    if sp is None:
-        vectors = "the lower-cased word's own row (a word-level vocabulary)"
-    else:  # the model's name and size, not the machine's path to it: the table is committed
-        vectors = (f"mean of the rows of the word's pieces under the sentencepiece model "
-                   f"{Path(subword).name} ({sp.get_piece_size()} pieces) (whole-word: only "
-                   "pairs of words that are one piece each)")
-    write_json(out / "analysis.json", {
-        "subword_model": None if subword is None else str(subword), "benchmarks": benchmarks,
-        "word_vector": vectors,
-        "token_counts": {p: {k: v.counted_in for k, v in d.items()} for p, d in dicts.items()},
-        "models": [asdict(r) for r in reports]}, indent=2)
-    table = markdown(reports, vectors)
-    write_text(out / "analysis.md", table)
-    plot(reports, states, dicts, out)
-    if report is not None:
-        replace_block(report, block, table)
-    return reports
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fairseq_tying.analysis",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="+", help="fairseq_tying checkpoints")
-    p.add_argument("--out", required=True, type=Path, help="folder for the JSON, table, PNGs")
-    p.add_argument("--spm", help="sentencepiece model of the training data (default: spm.model "
-                                 f"beside the binarized data folder); {WORDS}: a word-level "
-                                 "vocabulary, found from prep.json when the data says so")
-    p.add_argument("--data", help="fairseq-preprocess folder with the dictionaries "
-                                  "(default: the checkpoint's own data path)")
-    p.add_argument("--labels", nargs="+", help="one name per checkpoint for the table and plots")
-    p.add_argument("--report", type=Path, help=f"Markdown file whose {BEGIN} … {END} block "
-                                                "gets the table (appended if missing)")
-    p.add_argument("--block", default=BLOCK, help="the report's block name, for a report with "
-                   f"several analyses (default: {BLOCK})")
-    opts = p.parse_args(argv)
-    # the report is the output: fairseq's and gensim's INFO lines would bury it
-    logging.basicConfig(level=logging.WARNING, force=True)
-    missing = [c for c in opts.checkpoints if not os.path.isfile(c)]
-    if missing:
-        p.error(f"no such checkpoint: {', '.join(missing)}")
-    if not opts.block.replace("_", "").isalnum():
-        p.error(f"--block {opts.block!r}: use letters, digits and _ (it names the report's "
-                "<!-- NAME:begin --> marker)")
-    reports = run(opts.checkpoints, opts.out, opts.spm, opts.data, opts.labels, opts.report,
-                  opts.block)
-    print(Path(opts.out / "analysis.md").read_text(), end="")
-    print(f"wrote {opts.out}/analysis.json, analysis.md, norms_vs_frequency.png, similarity.png "
-          f"({len(reports)} checkpoint{'s' * (len(reports) != 1)})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

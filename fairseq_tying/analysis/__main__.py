@@ -1,0 +1,5 @@
+import sys
+
+from fairseq_tying.analysis import main
+
+sys.exit(main())
