@@ -25,6 +25,7 @@ from fairseq_tying.launch.studies import (
     _summary_source,
     expected_runs,
     load_manifest,
+    summary_lead,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,10 +83,12 @@ def test_a_study_without_records_says_how_many_runs_it_has():
     assert recorded(3, None) == ""  # no sweep to count: no line
 
 
-def test_the_readme_block_is_the_short_answer_of_the_study_with_records(manifest):
-    """README's "Does it help?" table: the converged study's summary through the
-    ``does_it_help`` view, until the equal-training study's records answer it."""
-    (summary,) = manifest.summaries
+@pytest.mark.parametrize("where", ["README.md", "docs/results.md"])
+def test_the_short_answer_is_the_study_with_records(manifest, where):
+    """README's "Does it help?" table and the answer docs/results.md leads with: the converged
+    study's summary through the ``does_it_help`` view, until the equal-training study's
+    records answer it, after a line that names the study."""
+    (summary,) = [s for s in manifest.summaries if s.target.file == Path(where)]
     assert summary.sources == ("equal", "converged")
     source = _summary_source(manifest, summary)
     equal = [json.loads(p.read_text()) for p in (DOCS / "equal" / "records").glob("*.json")]
@@ -95,9 +98,12 @@ def test_the_readme_block_is_the_short_answer_of_the_study_with_records(manifest
     sections = [Section(arch, {}, s) for arch, s in cells.items()] if source == "equal" \
         else [Section("transformer_twwt", {}, cells)]
     text, _ = view_help.render(sections)
-    readme = (REPO / "README.md").read_text()
+    n = len(list(manifest.study(source).records.glob("*.json")))
+    page = (REPO / where).read_text()
     begin, end = markers(summary.target.block)
-    assert readme[readme.index(begin) + len(begin) + 1:readme.index(end)] == text
+    assert page[page.index(begin) + len(begin) + 1:page.index(end)] == \
+        f"{summary_lead(source, n)}\n\n{text}"
+    assert summary_lead("converged", 21) == "From the `converged` study's 21 records."
 
 
 @pytest.mark.parametrize("name", ["converged", "equal", "one_epoch", "converged_gpu", "lm"])

@@ -103,8 +103,10 @@ class Renderer:
         text, summary = view_of(name).render(self.sections(view_of(name)))
         return (f"{line}\n\n{text}" if line else text), summary
 
-    def write(self, target: Target, count: bool = True) -> tuple[str, Any]:
+    def write(self, target: Target, count: bool = True, lead: str = "") -> tuple[str, Any]:
+        """Render ``target``'s view into its block, after a ``lead`` line if given."""
         text, summary = self.block(target.view, count)
+        text = f"{lead}\n\n{text}" if lead and self.records else text
         replace_block(target.file, target.block, text, new_file=view_of(target.view).new_file)
         return text, summary
 

@@ -176,9 +176,14 @@ def rebuild(manifest: Manifest, study: Study, runs: Path | None = None, row_norm
     for s in manifest.summaries:
         if study.name in s.sources and _summary_source(manifest, s) == study.name:
             target = replace(s.target, file=_moved(s.target.file, out))
-            renderer.write(target, count=False)
+            renderer.write(target, count=False, lead=summary_lead(study.name, done["records"]))
             written.append(str(target.file))
     return {**done, "expected": renderer.expected}
+
+
+def summary_lead(name: str, records: int) -> str:
+    """The line that names the study a summary block is rendered from."""
+    return f"From the `{name}` study's {records} records."
 
 
 def _summary_source(manifest: Manifest, summary: Summary) -> str | None:

@@ -203,6 +203,7 @@ def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(tiny_da
     assert block.startswith("2 of 4 runs are recorded.\n\nSeeds: 1.")
     assert (tmp_path / "results.md").read_text().endswith("\n\nWritten by hand.\n")
     answer = _block(tmp_path / "README.md", "answer")
+    assert answer.startswith("From the `tiny` study's 2 records.\n\n| tying |")
     assert "| three_way | `dot` |" in answer and "| unresolved (1 of 3 seeds) |" in answer
 
     first = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.s1/**/*.pt")}
