@@ -43,6 +43,16 @@ def _seeds(seeds: list[int]) -> str:
     return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
 
 
+def _scored(sections: list[Section]) -> str:
+    """Which checkpoint a run's score comes from: ``the average of its last 5 epoch
+    checkpoints`` when every run averaged as many."""
+    counts = {len(r["eval"].get("averaged") or ()) for s in sections for runs in s.cells.values()
+              for r in runs.values()}
+    if len(counts) == 1 and (n := counts.pop()) > 0:
+        return f"the average of its last {n} epoch checkpoint{'s' * (n != 1)}"
+    return "the average of its last epoch checkpoints"
+
+
 def bleu_table(sections: list[Section]) -> str:
     rows = []
     for s in sections:
@@ -85,9 +95,9 @@ def comparisons(sections: list[Section]) -> list[list[str]]:
 def render(sections: list[Section]) -> tuple[str, Any]:
     """The block's text and ``summary.json`` (one summary per architecture)."""
     budget = _budget(sections)
-    parts = [f"Every run trained {budget}; its score is the average of its last epoch "
-             "checkpoints. Mean ± 95 % CI (Student t over seeds); validation NLL in base 2 per "
-             "token after the last epoch.\n",
+    parts = [f"Every run trained {budget}; its score is {_scored(sections)}. Mean ± 95 % "
+             "CI (Student t over seeds); validation NLL in base 2 per token after the last "
+             "epoch.\n",
              f"**BLEU after {budget}** (sacrebleu, detokenized, test set)\n",
              bleu_table(sections)]
     if rows := comparisons(sections):

@@ -244,7 +244,9 @@ def test_dynamicconv_runs_to_a_budget_are_recorded_and_compared_as_e2(tiny_data,
         assert rec["eval"]["averaged"] == [f"checkpoint{e}.pt" for e in range(1, last + 1)]
         assert len(rec["output_row_norms"]) > 0
     text = report.read_text()
-    assert text.startswith("# Results\n\n<!-- equal:begin -->\n2 of 6 runs are recorded.")
+    assert text.startswith("# Results\n\n<!-- equal:begin -->\n2 of 6 runs are recorded.\n\n"
+                           f"Every run trained {last} epochs; its score is the average of its "
+                           "last 3 epoch checkpoints.")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("| `")]
     assert [r[:3] for r in rows[:2]] == [["`dynamicconv_twwt`", "three_way", "dot"],
