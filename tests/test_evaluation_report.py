@@ -254,3 +254,15 @@ def test_only_a_study_with_every_cell_and_seed_answers():
     other = [{**r, "arch": "dynamicconv_twwt"} if r["output_layer"] == "cosine" else r
              for r in records]
     assert not view_help.answers(other) and not view_help.answers([])
+
+
+def test_the_short_answer_of_an_architecture_without_untied_runs_starts_at_three_way_dot():
+    """DynamicConv in the equal-training study has three-way tied cells only: its ``dot`` row
+    is the baseline of its ``l2norm`` row, not a tying claim without an untied run."""
+    cells = json.loads((DOCS / "converged" / "summary.json").read_text())
+    full = view_help.rows(cells)
+    assert [r[:2] for r in full if r[-1] == "baseline"] == [["none", "`dot`"]]
+    three_way = {k: v for k, v in cells.items() if k.startswith("three_way/")}
+    rows = view_help.rows(three_way)
+    assert rows[0][:2] == ["three_way", "`dot`"] and rows[0][-2:] == ["baseline", "baseline"]
+    assert rows[1:] == [r for r in full if r[0] == "three_way" and r[1] != "`dot`"]

@@ -18,13 +18,16 @@ def _order(cell: dict[str, Any]) -> tuple:
 
 
 def rows(summary: dict[str, Any]) -> list[list[str]]:
-    """One row per cell that has a claim, and the untied ``dot`` baseline."""
+    """One row per cell that has a claim, and the baseline: the untied ``dot`` cell, or the
+    three-way ``dot`` one where there is no untied run (an architecture trained with three-way
+    tying only, like the equal-training study's DynamicConv)."""
     claims = {c.cell: c for c in specs.study_claims()}
+    baseline = "none/dot" if "none/dot" in summary else "three_way/dot"
     out = []
     for cell in sorted(summary.values(), key=_order):
         key = f"{cell['tying']}/{cell['output_layer']}"
-        claim = claims.get(key)
-        if claim is None and key != "none/dot":
+        claim = None if key == baseline else claims.get(key)
+        if claim is None and key != baseline:
             continue
         bleu = cell["bleu"]
         row = [cell["tying"], f"`{cell['output_layer']}`", f"{cell['params'][0] / 1e6:.2f}M",
