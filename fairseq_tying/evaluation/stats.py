@@ -42,3 +42,8 @@ def format_stat(s: dict[str, Any], digits: int = 2) -> str:
 
 def format_p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+def seeds_label(seeds: list[int]) -> str:
+    """``seed 1`` or ``seeds 1, 2, 3``."""
+    return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"

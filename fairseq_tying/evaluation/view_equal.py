@@ -15,7 +15,7 @@ from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation import verdicts
 from fairseq_tying.evaluation.engine import Cells, Section
 from fairseq_tying.evaluation.specs import LIU, PRESS_WOLF, SHARED
-from fairseq_tying.evaluation.stats import format_stat, mean_ci
+from fairseq_tying.evaluation.stats import format_stat, mean_ci, seeds_label
 from fairseq_tying.evaluation.tables import markdown_table
 from fairseq_tying.evaluation.view_grid import PAPER_IWSLT14_ES_EN, format_delta
 
@@ -39,10 +39,6 @@ def _budget(sections: list[Section]) -> str:
     return f"{epochs[0]}–{epochs[-1]} epochs"
 
 
-def _seeds(seeds: list[int]) -> str:
-    return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
-
-
 def _scored(sections: list[Section]) -> str:
     """Which checkpoint a run's score comes from: ``the average of its last 5 epoch
     checkpoints`` when every run averaged as many."""
@@ -61,7 +57,7 @@ def bleu_table(sections: list[Section]) -> str:
             nll = format_stat(c["valid_nll"], 3)
             rows.append([f"`{s.key}`", c["tying"], c["output_layer"],
                          f"{format_stat(c['bleu'])} (n={len(c['seeds'])})",
-                         f"{seeds} ({_seeds(c['seeds'])})",
+                         f"{seeds} ({seeds_label(c['seeds'])})",
                          format_stat(c["chrf"]), nll])
     return markdown_table(["model", "tying", "output layer", "BLEU", "BLEU per seed", "chrF",
                            "validation NLL"], rows)

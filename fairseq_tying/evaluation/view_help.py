@@ -9,6 +9,7 @@ from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation import specs, verdicts
 from fairseq_tying.evaluation.engine import Section
+from fairseq_tying.evaluation.stats import seeds_label
 
 
 def _order(cell: dict[str, Any]) -> tuple:
@@ -64,9 +65,8 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     """The table (a model column when the study has more than one architecture)."""
     many = len(sections) > 1
     seeds = sorted({s for sec in sections for c in sec.summary.values() for s in c["seeds"]})
-    which = f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
     header = [*(["model"] * many), "tying", "output layer", "parameters",
-              f"BLEU: mean ({which})", "Δ BLEU", "verdict"]
+              f"BLEU: mean ({seeds_label(seeds)})", "Δ BLEU", "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for sec in sections:
         for row in rows(sec.summary):
