@@ -11,7 +11,7 @@ from typing import Any
 from fairseq_tying.evaluation import verdicts
 from fairseq_tying.evaluation.engine import Key, Section, band
 from fairseq_tying.evaluation.specs import LM_BASELINE, LM_TIED, lm_label
-from fairseq_tying.evaluation.stats import format_stat
+from fairseq_tying.evaluation.stats import format_stat, seeds_label
 from fairseq_tying.evaluation.tables import markdown_table
 from fairseq_tying.evaluation.view_grid import epochs_text
 
@@ -51,8 +51,7 @@ def finding(summary: dict[str, Any]) -> str:
         diff = tied["vs_untied_dot"]
         base = summary[lm_label(LM_BASELINE, [])]["test_ppl"]
         ours = (f"{format_stat(base)} → {format_stat(tied['test_ppl'])}; Δ "
-                f"{format_stat(diff)} over seed{'s' * (len(diff['seeds']) > 1)} "
-                f"{', '.join(map(str, diff['seeds']))}")
+                f"{format_stat(diff)} over {seeds_label(diff['seeds'])}")
         answer = diff["verdict"]
     rows = [["Press & Wolf (2017), LSTM LMs, Penn Treebank and others",
              "significantly lower with tying, on a variety of models", "yes (their finding)"],
