@@ -28,3 +28,18 @@ def test_the_tables_are_the_reports():
     docs = (REPO / "docs" / "performance.md").read_text()
     assert loss.table(CPU) in docs and loss.table(CUDA) in docs
     assert loss.summary(CPU, CUDA) in (REPO / "README.md").read_text()
+
+
+def test_a_second_cuda_run_reproduces_every_loss_and_memory_number():
+    rerun = json.loads((REPO / "docs" / "performance_loss_cuda_rerun.json").read_text())
+    assert rerun["config"] == CUDA["config"] and rerun["max_tokens"] == CUDA["max_tokens"]
+    for vocab, res in CUDA["results"].items():
+        for model, measured in res.items():
+            again = rerun["results"][vocab][model]
+            assert {k: v for k, v in measured.items() if not k.endswith("_s")} == \
+                   {k: v for k, v in again.items() if not k.endswith("_s")}
+    ratios = [round(r["chunked"]["wall_s"] / r["builtin"]["wall_s"], 1)
+              for r in rerun["results"].values()]
+    assert ratios == [2.8, 4.0, 4.3, 7.9, 10.9]
+    docs = " ".join((REPO / "docs" / "performance.md").read_text().split())
+    assert "2.8× at 8k, 4.0× at 32k, 4.3× at 64k, 7.9× at 128k and 10.9× at 250k" in docs
