@@ -245,8 +245,8 @@ def test_the_equal_views_differences_are_paired_by_seed():
 def test_only_a_study_with_every_cell_and_seed_answers():
     """The short answer comes from a study whose records hold every tying mode with dot and
     every layer under three-way tying, all seeds, for one architecture: the converged study's
-    do; without
-    one seed of one cell, without the baseline, or spread over two architectures they do not."""
+    do; without one seed of one cell, with one seed of every cell, without the baseline, or
+    spread over two architectures they do not."""
     records = [json.loads(p.read_text()) for p in (DOCS / "converged" / "records").glob("*.json")]
     assert len(records) == 21 and view_help.answers(records)
     assert not view_help.answers([r for r in records if r["name"] != records[0]["name"]])
@@ -254,6 +254,7 @@ def test_only_a_study_with_every_cell_and_seed_answers():
     other = [{**r, "arch": "dynamicconv_twwt"} if r["output_layer"] == "cosine" else r
              for r in records]
     assert not view_help.answers(other) and not view_help.answers([])
+    assert not view_help.answers([r for r in records if r["seed"] == 1])  # whole, but 1 of 3 seeds
 
 
 def test_the_short_answer_of_an_architecture_without_untied_runs_starts_at_three_way_dot():

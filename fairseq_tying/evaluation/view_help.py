@@ -48,14 +48,14 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
 def answers(records: list[dict[str, Any]]) -> bool:
     """Whether a study's records can give the short answer: for one architecture, every tying
     mode with ``dot`` and every output layer under three-way tying, each cell with as many
-    seeds as the study's best-covered cell (a study part-way through them is not the front
-    page's answer)."""
+    seeds as the study's best-covered cell and at least the verdict rule's ``SEEDS`` (a study
+    part-way through them, even one seed of every cell, is not the front page's answer)."""
     seeds: dict[tuple[str, str, str], set[int]] = {}
     for r in records:
         seeds.setdefault((r["arch"], r["tying"], r["output_layer"]), set()).add(r["seed"])
     if not seeds:
         return False
-    most = max(len(s) for s in seeds.values())
+    most = max(verdicts.SEEDS, *(len(s) for s in seeds.values()))
     needed = {(t, "dot") for t in TYINGS} | {("three_way", layer) for layer in LAYERS}
     return any(all(len(seeds.get((arch, *cell), ())) == most for cell in needed)
                for arch in {a for a, _, _ in seeds})
