@@ -53,6 +53,8 @@ def answers(records: list[dict[str, Any]]) -> bool:
     seeds: dict[tuple[str, str, str], set[int]] = {}
     for r in records:
         seeds.setdefault((r["arch"], r["tying"], r["output_layer"]), set()).add(r["seed"])
+    if not seeds:
+        return False
     most = max(verdicts.SEEDS, *(len(s) for s in seeds.values()))
     needed = {(t, "dot") for t in TYINGS} | {("three_way", layer) for layer in LAYERS}
     return any(all(len(seeds.get((arch, *cell), ())) == most for cell in needed)
