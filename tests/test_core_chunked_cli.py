@@ -91,9 +91,11 @@ def test_language_model_logs_the_same_losses_as_stock_cross_entropy(lm_bin, tmp_
     assert_same_logs(logged(stock.stdout + stock.stderr), logged(chunked.stdout + chunked.stderr))
 
 
-def test_stock_architecture_is_refused(joined_bin):
+def test_stock_architecture_is_refused(joined_bin, tmp_path):
+    # fairseq saves crash.pt to --save-dir when a train step raises, even with --no-save
     proc = run_cli("fairseq-train", *translation_args(joined_bin, "transformer",
-                                                      "--share-all-embeddings", "--chunked-loss"),
+                                                      "--share-all-embeddings", "--chunked-loss",
+                                                      "--save-dir", str(tmp_path)),
                    check=False)
     assert proc.returncode != 0
     assert "--chunked-loss scores the decoder's features" in proc.stderr
