@@ -65,6 +65,8 @@ def trained_lms(lm_bin, tmp_path_factory):
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SlowMarkGuard(), "slow-mark-guard")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller sees the whole run
+        config.pluginmanager.register(CheckoutGuard(config.rootpath), "checkout-guard")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
@@ -174,3 +176,32 @@ class SlowMarkGuard:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):
         return (yield from self._watched(item))
+
+
+# ---- the checkout: tests write into their tmp_path, never into the repository ---------------
+
+
+class CheckoutGuard:
+    """Fails the run when ``git status`` lists a path after it that it did not list before: a
+    test wrote into the checkout (fairseq-train, for one, saves to ./checkpoints by default and
+    writes crash.pt there when a train step raises, even with --no-save)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.before = self.status()
+
+    def status(self) -> set[str] | None:
+        proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                              cwd=self.root, capture_output=True, text=True, check=False)
+        return set(proc.stdout.splitlines()) if proc.returncode == 0 else None  # None: no git
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        after = self.status()
+        if self.before is None or after is None or not after - self.before:
+            return
+        new = "\n".join(f"  {line}" for line in sorted(after - self.before))
+        session.config.get_terminal_writer().line(
+            "\nthe tests changed the checkout (git status); write into tmp_path instead, or "
+            f"pass --save-dir to fairseq-train:\n{new}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
