@@ -65,12 +65,12 @@ def trained_lms(lm_bin, tmp_path_factory):
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SlowMarkGuard(), "slow-mark-guard")
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller sees the whole run
-        config.pluginmanager.register(CheckoutGuard(config.rootpath), "checkout-guard")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
         torch.set_num_threads(1)  # a worker a core: its CLI processes use one thread as well
+    else:  # the controller (or a run without xdist) sees the whole run
+        config.pluginmanager.register(CheckoutGuard(config.rootpath), "checkout-guard")
 
 
 CLUSTER_GROUP = "slurm_cluster"
