@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -255,6 +256,21 @@ def test_equal_training_records_trained_their_budget():
         assert [e for e, _, _ in r["train"]["valid_epochs"]] == list(range(1, last + 1))
         last5 = [f"checkpoint{e}.pt" for e in range(last - 4, last + 1)]
         assert r["checkpoint"] == "checkpoint.avg5.pt" and r["eval"]["averaged"] == last5
+
+
+def test_the_lead_counts_each_blocks_runs_as_the_records_do():
+    """The verdicts' lead names each block of the equal-training study (E1: priority 1 of the
+    sweep …) as "complete" or "N of M runs in", and N and M are the committed records' and the
+    sweep's counts."""
+    sweep = load_sweep(DOCS.parent / "slurm" / "bible_equal.yaml", check_data=False)
+    recorded = {r["name"] for r in _equal_records()}
+    lead = (DOCS / "results.md").read_text().split("## The verdicts at equal training")[1]
+    labels = re.findall(r"\((E\d), (complete|\d+ of \d+ runs in)\)", lead.split("\n## ")[0])
+    assert labels
+    for block, label in labels:
+        runs = [r.name for r in sweep.runs if r.priority == int(block[1:])]
+        n = sum(name in recorded for name in runs)
+        assert label == ("complete" if n == len(runs) else f"{n} of {len(runs)} runs in"), block
 
 
 @pytest.mark.slow
