@@ -273,6 +273,71 @@ def test_the_lead_counts_each_blocks_runs_as_the_records_do():
         assert label == ("complete" if n == len(runs) else f"{n} of {len(runs)} runs in"), block
 
 
+def _signed(x: float) -> str:
+    """A difference as the lead writes it: a sign always, a true minus."""
+    return f"{x:+.2f}".replace("-", "−")
+
+
+def _nll_by_seed(arch: str, tying: str, layer: str) -> dict[int, dict[int, float]]:
+    return {r["seed"]: {e: v for e, _, v in r["train"]["valid_epochs"]} for r in _equal_records()
+            if (r["arch"], r["tying"], r["output_layer"]) == (arch, tying, layer)}
+
+
+def _longest_one_sided_run(arch: str, layer: str) -> tuple[int, int]:
+    """The longest run of epochs in which ``layer``'s validation NLL is on the same side of
+    ``dot``'s (three-way tying) in every seed, and the first epoch of the last run that
+    lasts to the end."""
+    a, b = _nll_by_seed(arch, "three_way", layer), _nll_by_seed(arch, "three_way", "dot")
+    epochs = sorted(set.intersection(*(set(h) for h in [*a.values(), *b.values()])))
+    signs = [{np.sign(a[s][e] - b[s][e]) for s in a} for e in epochs]
+    longest = run = 0
+    start = epochs[0]
+    for e, sign in zip(epochs, signs, strict=True):
+        one_sided = len(sign) == 1 and 0 not in sign
+        run = run + 1 if one_sided else 0
+        start = e - run + 1 if one_sided else e + 1
+        longest = max(longest, run)
+    return longest, start
+
+
+def test_the_leads_numbers_are_the_records():
+    """Every number of the lead's E1 and E2 verdicts follows from the committed records (the
+    block's summary.json for the paired tests, the records for the epochs and seeds)."""
+    lead = " ".join((DOCS / "results.md").read_text()
+                    .split("## The verdicts at equal training")[1].split("\n## ")[0].split())
+    summary = json.loads((EQUAL / "summary.json").read_text())
+    tr, dc = summary["transformer_twwt"], summary["dynamicconv_twwt"]
+    l2, sq = tr["three_way/l2norm"]["vs_dot"], tr["three_way/sqnorm"]["vs_dot"]
+    _, l2_from = _longest_one_sided_run("transformer_twwt", "l2norm")
+    phrases = [f"by {_signed(l2['delta_bleu'])} BLEU (p = {l2['p']:.3f}",
+               f"below `dot`'s in every seed from epoch {l2_from} to {_equal_epoch()}",
+               f"**`sqnorm` is worse** ({_signed(sq['delta_bleu'])}, p = {sq['p']:.3f}"]
+    phrases += [f"`{la}` ({_signed(tr[f'three_way/{la}']['vs_dot']['delta_bleu'])})"
+                for la in ("distance", "cosine")]
+    for la in ("sqnorm", "distance", "cosine"):  # "no layer but l2norm … more than two epochs"
+        assert _longest_one_sided_run("transformer_twwt", la)[0] <= 2, la
+    spread = {c: max(v["bleu"]["values"]) - min(v["bleu"]["values"])
+              for c, v in tr.items() if c.startswith("three_way/")}
+    widest = max(spread, key=spread.get)
+    lo, hi = sorted(tr[widest]["bleu"]["values"])[::2]
+    phrases.append(f"at most {spread[widest]:.2f} BLEU apart (`{widest.split('/')[1]}`: "
+                   f"{lo:.2f}–{hi:.2f})")
+    dl2 = dc["three_way/l2norm"]["vs_dot"]
+    seeds = ", ".join(_signed(d) for d in dl2["per_seed_delta"].values())
+    phrases.append(f"{_signed(dl2['delta_bleu'])} BLEU (p = {dl2['p']:.3f}; seeds {seeds})")
+    a = _nll_by_seed("dynamicconv_twwt", "three_way", "l2norm")
+    b = _nll_by_seed("dynamicconv_twwt", "three_way", "dot")
+    above = [a[s][e] > b[s][e] for s in a for e in a[s]]
+    phrases.append(f"*above* `dot`'s in {sum(above)} of the {len(above)} seed-epochs")
+    for model, cell in (("DynamicConv", dc["three_way/dot"]), ("Transformer", tr["three_way/dot"])):
+        v = cell["bleu"]["values"]
+        phrases.append(f"{cell['bleu']['mean']:.2f}" + (" BLEU with `dot` (seeds " if
+                       model == "DynamicConv" else " (") + f"{min(v):.2f}–{max(v):.2f}, "
+                       f"{cell['params'][0] / 1e6:.2f}M")
+    missing = [p for p in phrases if p not in lead]
+    assert not missing, missing
+
+
 @pytest.mark.slow
 def test_rebuilding_the_equal_training_block_from_its_records_reproduces_it(tmp_path,
                                                                            monkeypatch):
