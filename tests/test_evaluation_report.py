@@ -267,3 +267,47 @@ def test_the_short_answer_of_an_architecture_without_untied_runs_starts_at_three
     rows = view_help.rows(three_way)
     assert rows[0][:2] == ["three_way", "`dot`"] and rows[0][-2:] == ["baseline", "baseline"]
     assert rows[1:] == [r for r in full if r[0] == "three_way" and r[1] != "`dot`"]
+
+
+def _test(deltas: list[float], p: float) -> dict:
+    """A pooled paired bootstrap's result (``significance.compare``) with these seeds."""
+    return {"n_seeds": len(deltas), "p": p, "delta_bleu": sum(deltas) / len(deltas),
+            "per_seed_delta": {str(i + 1): d for i, d in enumerate(deltas)}}
+
+
+def test_the_rule_in_words_is_better_worse_no_difference_or_not_decided():
+    """Whatever a paper expected, the words say what the rule found: a counted gain is
+    "better" and a counted loss "worse", where ``bootstrap`` says supported / contradicted for
+    a claim of a gain but supported for a claim that BLEU is unchanged."""
+    gain, loss = _test([0.2, 0.5, 0.7], 0.003), _test([-0.1, -0.3, -0.4], 0.04)
+    assert verdicts.in_words(gain) == "better" and verdicts.in_words(loss) == "worse"
+    assert verdicts.bootstrap(loss, verdicts.GAIN) == "contradicted"
+    assert verdicts.bootstrap(gain, verdicts.UNCHANGED) == "supported (better)"
+    for unsettled in (_test([0.2, 0.5, 0.7], 0.05), _test([-0.3, 2.2, 1.0], 0.001)):
+        assert verdicts.in_words(unsettled) == "no difference shown"
+    assert verdicts.in_words(_test([0.9], 0.001)) == "not decided yet (1 of 3 seeds)"
+
+
+def test_the_short_answer_says_each_verdict_in_words():
+    """Under the table, one sentence a claim: the converged study's tying modes are better
+    (with the parameters they save, from the cells' counts) and each normalized layer shows no
+    difference, with the seeds that disagree; DynamicConv's section, without an untied run,
+    has its layer's sentence only."""
+    cells = json.loads((DOCS / "converged" / "summary.json").read_text())
+    words = view_help.in_words(cells)
+    saved = (cells["none/dot"]["params"][0] - cells["three_way/dot"]["params"][0]) / 1e6
+    assert words[1] == ("three-way tying against untied (`dot`): **better**, "
+                        f"{cells['three_way/dot']['vs_untied']['delta_bleu']:+.2f} BLEU "
+                        f"(p < 0.001), with {saved:.2f}M fewer parameters.")
+    l2 = cells["three_way/l2norm"]["vs_dot"]
+    seeds = ", ".join(f"{d:+.2f}" for d in l2["per_seed_delta"].values())
+    assert words[2] == (f"`l2norm` against `dot` (three-way tying): **no difference shown**, "
+                        f"{l2['delta_bleu']:+.2f} BLEU (p < 0.001, but the seeds disagree: "
+                        f"{seeds}).")
+    assert len(words) == 6 and all("fewer parameters" not in w for w in words[2:])
+    three_way = {k: v for k, v in cells.items() if k.startswith("three_way/")}
+    assert view_help.in_words(three_way) == words[2:]
+    text, _ = view_help.render([Section("T", {}, cells), Section("D", {}, three_way)])
+    assert text.endswith(f"- `D`, {words[-1]}\n") and f"- `T`, {words[0]}\n" in text
+    text, _ = view_help.render([Section("T", {}, cells)])
+    assert "\n- Decoder tying against untied (`dot`): **better**" in text

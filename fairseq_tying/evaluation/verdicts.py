@@ -62,6 +62,16 @@ def bootstrap(test: dict[str, Any], expects: str) -> str:
     return f"supported ({why})" if expects == UNCHANGED else f"unresolved ({why})"
 
 
+def in_words(test: dict[str, Any]) -> str:
+    """The bootstrap rule's finding on a difference, whatever a paper expected of it: better,
+    worse, no difference shown (and why), or not decided while seeds are missing."""
+    if test["n_seeds"] < SEEDS:
+        return f"not decided yet ({test['n_seeds']} of {SEEDS} seeds)"
+    if counts(test):
+        return "better" if test["delta_bleu"] > 0 else "worse"
+    return "no difference shown"
+
+
 def interval(diff: dict[str, Any]) -> str:
     """The interval rule's verdict on "lower than the base" (a ``stat`` of differences)."""
     if diff["ci95"] is None:

@@ -9,7 +9,7 @@ from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation import specs, verdicts
 from fairseq_tying.evaluation.engine import Section
-from fairseq_tying.evaluation.stats import seeds_label
+from fairseq_tying.evaluation.stats import format_p, seeds_label
 
 
 def _order(cell: dict[str, Any]) -> tuple:
@@ -18,18 +18,30 @@ def _order(cell: dict[str, Any]) -> tuple:
             LAYERS.index(cell["output_layer"]))
 
 
-def rows(summary: dict[str, Any]) -> list[list[str]]:
-    """One row per cell that has a claim, and the baseline: the untied ``dot`` cell, or the
-    three-way ``dot`` one where there is no untied run (an architecture trained with three-way
-    tying only, like the equal-training study's DynamicConv)."""
+def _baseline(summary: dict[str, Any]) -> str:
+    """The untied ``dot`` cell, or the three-way ``dot`` one where there is no untied run (an
+    architecture trained with three-way tying only, like the equal-training study's
+    DynamicConv)."""
+    return "none/dot" if "none/dot" in summary else "three_way/dot"
+
+
+def _claimed(summary: dict[str, Any]) -> list[tuple[dict[str, Any], specs.Claim | None]]:
+    """The baseline cell (claim None) and every cell that has a claim, in the table's order."""
     claims = {c.cell: c for c in specs.study_claims()}
-    baseline = "none/dot" if "none/dot" in summary else "three_way/dot"
     out = []
     for cell in sorted(summary.values(), key=_order):
         key = f"{cell['tying']}/{cell['output_layer']}"
-        claim = None if key == baseline else claims.get(key)
-        if claim is None and key != baseline:
-            continue
+        if key == _baseline(summary):
+            out.append((cell, None))
+        elif key in claims:
+            out.append((cell, claims[key]))
+    return out
+
+
+def rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One row per cell that has a claim, and the baseline (``_baseline``)."""
+    out = []
+    for cell, claim in _claimed(summary):
         bleu = cell["bleu"]
         row = [cell["tying"], f"`{cell['output_layer']}`", f"{cell['params'][0] / 1e6:.2f}M",
                f"{bleu['mean']:.2f} ({', '.join(f'{v:.2f}' for v in bleu['values'])})"]
@@ -38,10 +50,39 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
         elif (test := cell.get(claim.test)) is None:
             row += ["–", "–"]
         else:
-            against = "untied" if claim.test == "vs_untied" else "`dot`"
-            row += [f"{test['delta_bleu']:+.2f} over {against}",
+            row += [f"{test['delta_bleu']:+.2f} over {_against(claim)}",
                     verdicts.bootstrap(test, claim.expects)]
         out.append(row)
+    return out
+
+
+def _against(claim: specs.Claim) -> str:
+    return "untied" if claim.test == "vs_untied" else "`dot`"
+
+
+def in_words(summary: dict[str, Any]) -> list[str]:
+    """Each claim's comparison as a sentence: which cell against which, the bootstrap rule's
+    finding in plain words (``verdicts.in_words``), the difference and its evidence, and
+    for a tying mode the parameters it saves."""
+    base = summary[_baseline(summary)]
+    out = []
+    for cell, claim in _claimed(summary):
+        if claim is None or (test := cell.get(claim.test)) is None:
+            continue
+        what = (f"{cell['tying'].replace('_', '-')} tying against untied (`dot`)"
+                if claim.test == "vs_untied" else
+                f"`{cell['output_layer']}` against `dot` ({cell['tying'].replace('_', '-')} tying)")
+        if test["n_seeds"] < verdicts.SEEDS or verdicts.counts(test):
+            evidence = format_p(test["p"])
+        elif not verdicts.significant(test["p"]):
+            evidence = f"{format_p(test['p'])}: within the test set's noise"
+        else:
+            seeds = ", ".join(f"{d:+.2f}" for d in test["per_seed_delta"].values())
+            evidence = f"{format_p(test['p'])}, but the seeds disagree: {seeds}"
+        saved = (base["params"][0] - cell["params"][0]) / 1e6
+        spare = f", with {saved:.2f}M fewer parameters" if claim.test == "vs_untied" else ""
+        out.append(f"{what}: **{verdicts.in_words(test)}**, {test['delta_bleu']:+.2f} BLEU "
+                   f"({evidence}){spare}.")
     return out
 
 
@@ -62,7 +103,8 @@ def answers(records: list[dict[str, Any]]) -> bool:
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
-    """The table (a model column when the study has more than one architecture)."""
+    """The table (a model column when the study has more than one architecture), then the
+    verdicts in words (``in_words``), by architecture."""
     many = len(sections) > 1
     seeds = sorted({s for sec in sections for c in sec.summary.values() for s in c["seeds"]})
     header = [*(["model"] * many), "tying", "output layer", "parameters",
@@ -71,4 +113,8 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     for sec in sections:
         for row in rows(sec.summary):
             lines.append("| " + " | ".join([*([f"`{sec.key}`"] * many), *row]) + " |")
+    lines.append("")
+    for sec in sections:
+        for line in in_words(sec.summary):
+            lines.append(f"- `{sec.key}`, {line}" if many else f"- {line[0].upper()}{line[1:]}")
     return "\n".join(lines) + "\n", None
