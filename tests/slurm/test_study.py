@@ -205,6 +205,8 @@ def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(tiny_da
     answer = _block(tmp_path / "README.md", "answer")
     assert answer.startswith("From the `tiny` study's 2 records.\n\n| tying |")
     assert "| three_way | `dot` |" in answer and "| unresolved (1 of 3 seeds) |" in answer
+    assert "\n- Three-way tying against untied (`dot`): **not decided yet (1 of 3 seeds)**, " \
+        in answer
 
     first = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.s1/**/*.pt")}
     recorded = {p.name: p.read_bytes() for p in (tmp_path / "records").iterdir()}
