@@ -50,14 +50,11 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
         elif (test := cell.get(claim.test)) is None:
             row += ["–", "–"]
         else:
-            row += [f"{test['delta_bleu']:+.2f} over {_against(claim)}",
+            against = "untied" if claim.test == "vs_untied" else "`dot`"
+            row += [f"{test['delta_bleu']:+.2f} over {against}",
                     verdicts.bootstrap(test, claim.expects)]
         out.append(row)
     return out
-
-
-def _against(claim: specs.Claim) -> str:
-    return "untied" if claim.test == "vs_untied" else "`dot`"
 
 
 def in_words(summary: dict[str, Any]) -> list[str]:
