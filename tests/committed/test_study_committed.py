@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from fairseq_tying.common.atomic import markers
+from fairseq_tying.evaluation import verdicts
 from fairseq_tying.evaluation.records import training_summary
 from fairseq_tying.evaluation.specs import study_claims
 from fairseq_tying.evaluation.verdicts import bootstrap as verdict
@@ -205,6 +206,58 @@ def test_converged_runs_are_compared_at_equal_training():
         value = {e: v for e, _, v in r["train"]["valid_epochs"]}[epoch]
         assert cell["epoch"] == epoch and value in cell["values"]
     assert f"**Validation NLL after epoch {epoch}**" in (DOCS / "results.md").read_text()
+
+
+def test_the_leads_converged_bullet_is_the_records():
+    """Every number of the lead's bullet on the converged study follows from its records:
+    how the runs stopped, each tying mode's BLEU and parameters, the Δs and the spread of
+    stop epochs and BLEU between a cell's seeds."""
+    records = _converged_records()
+    summary = json.loads((CONVERGED / "summary.json").read_text())
+    lead = " ".join((DOCS / "results.md").read_text()
+                    .split("## The other studies")[1].split("\n- **")[1].split())
+    stops = [r["train"]["stop"] for r in records]
+    plateau = [s["epoch"] for s in stops if s["reason"] == "plateau"]
+    (capped,) = [r for r in records if r["train"]["stop"]["reason"] != "plateau"]
+    bleu = {t: summary[f"{t}/dot"] for t in ("none", "decoder", "three_way")}
+    assert len(summary) == 7
+    phrases = [f"(P1: {len(records)} runs, 3 seeds of each of its seven cells)",
+               f"({len(plateau)} runs stopped at a plateau after {min(plateau)}–{max(plateau)} "
+               f"epochs; three-way `{capped['output_layer']}`, seed {capped['seed']}, reached the "
+               f"{capped['train']['stop']['epoch']})",
+               f"**{bleu['none']['bleu']['mean']:.1f} BLEU untied** "
+               f"({bleu['none']['params'][0] / 1e6:.1f}M parameters), "
+               f"**{bleu['decoder']['bleu']['mean']:.1f} with decoder tying** "
+               f"({bleu['decoder']['params'][0] / 1e6:.1f}M) and "
+               f"**{bleu['three_way']['bleu']['mean']:.1f} with three-way tying** "
+               f"({bleu['three_way']['params'][0] / 1e6:.1f}M)",
+               f"{bleu['decoder']['vs_untied']['delta_bleu']:+.2f} and "
+               f"{bleu['three_way']['vs_untied']['delta_bleu']:+.2f} over untied"]
+    for t in ("decoder", "three_way"):
+        test = bleu[t]["vs_untied"]
+        assert max(test["per_seed_p"].values()) < 0.001 and min(test["per_seed_delta"].values()) > 0
+    layers = {la: summary[f"three_way/{la}"]["vs_dot"] for la in ("l2norm", "cosine", "sqnorm",
+                                                                   "distance")}
+    phrases.append("`l2norm` is " + ", ".join(
+        f"{'' if la == 'l2norm' else f'`{la}` '}{t['delta_bleu']:+.2f}".replace("-", "−")
+        for la, t in layers.items() if la != "distance") +
+        f" and `distance` {layers['distance']['delta_bleu']:+.2f}".replace("-", "−"))
+    assert not any(verdicts.counts(t) for t in layers.values())
+    assert all(len({np.sign(d) for d in t["per_seed_delta"].values()}) == 2
+               for t in layers.values())  # "each with a seed that goes the other way"
+    apart = max(max(c["stop"]["epochs"]) - min(c["stop"]["epochs"]) for c in summary.values())
+    spread = max(max(c["bleu"]["values"]) - min(c["bleu"]["values"]) for c in summary.values())
+    phrases.append(f"up to {apart} epochs and {spread:.1f} BLEU apart")
+    common = min(s["epoch"] for s in stops)
+    nll = {(r["tying"], r["output_layer"], r["seed"]):
+           {e: v for e, _, v in r["train"]["valid_epochs"]}[common] for r in records}
+    dot = {seed: nll["three_way", "dot", seed] for seed in (1, 2, 3)}
+    ahead = [la for la in LAYERS[1:] if all(nll["three_way", la, s] < dot[s] for s in dot)]
+    assert ahead == ["l2norm"]
+    phrases.append(f"After epoch {common}, the last that every run reached, only `l2norm` is "
+                   "ahead of `dot` in validation NLL in every seed")
+    missing = [p for p in phrases if p not in lead]
+    assert not missing, missing
 
 
 def test_the_report_says_how_bleu_follows_training_length():
