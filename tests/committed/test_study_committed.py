@@ -166,6 +166,11 @@ def _committed_records(folder: Path, what: str) -> list[dict]:
     return records
 
 
+def _valid_by_epoch(record: dict) -> dict[int, float]:
+    """A record's validation NLL after each epoch."""
+    return {e: v for e, _, v in record["train"]["valid_epochs"]}
+
+
 def _converged_records() -> list[dict]:
     return _committed_records(CONVERGED, "converged study")
 
@@ -203,7 +208,7 @@ def test_converged_runs_are_compared_at_equal_training():
     summary = json.loads((CONVERGED / "summary.json").read_text())
     for r in records:
         cell = summary[f"{r['tying']}/{r['output_layer']}"]["valid_nll_common"]
-        value = {e: v for e, _, v in r["train"]["valid_epochs"]}[epoch]
+        value = _valid_by_epoch(r)[epoch]
         assert cell["epoch"] == epoch and value in cell["values"]
     assert f"**Validation NLL after epoch {epoch}**" in (DOCS / "results.md").read_text()
 
@@ -250,7 +255,7 @@ def test_the_leads_converged_bullet_is_the_records():
     phrases.append(f"up to {apart} epochs and {spread:.1f} BLEU apart")
     common = min(s["epoch"] for s in stops)
     nll = {(r["tying"], r["output_layer"], r["seed"]):
-           {e: v for e, _, v in r["train"]["valid_epochs"]}[common] for r in records}
+           _valid_by_epoch(r)[common] for r in records}
     dot = {seed: nll["three_way", "dot", seed] for seed in (1, 2, 3)}
     ahead = [la for la in LAYERS[1:] if all(nll["three_way", la, s] < dot[s] for s in dot)]
     assert ahead == ["l2norm"]
@@ -311,14 +316,19 @@ def test_equal_training_records_trained_their_budget():
         assert r["checkpoint"] == "checkpoint.avg5.pt" and r["eval"]["averaged"] == last5
 
 
+def _equal_lead() -> str:
+    """docs/results.md's section "The verdicts at equal training", without its heading."""
+    text = (DOCS / "results.md").read_text()
+    return text.split("## The verdicts at equal training")[1].split("\n## ")[0]
+
+
 def test_the_lead_counts_each_blocks_runs_as_the_records_do():
     """The verdicts' lead names each block of the equal-training study (E1: priority 1 of the
     sweep …) as "complete" or "N of M runs in", and N and M are the committed records' and the
     sweep's counts."""
     sweep = load_sweep(DOCS.parent / "slurm" / "bible_equal.yaml", check_data=False)
     recorded = {r["name"] for r in _equal_records()}
-    lead = (DOCS / "results.md").read_text().split("## The verdicts at equal training")[1]
-    labels = re.findall(r"\((E\d), (complete|\d+ of \d+ runs in)\)", lead.split("\n## ")[0])
+    labels = re.findall(r"\((E\d), (complete|\d+ of \d+ runs in)\)", _equal_lead())
     assert labels
     for block, label in labels:
         runs = [r.name for r in sweep.runs if r.priority == int(block[1:])]
@@ -332,7 +342,7 @@ def _signed(x: float) -> str:
 
 
 def _nll_by_seed(arch: str, tying: str, layer: str) -> dict[int, dict[int, float]]:
-    return {r["seed"]: {e: v for e, _, v in r["train"]["valid_epochs"]} for r in _equal_records()
+    return {r["seed"]: _valid_by_epoch(r) for r in _equal_records()
             if (r["arch"], r["tying"], r["output_layer"]) == (arch, tying, layer)}
 
 
@@ -356,8 +366,7 @@ def _longest_one_sided_run(arch: str, layer: str) -> tuple[int, int]:
 def test_the_leads_numbers_are_the_records():
     """Every number of the lead's E1 and E2 verdicts follows from the committed records (the
     block's summary.json for the paired tests, the records for the epochs and seeds)."""
-    lead = " ".join((DOCS / "results.md").read_text()
-                    .split("## The verdicts at equal training")[1].split("\n## ")[0].split())
+    lead = " ".join(_equal_lead().split())
     summary = json.loads((EQUAL / "summary.json").read_text())
     tr, dc = summary["transformer_twwt"], summary["dynamicconv_twwt"]
     l2, sq = tr["three_way/l2norm"]["vs_dot"], tr["three_way/sqnorm"]["vs_dot"]
