@@ -15,6 +15,7 @@ from fairseq_tying.common.atomic import markers
 from fairseq_tying.evaluation import verdicts
 from fairseq_tying.evaluation.records import training_summary
 from fairseq_tying.evaluation.specs import study_claims
+from fairseq_tying.evaluation.stats import format_p
 from fairseq_tying.evaluation.verdicts import bootstrap as verdict
 from fairseq_tying.evaluation.view_grid import LAYERS, TYINGS, stop_correlation
 from fairseq_tying.launch.config import load_sweep
@@ -396,6 +397,31 @@ def test_the_leads_numbers_are_the_records():
         phrases.append(f"{cell['bleu']['mean']:.2f}" + (" BLEU with `dot` (seeds " if
                        model == "DynamicConv" else " (") + f"{min(v):.2f}–{max(v):.2f}, "
                        f"{cell['params'][0] / 1e6:.2f}M")
+    missing = [p for p in phrases if p not in lead]
+    assert not missing, missing
+
+
+
+def test_the_leads_tying_numbers_are_the_records():
+    """The lead's E3 bullet: each tying mode's BLEU and parameters and each tied mode's paired Δ
+    over untied with its p, for the seeds the untied and decoder-tied cells have in common."""
+    lead = " ".join(_equal_lead().split())
+    tr = json.loads((EQUAL / "summary.json").read_text())["transformer_twwt"]
+    seeds = set(tr["none/dot"]["seeds"]) & set(tr["decoder/dot"]["seeds"])
+    assert seeds and seeds <= set(tr["three_way/dot"]["seeds"])
+    phrases = []
+    for tying in ("none", "decoder", "three_way"):
+        cell = tr[f"{tying}/dot"]
+        bleu = [b for s, b in zip(cell["seeds"], cell["bleu"]["values"], strict=True) if s in seeds]
+        phrases += [f"{np.mean(bleu):.2f}", f"{cell['params'][0] / 1e6:.2f}M"]
+        if tying != "none":
+            test = cell["vs_untied"]
+            assert test["n_seeds"] == len(seeds)
+            phrases.append(f"{_signed(test['delta_bleu'])}" + (" over untied" if tying ==
+                           "decoder" else "") + f", {format_p(test['p'])}")
+    if len(seeds) < 3:
+        phrases.append("in seed 1," if seeds == {1} else f"in seeds {sorted(seeds)}")
+        phrases.append("there is no verdict")
     missing = [p for p in phrases if p not in lead]
     assert not missing, missing
 
