@@ -426,6 +426,30 @@ def test_the_leads_tying_numbers_are_the_records():
     assert not missing, missing
 
 
+
+def test_the_equal_studys_cost_follows_its_timings():
+    """The study's cost in results.md and in the README's table of tools is the range of the
+    minutes an epoch its cost table measured, times its runs' epochs (DynamicConv at its
+    measured ratio), two runs at a time."""
+    text = (DOCS / "results.md").read_text()
+    table = text.split("| CPU | runs | epochs timed | minutes an epoch |")[1].split("\n\n")[0]
+    minutes = [float(m) for row in table.splitlines()[2:] if row.split("|")[2].strip()[0] == "E"
+               for m in row.split("|")[4].split("/")]
+    lo, hi = min(minutes), max(minutes)
+    ratio = float(re.search(r"it is (\d\.\d+)×", text)[1])
+    hours = [round((21 + 6 * ratio) * _equal_epoch() * m / 2 / 60) for m in (lo, hi)]
+    e2 = [round(6 * ratio * _equal_epoch() * m / 2 / 60) for m in (lo, hi)]
+    prose = " ".join(text.split())
+    assert (f"(21 + 6 × {ratio:.2f}) × 40 × ({lo:.2f} to {hi:.2f}) ÷ 2 minutes, "
+            f"**{hours[0]} to {hours[1]} hours of the 2 cores**") in prose
+    assert f"E2's six runs {e2[0]} to {e2[1]} of them" in prose
+    cpus = {row.split("|")[1].strip() for row in table.splitlines()[2:]}
+    words = {2: "two", 3: "three", 4: "four"}[len(cpus)]
+    readme = (DOCS.parent / "README.md").read_text()
+    assert (f"({hours[0]}–{hours[1]} h of the 2 cores: {lo:.2f}–{hi:.2f} min an epoch per run, "
+            f"two side by side, as measured on {words} CPUs)") in readme
+
+
 @pytest.mark.slow
 def test_rebuilding_the_equal_training_block_from_its_records_reproduces_it(tmp_path,
                                                                            monkeypatch):
