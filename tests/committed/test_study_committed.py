@@ -420,7 +420,8 @@ def test_the_leads_tying_numbers_are_the_records():
             phrases.append(f"{_signed(test['delta_bleu'])}" + (" over untied" if tying ==
                            "decoder" else "") + f", {format_p(test['p'])}")
     if len(seeds) < 3:
-        phrases.append("in seed 1," if seeds == {1} else f"in seeds {sorted(seeds)}")
+        phrases.append("in seed 1," if seeds == {1} else
+                       f"in seeds {' and '.join(map(str, sorted(seeds)))},")
         phrases.append("there is no verdict")
     missing = [p for p in phrases if p not in lead]
     assert not missing, missing
