@@ -183,14 +183,15 @@ def plateau_summary(run_dir: Path) -> dict[str, Any]:
 
 def train_facts(run_dir: Path) -> dict[str, Any]:
     """A record's ``train``: what fairseq's log and the plateau rule's files say, and the
-    device that trained it (``ranks/rank0.json``; records made before it was kept have none)."""
+    device and processor that trained it (``ranks/rank0.json``; records made before it kept
+    them have none)."""
     logs = sorted((run_dir / "logs").glob("train.rank0*.log"))
     if not logs:
         raise FileNotFoundError(f"{run_dir}/logs/train.rank0.log: missing")
     rank0 = run_dir / "ranks" / "rank0.json"
-    device = json.loads(rank0.read_text()).get("device") if rank0.is_file() else None
+    where = json.loads(rank0.read_text()) if rank0.is_file() else {}
     out = {**training_summary(logs[-1]), **plateau_summary(run_dir),
-           **({"device": device} if device else {})}
+           **{k: where[k] for k in ("device", "cpu") if where.get(k)}}
     if (continued := run_dir / CONTINUED_FROM).is_file():  # its first epochs: another run's
         out["continued_from"] = {k: v for k, v in json.loads(continued.read_text()).items()
                                  if k in ("run", "epochs")}

@@ -178,7 +178,7 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
             write_json(run_dir / "ranks" / f"rank{rank}.json",
                        {"rank": rank, "num_updates": updates, "param_sum": params,
                         "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-                        "device": device_name(device), "pid": os.getpid()})
+                        "device": device_name(device), "cpu": cpu_name(), "pid": os.getpid()})
         if stop.item() > 0 and not should_stop:
             checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, valid_losses[0])
             logger.warning("stop requested: saved checkpoint_last.pt at update %d", updates)
@@ -194,6 +194,21 @@ def device_name(device) -> str:
     import torch
 
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def cpu_name() -> str:
+    """The processor and the kernels torch runs on it, for the record: the same command gives
+    the same numbers on the same kind of machine only (docs/design.md, reproducible numbers)."""
+    import torch
+
+    model = "unknown processor"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), model)
+    except OSError:  # not Linux
+        pass
+    return f"{model}, {torch.backends.cpu.get_cpu_capability()} kernels"
 
 
 def _log_to(path: Path) -> logging.Handler:

@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from fairseq_tying.common.reproducible import has_avx2
 from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.records import train_facts
 from tests.helpers import REPO, first_stop, launch, write_sweep
@@ -83,12 +85,18 @@ def test_converged_records_and_report(plateau_runs, tiny_data, tmp_path):
             "--references", str(tiny_data / "raw" / "test.en"), "--bootstrap-samples", "100",
             "--block", "converged"]
     assert main([*args, "--runs", str(plateau_runs)]) == 0
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True,
+                           env={**os.environ, "LC_ALL": "C"}).stdout
+    cpu = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines()
+               if line.startswith("Model name:"))
+    kernels = "AVX2" if has_avx2() else torch.backends.cpu.get_cpu_capability()
     for run in _runs(plateau_runs):
         rec = json.loads((records / f"{run.name}.json").read_text())
         done = json.loads((run / "train.done").read_text())
         history = json.loads((run / "valid_history.json").read_text())["epochs"]
         assert rec["train"]["stop"] == done["stop"]
         assert rec["train"]["device"] == "cpu"  # what trained it (a GPU's name on a GPU)
+        assert rec["train"]["cpu"] == f"{cpu}, {kernels} kernels"  # the launcher's pin
         assert rec["train"]["valid_epochs"] == [[h["epoch"], h["update"], h["value"]]
                                                for h in history]
         assert rec["eval_best"]["bleu"] == json.loads((run / "eval.best.json").read_text())["bleu"]
