@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -173,7 +175,48 @@ def _local_executor(sweep: Sweep, tasks: int, gpus: int) -> submitit.LocalExecut
     return ex
 
 
-def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | None) -> bool:
+class Stopped(SweepError):
+    """The local launcher was stopped (Ctrl-C, SIGTERM); its jobs were stopped with it."""
+
+
+class LocalJobs:
+    """The local jobs now running, so that stopping the launcher stops them too: submitit's
+    local jobs ignore SIGTERM and Ctrl-C reaches the launcher only, whose threads would wait
+    for its jobs to end (hours), and a launcher killed outright leaves them training."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[Any, str] = {}  # job -> run name
+        self.stopping = threading.Event()
+
+    def run(self, executor: submitit.LocalExecutor, fn: Callable[[], Any], name: str,
+            started: Callable[[Any], None] = lambda job: None) -> Any:
+        """``fn`` as a job of ``executor``, waited for; none is started once stopping."""
+        with self._lock:
+            if self.stopping.is_set():
+                raise Stopped(f"{name}: not started, the launcher is stopping")
+            job = executor.submit(fn)
+            self._running[job] = name
+        started(job)
+        try:
+            job.results()
+        finally:
+            with self._lock:
+                self._running.pop(job, None)
+        return job
+
+    def stop(self) -> list[str]:
+        """Cancel every running job (submitit sends its tasks SIGINT, then SIGKILL); the names
+        of their runs."""
+        with self._lock:
+            self.stopping.set()
+            for job in self._running:
+                job.cancel(check=False)
+            return sorted(set(self._running.values()))
+
+
+def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | None,
+                   jobs: LocalJobs) -> bool:
     """Train (or resume) one run and evaluate it, each as a local job of its own; False if its
     training was due after ``deadline`` (``time.monotonic()``) and it was left for later."""
     res = sweep.resources
@@ -186,15 +229,23 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | Non
         hold_run(run.run_dir).close()  # another process trains it: refuse now, by name
         prepare_run_dir(sweep, run)
         ex = _local_executor(sweep, res.world_size, res.gpus_per_node * res.nodes)
-        job = ex.submit(TrainJob(run.describe(), PLUGIN_DIR))
-        tqdm.write(f"training {run.name} (local job {job.job_id}, log "
-                   f"{run.run_dir / 'logs' / 'train.rank0.log'})", file=sys.stderr)
-        job.results()
-        out.train[run.name] = job
+        log = run.run_dir / "logs" / "train.rank0.log"
+        out.train[run.name] = jobs.run(
+            ex, TrainJob(run.describe(), PLUGIN_DIR), run.name,
+            lambda job: tqdm.write(f"training {run.name} (local job {job.job_id}, log {log})",
+                                   file=sys.stderr))
     if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
         ex = _local_executor(sweep, 1, min(res.gpus_per_node, 1))
-        ex.submit(EvalJob(run.describe(), sweep.eval_args, sweep.eval_also)).results()
+        jobs.run(ex, EvalJob(run.describe(), sweep.eval_args, sweep.eval_also), run.name)
     return True
+
+
+class _Signalled(BaseException):
+    """SIGTERM in the launcher, raised in its main thread like Ctrl-C's KeyboardInterrupt."""
+
+
+def _raise_signalled(signum: int, frame: Any) -> None:
+    raise _Signalled(signal.Signals(signum).name)
 
 
 def training_now(runs: list[Run]) -> str:
@@ -309,22 +360,38 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
     forecast = Forecast(todo, [*recorded_stops, *filter(None, map(stop_epoch, finished))])
     bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} runs [{elapsed}{postfix}]" \
         if forecast.rule else None
-    with tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
-              file=sys.stderr, dynamic_ncols=True, smoothing=0, bar_format=bar_format) as bar, \
-            ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_one_local, sweep, run, out, deadline): run for run in todo}
-        pending: set[Future] = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=REFRESH_S, return_when=FIRST_COMPLETED)
-            for future in done:
-                if future.exception() is not None:
-                    pool.shutdown(wait=False, cancel_futures=True)  # start no other run
-                if future.result():  # a failed run stops the sweep with its error
-                    forecast.finished(futures[future])
-                    bar.update()
-            left = forecast([futures[f] for f in pending])
-            now = training_now([futures[f] for f in pending if f.running()])
-            bar.set_postfix_str("; ".join(filter(None, (now, left))))
+    jobs = LocalJobs()
+    main_thread = threading.current_thread() is threading.main_thread()  # signals go there
+    previous = signal.signal(signal.SIGTERM, _raise_signalled) if main_thread else None
+    try:
+        with tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
+                  file=sys.stderr, dynamic_ncols=True, smoothing=0, bar_format=bar_format) as bar, \
+                ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(_run_one_local, sweep, run, out, deadline, jobs): run
+                       for run in todo}
+            pending: set[Future] = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=REFRESH_S, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        if future.exception() is not None:
+                            pool.shutdown(wait=False, cancel_futures=True)  # start no other run
+                        if future.result():  # a failed run stops the sweep with its error
+                            forecast.finished(futures[future])
+                            bar.update()
+                    left = forecast([futures[f] for f in pending])
+                    now = training_now([futures[f] for f in pending if f.running()])
+                    bar.set_postfix_str("; ".join(filter(None, (now, left))))
+            except (KeyboardInterrupt, _Signalled) as stop:
+                pool.shutdown(wait=False, cancel_futures=True)
+                names = jobs.stop()  # the pool's threads end as their jobs do, in seconds
+                why = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else str(stop)
+                raise Stopped(f"stopped by {why}; the jobs of {', '.join(names) or 'no run'} "
+                              "were stopped with it. The same command resumes each unfinished "
+                              "run from its last checkpoint") from None
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     if out.not_started:
         tqdm.write(f"not started (--no-start-after {no_start_after:g} min): "
                    f"{', '.join(out.not_started)}; the same command trains them", file=sys.stderr)

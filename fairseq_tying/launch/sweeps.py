@@ -14,7 +14,7 @@ from fairseq_tying.common.reproducible import pinned_env
 from fairseq_tying.launch.config import Run, SweepError, load_sweep
 from fairseq_tying.launch.continuation import check_sources
 from fairseq_tying.launch.job import RunBusy
-from fairseq_tying.launch.submit import dry_run, record, run_local, submit_slurm
+from fairseq_tying.launch.submit import Stopped, dry_run, record, run_local, submit_slurm
 
 
 def recorded_stops(records: Path, runs: list[Run]) -> list[int]:
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         sub = (run_local(sweep, runs, args.workers, stops, args.no_start_after) if args.local
                else submit_slurm(sweep, runs))
         record(sweep, sub)
+    except Stopped as err:
+        print(f"{args.sweep}: {err}", file=sys.stderr)
+        return 130
     except (SweepError, RunBusy) as err:
         print(f"error: {args.sweep}: {err}", file=sys.stderr)
         return 2

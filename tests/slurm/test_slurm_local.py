@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -102,3 +103,68 @@ def test_no_start_after_leaves_runs_whole_for_the_next_call(tiny_data, tmp_path)
     bad = launch(str(sweep), "--no-start-after", "5", "--output-dir", str(out), data=tiny_data,
                  check=False)
     assert bad.returncode == 2 and "--no-start-after" in bad.stderr and "--local" in bad.stderr
+
+
+def _gone(pgid: int, seconds: float = 20) -> bool:
+    """Every process of the group has ended (killpg(…, 0) finds none)."""
+    import os
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_stopping_the_local_launcher_stops_its_jobs(tiny_data, tmp_path, sig):
+    """Ctrl-C (SIGINT) or SIGTERM sent to ``launch --local`` alone stops the training job it
+    started, which would otherwise train on (submitit's local jobs ignore SIGTERM): the
+    launcher says so and exits 130, no process of its group is left, the run's lock is free
+    and its checkpoint is whole for the next call."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fairseq_tying.common import checkpoints
+    from fairseq_tying.launch.job import hold_run
+
+    sweep = write_sweep(tmp_path / "s.yaml", grid={"output_layer": ["dot"], "seed": [1]},
+                        fairseq={"max_update": 100000}, evaluation={"enabled": False})
+    out = tmp_path / "runs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIRSEQ_TYING_TINY_DATA": str(tiny_data)}
+    proc = subprocess.Popen([sys.executable, "-m", "fairseq_tying.launch", str(sweep), "--local",
+                             "--output-dir", str(out)], env=env, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        last = []
+        while not last and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            last = list(out.glob("*/checkpoints/checkpoint_last.pt"))
+        assert last, "no checkpoint within 3 minutes"
+        run_dir = last[0].parent.parent
+        trainer = int((run_dir / "train.lock").read_text().split()[1])  # "pid N on HOST"
+        proc.send_signal(getattr(signal, sig))
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stderr
+        gone = _gone(proc.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # what a failed check left running
+            os.killpg(proc.pid, signal.SIGKILL)
+    why = "Ctrl-C" if sig == "SIGINT" else sig
+    assert f"stopped by {why}; the jobs of {run_dir.name} were stopped with it" in stderr
+    assert "resumes each unfinished run from its last checkpoint" in stderr
+    assert gone, "a job of the stopped launcher was still running"
+    with pytest.raises(ProcessLookupError):
+        os.kill(trainer, 0)
+    hold_run(run_dir).close()  # free for the next call
+    assert not (run_dir / "train.done").exists()
+    state = checkpoints.load(run_dir / "checkpoints" / "checkpoint_last.pt")
+    assert state["optimizer_history"][-1]["num_updates"] >= 6
