@@ -10,6 +10,7 @@ training entry point in this process. On SIGUSR2 (SLURM's timeout/preemption sig
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -196,6 +197,7 @@ def device_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+@functools.cache  # one machine per process: read once, not at every epoch
 def cpu_name() -> str:
     """The processor and the kernels torch runs on it, for the record: the same command gives
     the same numbers on the same kind of machine only (docs/design.md, reproducible numbers)."""
