@@ -417,15 +417,54 @@ def test_the_leads_tying_numbers_are_the_records():
         if tying != "none":
             test = cell["vs_untied"]
             assert test["n_seeds"] == len(seeds)
+        if tying != "none" and len(seeds) < verdicts.SEEDS:  # complete: _tying_verdict_phrases
             phrases.append(f"{_signed(test['delta_bleu'])}" + (" over untied" if tying ==
                            "decoder" else "") + f", {format_p(test['p'])}")
-    if len(seeds) < 3:
+    if len(seeds) < verdicts.SEEDS:
         phrases.append("in seed 1," if seeds == {1} else
                        f"in seeds {' and '.join(map(str, sorted(seeds)))},")
         phrases.append("there is no verdict")
+    else:
+        phrases += _tying_verdict_phrases(lead, tr)
     missing = [p for p in phrases if p not in lead]
     assert not missing, missing
 
+
+def _tying_verdict_phrases(lead: str, tr: dict) -> list[str]:
+    """With every seed in: the E3 headline's verdict for each tied mode is the bootstrap rule's
+    (``verdicts.in_words``); each Δ says "better in every seed" only when every seed's Δ is
+    positive (else it lists them); the epoch from which each tied mode's validation NLL stays
+    below untied's in every seed; and the converged study's Δ it is set against."""
+    head = re.search(r"\*\*Tying \(E3, complete\): (.*?)\*\*", lead)
+    assert head, "the E3 bullet has no complete headline"
+    tests = {t: tr[f"{t}/dot"]["vs_untied"] for t in ("decoder", "three_way")}
+    words = {t: verdicts.in_words(test) for t, test in tests.items()}
+    verb = {"better": "beats untied", "worse": "is worse than untied",
+            "no difference shown": "does not beat untied by the rule"}
+    assert head[1] == ("decoder tying and three-way tying both beat untied"
+                       if set(words.values()) == {"better"} else
+                       f"decoder tying {verb[words['decoder']]}, three-way tying "
+                       f"{verb[words['three_way']]}")
+    phrases = []
+    for tying, test in tests.items():
+        deltas = list(test["per_seed_delta"].values())
+        every = ("better in every seed" if min(deltas) > 0 else
+                 "seeds " + ", ".join(_signed(d) for d in deltas))
+        phrases.append(f"{_signed(test['delta_bleu'])}" + " BLEU" * (tying == "decoder") +
+                       f" ({format_p(test['p'])}, {every})")
+        tied, untied = _nll_by_seed("transformer_twwt", tying, "dot"), _nll_by_seed(
+            "transformer_twwt", "none", "dot")
+        below = {e for e in range(1, _equal_epoch() + 1)
+                 if all(tied[s][e] < untied[s][e] for s in untied)}
+        assert _equal_epoch() in below, tying  # the prose says "to the last"
+        start = _equal_epoch()
+        while start - 1 in below:
+            start -= 1
+        phrases.append(f"{start} ({tying.replace('_', '-')})")
+    converged = json.loads((CONVERGED / "summary.json").read_text())
+    gains = [converged[f"{t}/dot"]["vs_untied"]["delta_bleu"] for t in tests]
+    phrases.append("put the gains at " + " and ".join(map(_signed, gains)))
+    return phrases
 
 
 def test_the_equal_studys_cost_follows_its_timings():
