@@ -434,7 +434,8 @@ def _tying_verdict_phrases(lead: str, tr: dict) -> list[str]:
     """With every seed in: the E3 headline's verdict for each tied mode is the bootstrap rule's
     (``verdicts.in_words``); each Δ says "better in every seed" only when every seed's Δ is
     positive (else it lists them); the epoch from which each tied mode's validation NLL stays
-    below untied's in every seed; and the converged study's Δ it is set against."""
+    below untied's in every seed, and the first epochs in which it is above in every seed; and
+    the converged study's Δ it is set against."""
     head = re.search(r"\*\*Tying \(E3, complete\): (.*?)\*\*", lead)
     assert head, "the E3 bullet has no complete headline"
     tests = {t: tr[f"{t}/dot"]["vs_untied"] for t in ("decoder", "three_way")}
@@ -445,7 +446,7 @@ def _tying_verdict_phrases(lead: str, tr: dict) -> list[str]:
                        if set(words.values()) == {"better"} else
                        f"decoder tying {verb[words['decoder']]}, three-way tying "
                        f"{verb[words['three_way']]}")
-    phrases = []
+    phrases, start, first = [], {}, {}
     for tying, test in tests.items():
         deltas = list(test["per_seed_delta"].values())
         every = ("better in every seed" if min(deltas) > 0 else
@@ -454,13 +455,19 @@ def _tying_verdict_phrases(lead: str, tr: dict) -> list[str]:
                        f" ({format_p(test['p'])}, {every})")
         tied, untied = _nll_by_seed("transformer_twwt", tying, "dot"), _nll_by_seed(
             "transformer_twwt", "none", "dot")
-        below = {e for e in range(1, _equal_epoch() + 1)
-                 if all(tied[s][e] < untied[s][e] for s in untied)}
+        epochs = range(1, _equal_epoch() + 1)
+        below = {e for e in epochs if all(tied[s][e] < untied[s][e] for s in untied)}
+        above = {e for e in epochs if all(tied[s][e] > untied[s][e] for s in untied)}
         assert _equal_epoch() in below, tying  # the prose says "to the last"
-        start = _equal_epoch()
-        while start - 1 in below:
-            start -= 1
-        phrases.append(f"{start} ({tying.replace('_', '-')})")
+        start[tying] = min(e for e in below if set(range(e, _equal_epoch() + 1)) <= below)
+        first[tying] = max((e for e in above if set(range(1, e + 1)) <= above), default=0)
+    if min(first.values()) > 0:
+        phrases.append(f"for the first {first['decoder']} (decoder) and {first['three_way']} "
+                       f"(three-way) epochs and below it from epochs {start['decoder']} and "
+                       f"{start['three_way']} to the last")
+    else:
+        phrases.append(f"from epoch {start['decoder']} (decoder) and {start['three_way']} "
+                       "(three-way) to the last")
     converged = json.loads((CONVERGED / "summary.json").read_text())
     gains = [converged[f"{t}/dot"]["vs_untied"]["delta_bleu"] for t in tests]
     phrases.append("put the gains at " + " and ".join(map(_signed, gains)))
