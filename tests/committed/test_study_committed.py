@@ -347,21 +347,31 @@ def _nll_by_seed(arch: str, tying: str, layer: str) -> dict[int, dict[int, float
             if (r["arch"], r["tying"], r["output_layer"]) == (arch, tying, layer)}
 
 
-def _longest_one_sided_run(arch: str, layer: str) -> tuple[int, int]:
-    """The longest run of epochs in which ``layer``'s validation NLL is on the same side of
-    ``dot``'s (three-way tying) in every seed, and the first epoch of the last run that
-    lasts to the end."""
-    a, b = _nll_by_seed(arch, "three_way", layer), _nll_by_seed(arch, "three_way", "dot")
-    epochs = sorted(set.intersection(*(set(h) for h in [*a.values(), *b.values()])))
-    signs = [{np.sign(a[s][e] - b[s][e]) for s in a} for e in epochs]
-    longest = run = 0
-    start = epochs[0]
-    for e, sign in zip(epochs, signs, strict=True):
-        one_sided = len(sign) == 1 and 0 not in sign
-        run = run + 1 if one_sided else 0
-        start = e - run + 1 if one_sided else e + 1
-        longest = max(longest, run)
-    return longest, start
+def _sides(arch: str, a: tuple[str, str], b: tuple[str, str]) -> tuple[set[int], set[int]]:
+    """The epochs in which cell ``a``'s (tying, layer) validation NLL is below cell ``b``'s in
+    every seed, and those in which it is above it in every seed."""
+    ha, hb = _nll_by_seed(arch, *a), _nll_by_seed(arch, *b)
+    assert ha.keys() == hb.keys(), (a, b)
+    epochs = set.intersection(*(set(h) for h in [*ha.values(), *hb.values()]))
+    return ({e for e in epochs if all(ha[s][e] < hb[s][e] for s in ha)},
+            {e for e in epochs if all(ha[s][e] > hb[s][e] for s in ha)})
+
+
+def _longest_run(epochs: set[int]) -> int:
+    """The most consecutive epochs in ``epochs``."""
+    return max((next(n for n in range(1, len(epochs) + 2) if e + n not in epochs)
+                for e in epochs if e - 1 not in epochs), default=0)
+
+
+def _run_from(epochs: set[int], last: int) -> int:
+    """The first epoch of the run in ``epochs`` that lasts to ``last``."""
+    assert last in epochs, "the prose says 'to the last'"
+    return next(e for e in range(last, 0, -1) if e - 1 not in epochs)
+
+
+def _run_to(epochs: set[int]) -> int:
+    """The last epoch of the run in ``epochs`` that starts at epoch 1 (0 if there is none)."""
+    return next(e for e in range(0, max(epochs, default=0) + 1) if e + 1 not in epochs)
 
 
 def test_the_leads_numbers_are_the_records():
@@ -371,14 +381,16 @@ def test_the_leads_numbers_are_the_records():
     summary = json.loads((EQUAL / "summary.json").read_text())
     tr, dc = summary["transformer_twwt"], summary["dynamicconv_twwt"]
     l2, sq = tr["three_way/l2norm"]["vs_dot"], tr["three_way/sqnorm"]["vs_dot"]
-    _, l2_from = _longest_one_sided_run("transformer_twwt", "l2norm")
+    dot = ("three_way", "dot")
+    l2_from = _run_from(_sides("transformer_twwt", ("three_way", "l2norm"), dot)[0],
+                        _equal_epoch())
     phrases = [f"by {_signed(l2['delta_bleu'])} BLEU (p = {l2['p']:.3f}",
                f"below `dot`'s in every seed from epoch {l2_from} to {_equal_epoch()}",
                f"**`sqnorm` is worse** ({_signed(sq['delta_bleu'])}, p = {sq['p']:.3f}"]
     phrases += [f"`{la}` ({_signed(tr[f'three_way/{la}']['vs_dot']['delta_bleu'])})"
                 for la in ("distance", "cosine")]
     for la in ("sqnorm", "distance", "cosine"):  # "no layer but l2norm … more than two epochs"
-        assert _longest_one_sided_run("transformer_twwt", la)[0] <= 2, la
+        assert _longest_run(set.union(*_sides("transformer_twwt", ("three_way", la), dot))) <= 2, la
     spread = {c: max(v["bleu"]["values"]) - min(v["bleu"]["values"])
               for c, v in tr.items() if c.startswith("three_way/")}
     widest = max(spread, key=spread.get)
@@ -453,14 +465,8 @@ def _tying_verdict_phrases(lead: str, tr: dict) -> list[str]:
                  "seeds " + ", ".join(_signed(d) for d in deltas))
         phrases.append(f"{_signed(test['delta_bleu'])}" + " BLEU" * (tying == "decoder") +
                        f" ({format_p(test['p'])}, {every})")
-        tied, untied = _nll_by_seed("transformer_twwt", tying, "dot"), _nll_by_seed(
-            "transformer_twwt", "none", "dot")
-        epochs = range(1, _equal_epoch() + 1)
-        below = {e for e in epochs if all(tied[s][e] < untied[s][e] for s in untied)}
-        above = {e for e in epochs if all(tied[s][e] > untied[s][e] for s in untied)}
-        assert _equal_epoch() in below, tying  # the prose says "to the last"
-        start[tying] = min(e for e in below if set(range(e, _equal_epoch() + 1)) <= below)
-        first[tying] = max((e for e in above if set(range(1, e + 1)) <= above), default=0)
+        below, above = _sides("transformer_twwt", (tying, "dot"), ("none", "dot"))
+        start[tying], first[tying] = _run_from(below, _equal_epoch()), _run_to(above)
     if min(first.values()) > 0:
         phrases.append(f"for the first {first['decoder']} (decoder) and {first['three_way']} "
                        f"(three-way) epochs and below it from epochs {start['decoder']} and "
