@@ -124,8 +124,8 @@ def _gone(pgid: int, seconds: float = 20) -> bool:
 def test_stopping_the_local_launcher_stops_its_jobs(tiny_data, tmp_path, sig):
     """Ctrl-C (SIGINT) or SIGTERM sent to ``launch --local`` alone stops the training job it
     started, which would otherwise train on (submitit's local jobs ignore SIGTERM): the
-    launcher says so and exits 130, no process of its group is left, the run's lock is free
-    and its checkpoint is whole for the next call."""
+    launcher says so and exits 130 within seconds, no process of its group is left, the run's
+    lock is free and its checkpoint is whole for the next call."""
     import os
     import signal
     import subprocess
@@ -152,7 +152,9 @@ def test_stopping_the_local_launcher_stops_its_jobs(tiny_data, tmp_path, sig):
         run_dir = last[0].parent.parent
         trainer = int((run_dir / "train.lock").read_text().split()[1])  # "pid N on HOST"
         proc.send_signal(getattr(signal, sig))
+        signalled = time.monotonic()
         _, stderr = proc.communicate(timeout=60)
+        stopping = time.monotonic() - signalled
         assert proc.returncode == 130, stderr
         gone = _gone(proc.pid)
     finally:
@@ -162,6 +164,7 @@ def test_stopping_the_local_launcher_stops_its_jobs(tiny_data, tmp_path, sig):
     assert f"stopped by {why}; the jobs of {run_dir.name} were stopped with it" in stderr
     assert "resumes each unfinished run from its last checkpoint" in stderr
     assert gone, "a job of the stopped launcher was still running"
+    assert stopping < 15, f"{stopping:.0f} s to stop: submitit's wait for a cancelled job's result"
     with pytest.raises(ProcessLookupError):
         os.kill(trainer, 0)
     hold_run(run_dir).close()  # free for the next call
