@@ -170,6 +170,26 @@ def test_training_time_of_a_resumed_run_counts_every_process(tmp_path):
     assert training_summary(log)["train_seconds"] == 324.2
 
 
+def test_training_time_of_a_continued_run_counts_the_finished_process_it_continues(tmp_path):
+    """A run continued from a finished run's checkpoints (its log goes on from that run's) is
+    two processes that each say "done training in". The second one's wall clock need not go
+    back, since fairseq logs it rounded to the second: 0 in both here. So a new process is told
+    by its parameter count line, and the finished one adds its own 0.9 s to the 0.4 s."""
+    params = "2026-11-25 02:21:50 | INFO | fairseq_cli.train | num. shared model params: " \
+             "1,676,800 (num. trained: 1,676,800)"
+
+    def process(epoch: int, seconds: float) -> list[str]:
+        return [params, _log_line("02:21:51", "train_inner", {"epoch": epoch, "wall": "0"}),
+                _log_line("02:21:51", "valid", {"epoch": epoch, "valid_loss": "6.0",
+                                                "valid_num_updates": str(10 * epoch)}),
+                "2026-11-25 02:21:51 | INFO | fairseq_cli.train | done training in "
+                f"{seconds} seconds"]
+
+    log = tmp_path / "train.rank0.log"
+    log.write_text("\n".join(process(1, 0.9) + process(2, 0.4)) + "\n")
+    assert training_summary(log)["train_seconds"] == 1.3
+
+
 def test_exporting_records_needs_no_matplotlib():
     """A GPU machine exports its runs' records (row norms need the checkpoints it holds) with
     only what training needs: the record path must not import the plotting stack."""

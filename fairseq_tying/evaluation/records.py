@@ -136,18 +136,18 @@ def run_identity(run_dir: str | os.PathLike, state: dict | None,
 
 def training_summary(log: Path) -> dict[str, Any]:
     """Parameter count, validations ([updates, NLL] pairs, the last in full) and training time
-    from fairseq's log (json format). A run resumed after a kill is logged by several processes,
-    and fairseq's "done training in" times the last one only: each earlier process adds the
-    last wall clock it logged (every ``--log-interval`` updates, so up to that many short of
-    where it was killed)."""
+    from fairseq's log (json format). A run resumed after a kill, or continued from another
+    run's checkpoints, is logged by several processes, each starting with its parameter count,
+    and fairseq's "done training in" times the last one only: each earlier process adds its own
+    "done training in", or if it was killed the last wall clock it logged (every
+    ``--log-interval`` updates, so up to that many short of where it was killed)."""
     out: dict[str, Any] = {}
     earlier, wall = 0.0, 0.0
     for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
         if m := WALL.search(line):
-            if float(m.group(1)) < wall:  # the clock went back: a new process
-                earlier += wall
             wall = float(m.group(1))
-        if m := PARAMS.search(line):
+        if m := PARAMS.search(line):  # a new process
+            earlier, wall = earlier + wall, 0.0
             out["params"] = int(m.group(1).replace(",", ""))
             out["params_trained"] = int(m.group(2).replace(",", ""))
         elif m := VALID.search(line):
@@ -162,7 +162,8 @@ def training_summary(log: Path) -> dict[str, Any]:
             nll = out["valid"].get("nll_loss", out["valid"]["loss"])
             out["valid_history"].append([updates, nll])
         elif m := DONE.search(line):
-            out["train_seconds"] = round(earlier + float(m.group(1)), 1)
+            wall = float(m.group(1))
+            out["train_seconds"] = round(earlier + wall, 1)
     if "params" not in out or "valid" not in out:
         raise ValueError(f"{log}: no parameter count or validation line; is the run finished "
                          "and logged with --log-format json?")
