@@ -259,6 +259,11 @@ def _raise_signalled(signum: int, frame: Any) -> None:
     raise _Signalled(signal.Signals(signum).name)
 
 
+def _ignore(signum: int, frame: Any) -> None:
+    """SIGINT in a launcher started with it ignored: still ignored, by a handler that the
+    processes it starts do not inherit (they would inherit SIG_IGN)."""
+
+
 def training_now(runs: list[Run]) -> str:
     """Each run's last validated epoch and the value the plateau rule watches, for the progress
     bar: ``none.dot.s3 epoch 4 (6.434)``, its name without the dataset and arch all share."""
@@ -374,6 +379,9 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
     jobs = LocalJobs()
     main_thread = threading.current_thread() is threading.main_thread()  # signals go there
     previous = signal.signal(signal.SIGTERM, _raise_signalled) if main_thread else None
+    ignored = main_thread and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:  # a background job (`&`, nohup): the launcher keeps ignoring Ctrl-C, but the
+        signal.signal(signal.SIGINT, _ignore)  # jobs it starts must not: cancelling is a SIGINT
     try:
         with tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
                   file=sys.stderr, dynamic_ncols=True, smoothing=0, bar_format=bar_format) as bar, \
@@ -403,6 +411,8 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     if out.not_started:
         tqdm.write(f"not started (--no-start-after {no_start_after:g} min): "
                    f"{', '.join(out.not_started)}; the same command trains them", file=sys.stderr)

@@ -120,12 +120,16 @@ def _gone(pgid: int, seconds: float = 20) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_stopping_the_local_launcher_stops_its_jobs(tiny_data, tmp_path, sig):
+@pytest.mark.parametrize(("sig", "background"),
+                         [("SIGINT", False), ("SIGTERM", False), ("SIGTERM", True)],
+                         ids=["SIGINT", "SIGTERM", "SIGTERM-background"])
+def test_stopping_the_local_launcher_stops_its_jobs(tiny_data, tmp_path, sig, background):
     """Ctrl-C (SIGINT) or SIGTERM sent to ``launch --local`` alone stops the training job it
     started, which would otherwise train on (submitit's local jobs ignore SIGTERM): the
     launcher says so and exits 130 within seconds, no process of its group is left, the run's
-    lock is free and its checkpoint is whole for the next call."""
+    lock is free and its checkpoint is whole for the next call. So does SIGTERM to a launcher
+    started as a background job (`&`, nohup), which inherits SIGINT ignored: its jobs must not,
+    as submitit cancels a job with SIGINT."""
     import os
     import signal
     import subprocess
@@ -139,9 +143,13 @@ def test_stopping_the_local_launcher_stops_its_jobs(tiny_data, tmp_path, sig):
                         fairseq={"max_update": 100000}, evaluation={"enabled": False})
     out = tmp_path / "runs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIRSEQ_TYING_TINY_DATA": str(tiny_data)}
-    proc = subprocess.Popen([sys.executable, "-m", "fairseq_tying.launch", str(sweep), "--local",
-                             "--output-dir", str(out)], env=env, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    disposition = "SIG_IGN" if background else "SIG_DFL"  # whatever pytest was started with
+    start = (f"import os, signal, sys; signal.signal(signal.SIGINT, signal.{disposition}); "
+             "os.execv(sys.argv[1], sys.argv[1:])")  # exec keeps SIG_IGN and SIG_DFL
+    proc = subprocess.Popen([sys.executable, "-c", start, sys.executable, "-m",
+                             "fairseq_tying.launch", str(sweep), "--local", "--output-dir",
+                             str(out)], env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         last = []
