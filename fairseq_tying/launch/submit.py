@@ -26,7 +26,7 @@ from fairseq_tying.launch.plateau import Plateau, read_history
 
 # how often the local progress bar redraws while runs train: its clock, and each run's epoch
 REFRESH_S = 30.0
-POLL_S = 0.2  # how often a local job's end, or the launcher's stop, is looked for
+POLL_S = 0.2  # how often a local job's end is looked for
 
 
 @dataclass
@@ -200,21 +200,15 @@ class LocalJobs:
             self._running[job] = name
         started(job)
         try:
-            while not job.done():  # what job.results() does, but it also hears the stop
-                if self.stopping.wait(POLL_S):
-                    self._ended(job)  # not job.results(): it waits 15 s for a result never due
-                    raise Stopped(f"{name}: stopped with the launcher")
+            while not job.done():  # as job.results() waits, but every POLL_S, not every 1 s
+                time.sleep(POLL_S)
+            if self.stopping.is_set():  # cancelled: job.results() would wait 15 s for a result
+                raise Stopped(f"{name}: stopped with the launcher")
             job.results()
         finally:
             with self._lock:
                 self._running.pop(job, None)
         return job
-
-    @staticmethod
-    def _ended(job: Any) -> None:
-        """Wait for a cancelled job's process to end (submitit kills its tasks within 1 s)."""
-        while not job.done():
-            time.sleep(POLL_S)
 
     def stop(self) -> list[str]:
         """Cancel every running job (submitit sends its tasks SIGINT, then SIGKILL); the names
