@@ -7,6 +7,7 @@ from typing import Any
 
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.core.scoring import PAPER_LAYERS
 from fairseq_tying.evaluation import specs, verdicts
 from fairseq_tying.evaluation.engine import Section
 from fairseq_tying.evaluation.stats import format_p, seeds_label
@@ -94,7 +95,7 @@ def answers(records: list[dict[str, Any]]) -> bool:
     if not seeds:
         return False
     most = max(verdicts.SEEDS, *(len(s) for s in seeds.values()))
-    needed = {(t, "dot") for t in TYINGS} | {("three_way", layer) for layer in LAYERS}
+    needed = {(t, "dot") for t in TYINGS} | {("three_way", layer) for layer in PAPER_LAYERS}
     return any(all(len(seeds.get((arch, *cell), ())) == most for cell in needed)
                for arch in {a for a, _, _ in seeds})
 

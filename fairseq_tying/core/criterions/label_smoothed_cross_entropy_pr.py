@@ -1,6 +1,6 @@
 """Label-smoothed cross-entropy + Press & Wolf's projection regularization λ‖P‖², with
-statistics of the tied matrix's row norms logged every update; ``--chunked-loss`` computes the
-cross-entropy without the N×V scores (``chunked.py``)."""
+statistics of the tied matrix's row norms (and fixnorm's gain g) logged every update;
+``--chunked-loss`` computes the cross-entropy without the N×V scores (``chunked.py``)."""
 
 
 from dataclasses import dataclass, field
@@ -58,6 +58,8 @@ class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterio
             logging_output["proj_reg"] = penalty.item()
         padding = model.decoder.embed_tokens.padding_idx
         logging_output.update(row_norm_stats(scorer.weight, padding))
+        if scorer.gain is not None:
+            logging_output["gain"] = scorer.gain.item()
         return loss, sample_size, logging_output
 
     @classmethod
@@ -67,7 +69,8 @@ class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterio
         if not logs:
             return
         for key, combine in (("wnorm_mean", _mean), ("wnorm_std", _mean),
-                             ("wnorm_min", min), ("wnorm_max", max), ("proj_reg", _mean)):
+                             ("wnorm_min", min), ("wnorm_max", max), ("proj_reg", _mean),
+                             ("gain", _mean)):
             values = [log[key] for log in logs if key in log]
             if values:
                 metrics.log_scalar(key, combine(values), round=4)
