@@ -28,9 +28,9 @@ from pathlib import Path
 from fairseq_tying.common import PLUGIN_DIR, RUN_JSON
 from fairseq_tying.common.atomic import replace_block, write_json
 from fairseq_tying.common.reproducible import pinned_env
-from fairseq_tying.evaluation.collect import collect
 from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
 from fairseq_tying.evaluation.norms import norms_report, row_norms
+from fairseq_tying.studies.collect import collect
 
 ARCH = "transformer_twwt"
 MODEL = ["--encoder-layers", "2", "--decoder-layers", "2",

@@ -1,7 +1,8 @@
 """End to end: tiny data dir -> fairseq-train (plugin) -> ``evaluate`` / ``collect`` / ``norms``.
 
 Everything runs through the real CLIs (fairseq-preprocess, fairseq-train, fairseq-generate,
-``python -m fairseq_tying.evaluation``) on a generated toy corpus; about a minute on one core.
+``python -m fairseq_tying.evaluation``, ``python -m fairseq_tying.studies``) on a generated toy
+corpus; about a minute on one core.
 """
 
 from __future__ import annotations
@@ -186,8 +187,8 @@ def test_evaluate_launcher_layout_and_shorthand(world, eval_b):
 
 def test_collect_and_norms_on_real_runs(world, eval_a, eval_b):
     out = world["root"] / "report"
-    proc = _evaluate("collect", world["root"] / "runs", "--out", out,
-                     "--bootstrap-samples", "200")
+    proc = run_module("fairseq_tying.studies", "collect", world["root"] / "runs", "--out", out,
+                      "--bootstrap-samples", "200", check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (out / "results.md").read_text()
     assert "| transformer_twwt:three_way:dot " in md and "toy-l2norm-seed1" in md

@@ -20,9 +20,10 @@ from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.evaluation.evaluate import evaluate_run
 from fairseq_tying.evaluation.generate import parse_hypotheses
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
-from fairseq_tying.evaluation.records import Record
-from fairseq_tying.evaluation.significance import compare, seed_paired_bootstrap
-from fairseq_tying.evaluation.stats import format_ci, mean_ci
+from fairseq_tying.studies.formatting import format_ci
+from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.significance import compare, seed_paired_bootstrap
+from fairseq_tying.studies.stats import mean_ci
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
 

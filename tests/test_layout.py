@@ -1,6 +1,8 @@
-"""The package's layout rules (README, "Layout"): one file name per module, a plugin core that
-imports nothing from the tools, no test infrastructure in the installed package, no module over
-450 lines, no import cycle, and state-dict keys spelled in the core only."""
+"""The package's layout rules (docs/design.md, "Layout"): one file name per module, a plugin
+core that imports nothing from the tools, the evaluation of one run that imports nothing from
+the comparison of runs, views that import no other view, no test infrastructure in the
+installed package, no module over 450 lines, no import cycle, and state-dict keys spelled in
+the core only."""
 
 from __future__ import annotations
 
@@ -66,6 +68,37 @@ def test_the_plugin_core_imports_nothing_from_the_tools():
         if _outside_core(found):
             bad[str(path.relative_to(REPO))] = sorted(_outside_core(found))
     assert not bad
+
+
+def _imports_of(room: str) -> dict[str, set[str]]:
+    """``{module: the modules its imports name}`` for every module of ``fairseq_tying.ROOM``."""
+    return {_module_name(p): imported_modules(p.read_text(), _module_name(p),
+                                              p.name == "__init__.py")
+            for p in sorted((PACKAGE / room).rglob("*.py"))}
+
+
+def test_evaluating_a_run_imports_nothing_from_the_comparison_of_runs():
+    """``evaluation`` scores one run; ``studies`` compares runs and leans on it, never the
+    other way: a run is evaluated (on a GPU machine, in a SLURM job) without the across-run
+    engine, its views or plots."""
+    found = _imports_of("evaluation")
+    assert len(found) > 8 and "fairseq_tying.evaluation.metrics" in found
+    assert any(n.startswith("fairseq_tying.evaluation.") for n in
+               _imports_of("studies")["fairseq_tying.studies.records"])
+    bad = {m: sorted(n for n in names if (n + ".").startswith("fairseq_tying.studies."))
+           for m, names in found.items()}
+    assert {m: names for m, names in bad.items() if names} == {}
+
+
+def test_no_view_imports_another_view():
+    """Each view renders its own block; what views share (formatting, the papers' numbers)
+    lives in ``studies.formatting``, so a view is read and changed on its own."""
+    views = {m: names for m, names in _imports_of("studies").items()
+             if m.rpartition(".")[2].startswith("view_")}
+    assert len(views) >= 4
+    bad = {m: sorted(n for n in names if any(n == v or n.startswith(v + ".") for v in views))
+           for m, names in views.items()}
+    assert {m: names for m, names in bad.items() if names} == {}
 
 
 def test_the_import_check_sees_tool_imports_at_any_depth():
@@ -229,7 +262,7 @@ def test_reading_a_sweep_file_needs_neither_fairseq_nor_the_evaluation():
             todo += graph[module]
     assert {"fairseq_tying.launch.sweep", "fairseq_tying.launch.plateau"} <= needed
     heavy = ("fairseq.", "fairseq_cli.", "torch.", "fairseq_tying.core.",
-             "fairseq_tying.evaluation.", "fairseq_tying.launch.grid.")
+             "fairseq_tying.evaluation.", "fairseq_tying.studies.", "fairseq_tying.launch.grid.")
     found = {m: sorted(n for n in imported_modules(sources[m][0], m, sources[m][1])
                        if (n + ".").startswith(heavy)) for m in needed}
     assert {m: names for m, names in found.items() if names} == {}

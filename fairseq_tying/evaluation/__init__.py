@@ -1,1 +1,2 @@
-"""Evaluation: generation, sacrebleu scoring, significance tests, tables and plots."""
+"""Evaluating one run: generation, sacrebleu scoring, perplexity, checkpoint averaging and the
+output matrix's row norms (runs are compared by ``fairseq_tying.studies``)."""

@@ -1,23 +1,25 @@
-"""``python -m fairseq_tying.evaluation {evaluate,collect,norms,study,average}``."""
+"""``python -m fairseq_tying.evaluation {evaluate,evaluate-lm,norms,average}``: one run (or its
+checkpoints) at a time; runs are compared by ``python -m fairseq_tying.studies``."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from fairseq_tying.common import LM_TASK
-from fairseq_tying.common.atomic import read_lines
 from fairseq_tying.evaluation.presets import PRESET_CHOICES
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m fairseq_tying.evaluation",
-        description="Evaluate fairseq_tying runs with sacrebleu and compare them.",
+        description="Evaluate a fairseq_tying run: translate and score it with sacrebleu, "
+        "or score a language model's perplexity (compare runs: python -m "
+        "fairseq_tying.studies).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -25,13 +27,6 @@ def build_parser() -> argparse.ArgumentParser:
                                           "score one run"))
     add_evaluate_lm_arguments(sub.add_parser("evaluate-lm", help="test perplexity of one "
                                              "language-model run with fairseq-eval-lm"))
-
-    co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
-    co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
-    co.add_argument("--out", required=True, help="output folder")
-    co.add_argument("--baseline", help="method label of the baseline (default: a dot-product "
-                    "output layer method)")
-    co.add_argument("--bootstrap-samples", type=int, default=1000)
 
     no = sub.add_parser("norms", help="histogram of the tied matrix's row norms")
     no.add_argument("checkpoints", nargs="+", metavar="CKPT")
@@ -41,30 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
     no.add_argument("--keep-special", action="store_true",
                     help="include the rows of <s>, <pad>, </s>, <unk>")
     no.add_argument("--bins", type=int, default=50)
-
-    st = sub.add_parser("study", help="a study's report from a folder of records: tables, "
-                        "plots (a study of slurm/studies.yaml: python -m fairseq_tying.launch "
-                        "study NAME)")
-    st.add_argument("--runs", help="export records of newly evaluated runs under RUNS first")
-    st.add_argument("--records", required=True, help="folder of the study's JSON records")
-    st.add_argument("--report", required=True, help="Markdown report; the tables replace its "
-                    "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> block (see --block)")
-    st.add_argument("--plots", required=True, help="folder for the PNGs and summary.json")
-    st.add_argument("--references", help="reference file (default: the embedded Bible test.en)")
-    st.add_argument("--bootstrap-samples", type=int, default=1000)
-    st.add_argument("--block", default="study", help="name of the report's marked block: "
-                    "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> (default: study)")
-    st.add_argument("--view", default="auto", help="how the records are reported: "
-                    "translation, equal, lm or does_it_help (default auto: lm for language-model "
-                    "records, else translation)")
-    st.add_argument("--expected-runs", type=int, metavar="N", help="the number of runs of the "
-                    "study's sweep: the block starts with how many of them are recorded, and "
-                    "may have no record yet")
-    st.add_argument("--without-row-norms", action="store_true",
-                    help="with --runs: export runs whose evaluated checkpoint is not on this "
-                    "machine (e.g. trained on a GPU machine and brought back without "
-                    "checkpoints); their records hold output_row_norms: null, and no norm "
-                    "histogram shows them")
 
     av = sub.add_parser("average", help="average checkpoints' parameters into one file")
     av.add_argument("checkpoints", nargs="+", metavar="CKPT")
@@ -131,20 +102,17 @@ def _tag(value: str) -> str:
     return value
 
 
-COMMANDS = ("evaluate", "evaluate-lm", "collect", "norms", "study", "average")
-
-
-def references(path: str | os.PathLike | None) -> list[str]:
-    """The test set's references: ``path``, else the embedded Bible's test.en."""
-    if path is None:
-        from fairseq_tying.data.bible import read_split
-
-        return read_split("test", "en")
-    return read_lines(path)
+COMMANDS = ("evaluate", "evaluate-lm", "norms", "average")
+# across runs: python -m fairseq_tying.studies COMMAND
+STUDIES_COMMANDS = ("collect", "study")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in STUDIES_COMMANDS:
+        print(f"error: {argv[0]} compares runs; run it as: python -m fairseq_tying.studies "
+              f"{shlex.join(argv)}", file=sys.stderr)
+        return 2
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
         argv.insert(0, "evaluate")  # `python -m fairseq_tying.evaluation RUN_DIR ...`
     args = build_parser().parse_args(argv)
@@ -162,27 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             opts = {k: v for k, v in vars(args).items() if k != "command"}
             run_dir, data = opts.pop("run_dir"), opts.pop("data")
             print("\n".join(summary_lines(evaluate_lm_run(run_dir, data, **opts))))
-        elif args.command == "collect":
-            from fairseq_tying.evaluation.collect import collect
-
-            done = collect(args.runs_root, args.out, args.baseline, args.bootstrap_samples)
-            print(done["markdown"])
-            print(f"wrote {args.out}/results.md, results.json, bleu.png")
         elif args.command == "norms":
             from fairseq_tying.evaluation.norms import norms_report
 
             print(norms_report(args.checkpoints, args.out, args.labels, args.key,
                                args.keep_special, args.bins))
             print(f"wrote {args.out}")
-        elif args.command == "study":
-            from fairseq_tying.evaluation.report import Target, build
-
-            done = build(args.records, [Target(args.report, args.block, args.view)],
-                         args.plots, references(args.references), args.runs,
-                         args.bootstrap_samples, args.expected_runs, not args.without_row_norms)
-            print(done["markdown"])
-            print(f"{len(done['exported'])} new record(s), {done['records']} in all; wrote "
-                  + ", ".join(done["written"]))
         elif args.command == "average":
             from fairseq_tying.evaluation.average import average_checkpoints
 

@@ -14,7 +14,7 @@ from fairseq_tying.common.atomic import read_lines, write_json, write_lines, wri
 from fairseq_tying.evaluation import average, metrics
 from fairseq_tying.evaluation.generate import generate
 from fairseq_tying.evaluation.presets import resolve_preset
-from fairseq_tying.evaluation.records import read_run_json, run_identity
+from fairseq_tying.evaluation.run import read_run_json, run_identity
 
 PREP_KEYS = ("src", "tgt", "post_process")
 

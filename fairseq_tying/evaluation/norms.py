@@ -1,4 +1,5 @@
-"""``norms CKPT... --out PNG``: the tied matrix's row norms from checkpoints."""
+"""``norms CKPT... --out PNG``: the tied matrix's row norms from checkpoints, and their
+histograms."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from fairseq_tying.common import checkpoints
+from fairseq_tying.common.atomic import atomic_write
+from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core import names
-from fairseq_tying.evaluation.tables import markdown_table
 
 # The output matrix first (it is the tied matrix under any tying), then the embeddings.
 CANDIDATE_KEYS = (names.SCORER_WEIGHT, names.OUTPUT_PROJECTION, names.EMBED_OUT,
@@ -53,9 +55,6 @@ def norms_report(
     bins: int = 50,
 ) -> str:
     """Write the histogram PNG; return a Markdown table of the norm statistics."""
-    # imported here so that exporting a study record (row_norms) needs no matplotlib
-    from fairseq_tying.evaluation.plots import plot_norm_histograms
-
     if labels and len(labels) != len(paths):
         raise ValueError(f"--labels has {len(labels)} entries for {len(paths)} checkpoints")
     labels = list(labels) if labels else [default_label(p) for p in paths]
@@ -67,3 +66,29 @@ def norms_report(
                      f"{norms.min():.3f}", f"{norms.max():.3f}"])
     plot_norm_histograms(all_norms, labels, out, bins=bins)
     return markdown_table(["checkpoint", "matrix", "rows", "mean", "std", "min", "max"], rows)
+
+
+def plot_norm_histograms(
+    norms: Sequence[np.ndarray], labels: Sequence[str], out: str | os.PathLike, bins: int = 50,
+    title: str = "Row norms of the tied embedding matrix",
+) -> None:
+    """Overlaid histograms of row norms, one per checkpoint."""
+    # imported here: exporting a study record (row_norms) needs no matplotlib
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    lo = min(float(n.min()) for n in norms)
+    hi = max(float(n.max()) for n in norms)
+    edges = np.linspace(lo, hi if hi > lo else lo + 1e-6, bins + 1)
+    for n, label in zip(norms, labels, strict=True):
+        ax.hist(n, bins=edges, alpha=0.5, label=f"{label} (mean {n.mean():.2f})",
+                histtype="stepfilled", edgecolor="black", linewidth=0.5)
+    ax.set_xlabel("L2 norm of embedding row")
+    ax.set_ylabel("number of words")
+    ax.set_title(title)
+    ax.legend()
+    atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+    plt.close(fig)

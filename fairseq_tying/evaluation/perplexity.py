@@ -27,7 +27,7 @@ from fairseq_tying.evaluation.evaluate import (
     run_lines,
 )
 from fairseq_tying.evaluation.generate import fairseq_exe
-from fairseq_tying.evaluation.records import run_identity
+from fairseq_tying.evaluation.run import run_identity
 
 _LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+|inf|nan), Perplexity: ([0-9.]+|inf|nan)")
 _TOKENS = re.compile(r"Evaluated ([\d,]+) tokens in")

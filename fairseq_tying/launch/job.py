@@ -378,7 +378,7 @@ class CollectJob:
         self.runs_root, self.out_dir = runs_root, out_dir
 
     def __call__(self) -> str:
-        from fairseq_tying.evaluation.collect import collect
+        from fairseq_tying.studies.collect import collect
 
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         collect(self.runs_root, self.out_dir)

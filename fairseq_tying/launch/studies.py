@@ -18,16 +18,16 @@ the first with records.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fairseq_tying.evaluation.report import VIEWS, Target, build
+from fairseq_tying.studies import report
+from fairseq_tying.studies.report import VIEWS, StudyReport, Summary, Target
 
 MANIFEST = Path("slurm/studies.yaml")
 STUDY_KEYS = {"prepare", "sweep", "runs", "records", "plots", "reports", "references"}
@@ -39,21 +39,12 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
-class Study:
-    name: str
-    records: Path
-    plots: Path
-    reports: tuple[Target, ...]
+class Study(StudyReport):
+    """A study of the manifest: its report (``StudyReport``) and how its runs are made."""
+
     sweep: Path | None = None  # None: frozen records, a report only
     prepare: tuple[str, ...] = ()
     runs: Path | None = None  # None: the sweep's output_dir
-    references: Path | None = None  # None: the embedded Bible's test.en
-
-
-@dataclass(frozen=True)
-class Summary:
-    target: Target
-    sources: tuple[str, ...]  # studies, the first with records renders it
 
 
 @dataclass(frozen=True)
@@ -115,8 +106,8 @@ def _study(name: str, raw: Any) -> Study:
         raise ManifestError(f"{where}.prepare: a study without a sweep trains nothing")
     return Study(name, _path(raw, "records", where), _path(raw, "plots", where),
                  tuple(_target(t, f"{where}.reports[{i}]") for i, t in enumerate(reports)),
-                 sweep, tuple(str(a) for a in prepare), _path(raw, "runs", where, False),
-                 _path(raw, "references", where, False))
+                 _path(raw, "references", where, False), sweep=sweep,
+                 prepare=tuple(str(a) for a in prepare), runs=_path(raw, "runs", where, False))
 
 
 def load_manifest(path: str | Path = MANIFEST) -> Manifest:
@@ -137,20 +128,8 @@ def load_manifest(path: str | Path = MANIFEST) -> Manifest:
         if not isinstance(sources, list) or not sources or any(n not in out for n in sources):
             raise ManifestError(f"summaries[{i}].from: expected a list of the manifest's "
                                 f"studies ({', '.join(out)}), got {sources!r}")
-        summaries.append(Summary(target, tuple(sources)))
+        summaries.append(Summary(target, tuple(out[n] for n in sources)))
     return Manifest(path, out, tuple(summaries))
-
-
-def _moved(path: Path, out: Path | None) -> Path:
-    """``path`` under ``out`` (same relative path), a copy of it there for a report file."""
-    if out is None:
-        return path
-    rel = path.resolve().relative_to(Path.cwd().resolve()) if path.is_absolute() else path
-    moved = out / rel
-    if path.is_file() and not moved.exists():
-        moved.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, moved)
-    return moved
 
 
 def expected_runs(study: Study) -> int:
@@ -160,45 +139,6 @@ def expected_runs(study: Study) -> int:
     from fairseq_tying.launch.config import load_sweep
 
     return len(load_sweep(study.sweep, check_data=False).runs)
-
-
-def rebuild(manifest: Manifest, study: Study, runs: Path | None = None, row_norms: bool = True,
-            n_samples: int = 1000, out: Path | None = None) -> dict[str, Any]:
-    """Export the records of newly evaluated runs under ``runs`` (none: the committed records
-    alone), then rebuild the study's reports and plots and the summaries it is the first
-    source with records of; with ``out``, under that folder instead of in place."""
-    from fairseq_tying.evaluation.cli import references
-
-    done = build(study.records, [replace(t, file=_moved(t.file, out)) for t in study.reports],
-                 _moved(study.plots, out), references(study.references), runs, n_samples,
-                 expected_runs(study), row_norms)
-    renderer, written = done.pop("renderer"), done["written"]
-    for s in manifest.summaries:
-        if study.name in s.sources and _summary_source(manifest, s) == study.name:
-            target = replace(s.target, file=_moved(s.target.file, out))
-            renderer.write(target, count=False, lead=summary_lead(study.name, done["records"]))
-            written.append(str(target.file))
-    return {**done, "expected": renderer.expected}
-
-
-def summary_lead(name: str, records: int) -> str:
-    """The line that names the study a summary block is rendered from."""
-    return f"From the `{name}` study's {records} records."
-
-
-def _summary_source(manifest: Manifest, summary: Summary) -> str | None:
-    """The first study of ``summary.sources`` whose records answer the summary's question
-    (``does_it_help``: every cell of the answer with all its seeds; other views: any record);
-    when none does yet, the first with records."""
-    from fairseq_tying.evaluation import records, view_help
-
-    with_records = {name: [r.data for r in records.load(manifest.studies[name].records,
-                                                        allow_empty=True)]
-                    for name in summary.sources}
-    for name, found in with_records.items():
-        if found and (summary.target.view != "does_it_help" or view_help.answers(found)):
-            return name
-    return next((name for name, found in with_records.items() if found), None)
 
 
 def prepare_data(study: Study, data_dirs: set[Path]) -> None:
@@ -303,8 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rc, runs = train(study, args)
             if rc or args.dry_run:
                 return rc
-        done = rebuild(manifest, study, runs, not args.without_row_norms,
-                       args.bootstrap_samples, args.out)
+        done = report.rebuild(study, expected_runs(study), manifest.summaries, runs,
+                              not args.without_row_norms, args.bootstrap_samples, args.out)
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as err:
         print(f"error: study {args.name}: {err}", file=sys.stderr)
         return 2

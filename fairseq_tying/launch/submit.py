@@ -124,7 +124,7 @@ def dry_run(sweep: Sweep, runs: list[Run]) -> None:
         print(_make_sbatch_string(command="<python -m fairseq_tying.evaluation RUN_DIR>",
                                   folder=folder, **params))
         if sweep.task != LM_TASK:
-            print(f"# then: python -m fairseq_tying.evaluation collect {sweep.output_dir} "
+            print(f"# then: python -m fairseq_tying.studies collect {sweep.output_dir} "
                   f"--out {sweep.output_dir}")
 
 

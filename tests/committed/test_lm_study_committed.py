@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common.atomic import markers
-from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.stats import stat
-from fairseq_tying.evaluation.verdicts import interval as verdict
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import main as study
 from fairseq_tying.launch.sweeps import recorded_stops
+from fairseq_tying.studies.commands import main
+from fairseq_tying.studies.stats import stat
+from fairseq_tying.studies.verdicts import interval as verdict
 from tests.helpers import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm_study"

@@ -12,15 +12,15 @@ import pytest
 import yaml
 
 from fairseq_tying.common.atomic import markers
-from fairseq_tying.evaluation import verdicts
-from fairseq_tying.evaluation.records import training_summary
-from fairseq_tying.evaluation.specs import study_claims
-from fairseq_tying.evaluation.stats import format_p
-from fairseq_tying.evaluation.verdicts import bootstrap as verdict
-from fairseq_tying.evaluation.view_grid import LAYERS, TYINGS, stop_correlation
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.plateau import Plateau
 from fairseq_tying.launch.studies import main as study
+from fairseq_tying.studies import verdicts
+from fairseq_tying.studies.formatting import format_p
+from fairseq_tying.studies.records import training_summary
+from fairseq_tying.studies.specs import study_claims
+from fairseq_tying.studies.verdicts import bootstrap as verdict
+from fairseq_tying.studies.view_grid import LAYERS, TYINGS, stop_correlation
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fairseq_tying.common.reproducible import has_avx2
-from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.records import train_facts
+from fairseq_tying.studies.commands import main
+from fairseq_tying.studies.records import train_facts
 from tests.helpers import REPO, first_stop, launch, write_sweep
 
 pytestmark = pytest.mark.slow

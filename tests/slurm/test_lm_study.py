@@ -12,9 +12,9 @@ import torch
 import yaml
 
 from fairseq_tying.common import PLUGIN_DIR
-from fairseq_tying.evaluation.cli import main
 from fairseq_tying.evaluation.perplexity import parse_eval_lm
-from fairseq_tying.evaluation.verdicts import interval
+from fairseq_tying.studies.commands import main
+from fairseq_tying.studies.verdicts import interval
 from tests.helpers import REPO, first_stop, launch, run_cli
 
 STOP = {"patience": 1, "min_gain": 0.02, "min_epoch": 1, "max_epoch": 3}

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common.atomic import markers
-from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.significance import seed_paired_bootstrap
+from fairseq_tying.studies.commands import main
+from fairseq_tying.studies.significance import seed_paired_bootstrap
 from tests.helpers import REPO, write_sweep
 
 pytestmark = pytest.mark.slow

@@ -5,28 +5,24 @@ A view renders the sections of one spec (``engine``, ``specs``) as a block of Ma
 lists its report targets (file, block, view), the first of which also writes ``summary.json``
 and the plots. A block starts with how many of the study's runs are recorded when the number it
 expects is known (its sweep's runs); with no record yet that line is the whole block.
+``rebuild`` does all of it for a study of the manifest (``launch.studies``), and renders the
+summaries (README's short answer) it is the first source with records of.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.common.atomic import replace_block, write_json
-from fairseq_tying.evaluation import (
-    engine,
-    records,
-    view_equal,
-    view_grid,
-    view_help,
-    view_lm,
-)
-from fairseq_tying.evaluation.engine import Section, Spec
-from fairseq_tying.evaluation.records import Record
-from fairseq_tying.evaluation.specs import GRID, LM
+from fairseq_tying.common.atomic import read_lines, replace_block, write_json
+from fairseq_tying.studies import engine, records, view_equal, view_grid, view_help, view_lm
+from fairseq_tying.studies.engine import Section, Spec
+from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.specs import GRID, LM
 
 
 @dataclass(frozen=True)
@@ -141,3 +137,83 @@ def build(records_dir: str | os.PathLike, targets: Sequence[Target],
     written += map(str, renderer.plots(targets[0].view, Path(plots_dir), summary))
     return {"exported": exported, "records": len(recs), "markdown": first, "written": written,
             "renderer": renderer}
+
+
+def references(path: str | os.PathLike | None) -> list[str]:
+    """The test set's references: ``path``, else the embedded Bible's test.en."""
+    if path is None:
+        from fairseq_tying.data.bible import read_split
+
+        return read_split("test", "en")
+    return read_lines(path)
+
+
+# --- a study of the manifest -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StudyReport:
+    """What a study's report is rebuilt from and into: its records, plots folder and report
+    blocks, and the test set's references (None: the embedded Bible's test.en)."""
+
+    name: str
+    records: Path
+    plots: Path
+    reports: tuple[Target, ...]
+    references: Path | None = None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A block rendered from the first of several studies whose records answer it."""
+
+    target: Target
+    sources: tuple[StudyReport, ...]  # the first with records that answer it renders it
+
+
+def summary_lead(name: str, records: int) -> str:
+    """The line that names the study a summary block is rendered from."""
+    return f"From the `{name}` study's {records} records."
+
+
+def summary_source(summary: Summary) -> str | None:
+    """The first study of ``summary.sources`` whose records answer the summary's question
+    (``does_it_help``: every cell of the answer with all its seeds; other views: any record);
+    when none does yet, the first with records."""
+    with_records = {study.name: [r.data for r in records.load(study.records, allow_empty=True)]
+                    for study in summary.sources}
+    for name, found in with_records.items():
+        if found and (summary.target.view != "does_it_help" or view_help.answers(found)):
+            return name
+    return next((name for name, found in with_records.items() if found), None)
+
+
+def _moved(path: Path, out: Path | None) -> Path:
+    """``path`` under ``out`` (same relative path), a copy of it there for a report file."""
+    if out is None:
+        return path
+    rel = path.resolve().relative_to(Path.cwd().resolve()) if path.is_absolute() else path
+    moved = out / rel
+    if path.is_file() and not moved.exists():
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, moved)
+    return moved
+
+
+def rebuild(study: StudyReport, expected: int | None, summaries: Sequence[Summary] = (),
+            runs: Path | None = None, row_norms: bool = True, n_samples: int = 1000,
+            out: Path | None = None) -> dict[str, Any]:
+    """Export the records of newly evaluated runs under ``runs`` (none: the committed records
+    alone), then rebuild the study's reports and plots (led by the count of its ``expected``
+    runs) and the ``summaries`` it is the first source with records of; with ``out``, under
+    that folder instead of in place."""
+    done = build(study.records, [replace(t, file=_moved(t.file, out)) for t in study.reports],
+                 _moved(study.plots, out), references(study.references), runs, n_samples,
+                 expected, row_norms)
+    renderer, written = done.pop("renderer"), done["written"]
+    for s in summaries:
+        if study.name in (src.name for src in s.sources) and summary_source(s) == study.name:
+            target = replace(s.target, file=_moved(s.target.file, out))
+            renderer.write(target, count=False, lead=summary_lead(study.name, done["records"]))
+            written.append(str(target.file))
+    return {**done, "expected": renderer.expected}

@@ -7,8 +7,8 @@ their signatures, the tied matrix's row norms, and the hypotheses (``NAME.hyp.gz
 ``eval_TAG``) instead, and has no hypotheses. ``collect`` makes the same record from a run's
 ``eval.json`` without exporting it.
 
-Everything a record says about a run comes from the run folder: ``run.json`` (read here only,
-:func:`read_run_json`), fairseq's log, the plateau rule's files and the evaluations.
+Everything a record says about a run comes from the run folder: ``run.json``
+(``evaluation.run``), fairseq's log, the plateau rule's files and the evaluations.
 """
 
 from __future__ import annotations
@@ -23,16 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from fairseq_tying.common import (
-    CONTINUED_FROM,
-    EVAL_JSON,
-    LM_TASK,
-    RUN_JSON,
-    TRAIN_DONE,
-    VALID_HISTORY,
-    checkpoints,
-)
+from fairseq_tying.common import CONTINUED_FROM, EVAL_JSON, LM_TASK, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, read_lines, write_json
+from fairseq_tying.evaluation.run import IDENTITY, read_run_json
 
 EVAL_KEYS = ("bleu", "bleu_signature", "bleu_verbose", "chrf", "chrf_signature", "tok_bleu",
              "tok_bleu_signature", "preset", "beam", "lenpen", "subset", "n_sentences",
@@ -41,7 +34,6 @@ RUN_KEYS = ("name", "dataset", "arch", "tying", "output_layer", "seed", "train_a
 LM_RUN_KEYS = (*RUN_KEYS, "task", "tag")
 LM_EVAL_KEYS = ("loss", "perplexity", "n_tokens", "subset", "tokens_per_sample",
                 "sample_break_mode")
-IDENTITY = ("name", "method", "arch", "tying", "output_layer", "seed")  # eval.json's "run"
 PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+) \(num\. trained: ([\d,]+)\)")
 VALID = re.compile(r"\| valid \| (\{.*\})\s*$")
 DONE = re.compile(r"done training in ([\d.]+) seconds")
@@ -77,61 +69,13 @@ class Record:
 
     def sentence_stats(self, metric: str, refs: list[str]) -> np.ndarray:
         """sacrebleu's per-sentence statistics of ``metric``, computed once per record."""
-        from fairseq_tying.evaluation.significance import metric_stats
+        from fairseq_tying.studies.significance import metric_stats
 
         if metric not in self._stats:
             if self.hypotheses is None:
                 raise ValueError(f"{self.name}: no hypotheses to compare sentence by sentence")
             self._stats[metric] = metric_stats(self.hypotheses, refs, metric)
         return self._stats[metric]
-
-
-def read_run_json(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """``RUN_DIR/run.json``, the launcher's settings of the run ({} when there is none)."""
-    path = Path(run_dir) / RUN_JSON
-    if not path.is_file():
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); fix or remove it") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object")
-    # Accept "label" as a synonym of "method" and "output-layer" spellings.
-    if "label" in data and "method" not in data:
-        data["method"] = data["label"]
-    if "output-layer" in data and "output_layer" not in data:
-        data["output_layer"] = data["output-layer"]
-    return data
-
-
-def method_label(arch: str, tying: str, output_layer: str) -> str:
-    return f"{arch}:{tying}:{output_layer}"
-
-
-def run_identity(run_dir: str | os.PathLike, state: dict | None,
-                 extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Which method, architecture, tying, output layer and seed a run used (``IDENTITY``,
-    then the ``extra`` keys of ``run.json``): the checkpoint's config, overridden by
-    ``RUN_DIR/run.json`` where it says."""
-    arch = tying = output_layer = "?"
-    seed = None
-    if state is not None:
-        arch = checkpoints.arch_of(state) or "?"
-        tying = checkpoints.tying_of(state)
-        output_layer = str(checkpoints.config_value(state, "output_layer") or "dot")
-        seed = checkpoints.config_value(state, "seed", section="common")
-    meta = read_run_json(run_dir)
-    arch = str(meta.get("arch", arch))
-    tying = str(meta.get("tying", tying))
-    output_layer = str(meta.get("output_layer", output_layer))
-    seed = meta.get("seed", seed)
-    return {"name": str(meta.get("name") or Path(run_dir).resolve().name),
-            "method": str(meta.get("method") or method_label(arch, tying, output_layer)),
-            "arch": arch, "tying": tying, "output_layer": output_layer,
-            "seed": int(seed) if seed is not None else None,
-            **{k: meta.get(k) for k in extra}}
 
 
 def training_summary(log: Path) -> dict[str, Any]:

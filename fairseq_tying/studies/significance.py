@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from fairseq_tying.evaluation import verdicts
 from fairseq_tying.evaluation.metrics import METRICS
-from fairseq_tying.evaluation.stats import mean_ci, stat
+from fairseq_tying.studies import verdicts
+from fairseq_tying.studies.stats import mean_ci, stat
 
 
 def metric_stats(hyps: Sequence[str], refs: Sequence[str], metric: str = "bleu") -> np.ndarray:

@@ -10,17 +10,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
-from fairseq_tying.evaluation import verdicts
-from fairseq_tying.evaluation.engine import Cells, Section
-from fairseq_tying.evaluation.specs import LIU, PRESS_WOLF, SHARED
-from fairseq_tying.evaluation.stats import format_stat, mean_ci, seeds_label
-from fairseq_tying.evaluation.tables import markdown_table
-from fairseq_tying.evaluation.view_grid import PAPER_IWSLT14_ES_EN, format_delta
-
-# Liu et al. (2020): DynamicConv on IWSLT'14 De→En, l2norm over dot
-PAPER_DYNAMICCONV_L2NORM = 0.41
+from fairseq_tying.studies import verdicts
+from fairseq_tying.studies.engine import Cells, Section
+from fairseq_tying.studies.formatting import (
+    PAPER_DYNAMICCONV_L2NORM,
+    PAPER_IWSLT14_ES_EN,
+    format_delta,
+    format_stat,
+    seeds_label,
+)
+from fairseq_tying.studies.specs import LIU, PRESS_WOLF, SHARED
+from fairseq_tying.studies.stats import mean_ci
 
 
 def _cells(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -172,7 +175,7 @@ def plots(sections: list[Section], out: Path) -> list[Path]:
     per cell with its 95 % CI over seeds. ``valid_nll_delta_epochs.png``: the same as paired
     differences (seed by seed) from the cell each claim compares with, so that the epoch at
     which two cells separate shows against the zero line."""
-    from fairseq_tying.evaluation.plots import plot_bands
+    from fairseq_tying.studies.plots import plot_bands
 
     panels = {str(s.key): p for s in sections if (p := _panel(s.cells))}
     if not panels:

@@ -1,11 +1,11 @@
-"""The verdict rules (``evaluation.verdicts``) and the claims table, on hand-made comparisons."""
+"""The verdict rules (``studies.verdicts``) and the claims table, on hand-made comparisons."""
 
 from __future__ import annotations
 
 import pytest
 
-from fairseq_tying.evaluation.verdicts import SEEDS, bootstrap, counts
-from fairseq_tying.evaluation.view_grid import claims_table
+from fairseq_tying.studies.verdicts import SEEDS, bootstrap, counts
+from fairseq_tying.studies.view_grid import claims_table
 
 
 def comparison(*deltas: float, p: float) -> dict:

@@ -13,19 +13,18 @@ import pytest
 from scipy import stats
 
 from fairseq_tying.common.atomic import markers
-from fairseq_tying.evaluation import records, verdicts, view_equal, view_help
-from fairseq_tying.evaluation.cli import references
-from fairseq_tying.evaluation.engine import Section
-from fairseq_tying.evaluation.records import Record
-from fairseq_tying.evaluation.report import Renderer, recorded
 from fairseq_tying.launch.__main__ import main as launch
 from fairseq_tying.launch.config import load_sweep
-from fairseq_tying.launch.studies import (
-    ManifestError,
-    _summary_source,
-    expected_runs,
-    load_manifest,
+from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest
+from fairseq_tying.studies import records, verdicts, view_equal, view_help
+from fairseq_tying.studies.engine import Section
+from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.report import (
+    Renderer,
+    recorded,
+    references,
     summary_lead,
+    summary_source,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,15 +70,15 @@ def test_the_makefile_study_targets_are_one_line_each_over_the_study_command():
     assert "FAIRSEQ_TYING_" not in text
 
 
-def test_a_study_without_records_says_how_many_runs_it_has():
+def test_a_study_without_records_says_how_many_runs_it_has(manifest):
     text, summary = Renderer([], None, expected=27).block("equal")
     assert text == "0 of 27 runs are recorded." and summary is None
     assert not any(word in text.lower() for word in FORBIDDEN)
     results = (DOCS / "results.md").read_text()
     begin, _end = markers("equal")  # the committed block leads with its own count
     n = len(list((DOCS / "equal" / "records").glob("*.json")))
-    total = expected_runs(load_manifest(REPO / "slurm" / "studies.yaml").study("equal"))
-    assert results[results.index(begin):].startswith(f"{begin}\n{recorded(n, total)}\n")
+    expected = expected_runs(manifest.study("equal"))
+    assert results[results.index(begin):].startswith(f"{begin}\n{recorded(n, expected)}\n")
     assert recorded(1, 27) == "1 of 27 runs is recorded."
     assert recorded(3, None) == ""  # no sweep to count: no line
 
@@ -90,8 +89,8 @@ def test_the_short_answer_is_the_study_with_records(manifest, where):
     study's summary through the ``does_it_help`` view, until the equal-training study's
     records answer it, after a line that names the study."""
     (summary,) = [s for s in manifest.summaries if s.target.file == Path(where)]
-    assert summary.sources == ("equal", "converged")
-    source = _summary_source(manifest, summary)
+    assert summary.sources == (manifest.study("equal"), manifest.study("converged"))
+    source = summary_source(summary)
     equal = [json.loads(p.read_text()) for p in (DOCS / "equal" / "records").glob("*.json")]
     assert source == ("equal" if view_help.answers(equal) else "converged")
     folder = manifest.study(source).plots

@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from fairseq_tying.evaluation import engine, metrics, specs
-from fairseq_tying.evaluation.cli import main
-from fairseq_tying.evaluation.collect import collect
-from fairseq_tying.evaluation.records import load_evaluated, training_summary
-from fairseq_tying.evaluation.stats import format_ci, mean_ci
+from fairseq_tying.evaluation import metrics
+from fairseq_tying.evaluation.cli import main as evaluation
+from fairseq_tying.studies import engine, specs
+from fairseq_tying.studies.collect import collect
+from fairseq_tying.studies.commands import main
+from fairseq_tying.studies.formatting import format_ci
+from fairseq_tying.studies.records import load_evaluated, training_summary
+from fairseq_tying.studies.stats import mean_ci
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -101,6 +104,11 @@ def test_default_baseline_is_dot_and_unknown_baseline_is_an_error(runs, capsys):
 def test_collect_without_runs_is_an_error(tmp_path, capsys):
     assert main(["collect", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no eval.json" in capsys.readouterr().err
+
+
+def test_the_evaluation_of_one_run_names_the_command_that_compares_runs(capsys):
+    assert evaluation(["collect", "runs", "--out", "o"]) == 2
+    assert "python -m fairseq_tying.studies collect runs --out o" in capsys.readouterr().err
 
 
 def test_foreign_eval_json_is_an_error(tmp_path, capsys):
@@ -194,6 +202,7 @@ def test_exporting_records_needs_no_matplotlib():
     """A GPU machine exports its runs' records (row norms need the checkpoints it holds) with
     only what training needs: the record path must not import the plotting stack."""
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from fairseq_tying.evaluation import norms, records\n"
+            "from fairseq_tying.evaluation import norms\n"
+            "from fairseq_tying.studies import records\n"
             "assert callable(records.export) and callable(norms.row_norms)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

@@ -12,29 +12,22 @@ from typing import Any
 import numpy as np
 from scipy.stats import pearsonr
 
+from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
-from fairseq_tying.evaluation import specs, verdicts
-from fairseq_tying.evaluation.engine import Cells, Section, band
-from fairseq_tying.evaluation.stats import format_p, format_stat
-from fairseq_tying.evaluation.tables import markdown_table
-
-# Liu et al. (2020), Transformer on IWSLT'14 Es→En, shared input–output embeddings.
-PAPER_IWSLT14_ES_EN = {"dot": 34.24, "l2norm": 34.65, "sqnorm": 34.97, "distance": 34.54,
-                       "cosine": 34.81}
+from fairseq_tying.studies import specs, verdicts
+from fairseq_tying.studies.engine import Cells, Section, band
+from fairseq_tying.studies.formatting import (
+    PAPER_IWSLT14_ES_EN,
+    epochs_text,
+    format_delta,
+    format_p,
+    format_stat,
+)
 
 
 def cell_of(summary: dict[str, Any], tying: str, layer: str) -> dict[str, Any] | None:
     return summary.get(f"{tying}/{layer}")
-
-
-def format_delta(test: dict[str, Any], per_seed: bool = True) -> str:
-    """``+Δ ± CI (p …; [per-seed p])`` of a paired bootstrap (``significance.compare``)."""
-    ci = "" if test["delta_ci95"] is None else f" ± {test['delta_ci95']:.2f}"
-    if not per_seed:
-        return f"{test['delta_bleu']:+.2f}{ci} ({format_p(test['p'])})"
-    per = ", ".join("<0.001" if p < 0.001 else f"{p:.3f}" for p in test["per_seed_p"].values())
-    return f"{test['delta_bleu']:+.2f}{ci} ({format_p(test['p'])}; [{per}])"
 
 
 def _delta(cell: dict[str, Any], key: str, is_baseline: bool, per_seed: bool = True) -> str:
@@ -55,14 +48,6 @@ def stop_correlation(summary: dict[str, Any]) -> tuple[float, float, int] | None
         return None
     r, p = pearsonr(*zip(*pairs, strict=True))
     return float(r), float(p), len(pairs)
-
-
-def epochs_text(cell: dict[str, Any]) -> str:
-    """``26.3 (27/20/32; 3 plateau)``: mean epochs, per seed, and the stop reasons."""
-    stop = cell["stop"]
-    reasons = ", ".join(f"{stop['reasons'].count(r)} {r}" for r in sorted(set(stop["reasons"])))
-    epochs = "/".join(str(e) for e in stop["epochs"])
-    return f"{np.mean(stop['epochs']):.1f} ({epochs}; {reasons})"
 
 
 def claims_table(summary: dict[str, Any]) -> str | None:
@@ -174,11 +159,11 @@ def plots(sections: list[Section], out: Path) -> list[Path]:
 
 
 def section_plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
-    from fairseq_tying.evaluation.plots import (
+    from fairseq_tying.evaluation.norms import plot_norm_histograms
+    from fairseq_tying.studies.plots import (
         plot_bands,
         plot_bleu_grid,
         plot_curves,
-        plot_norm_histograms,
         plot_seed_lines,
         points,
     )

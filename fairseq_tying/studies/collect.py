@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from fairseq_tying.common.atomic import read_lines, write_json, write_text
-from fairseq_tying.evaluation import engine, verdicts
-from fairseq_tying.evaluation.records import IDENTITY, Record, load_evaluated
-from fairseq_tying.evaluation.specs import RUN_METRICS, default_baseline, runs_spec, test_set
-from fairseq_tying.evaluation.stats import format_stat
-from fairseq_tying.evaluation.tables import markdown_table
-from fairseq_tying.evaluation.view_grid import format_delta
+from fairseq_tying.common.tables import markdown_table
+from fairseq_tying.evaluation.run import IDENTITY
+from fairseq_tying.studies import engine, verdicts
+from fairseq_tying.studies.formatting import format_delta, format_stat
+from fairseq_tying.studies.records import Record, load_evaluated
+from fairseq_tying.studies.specs import RUN_METRICS, default_baseline, runs_spec, test_set
 
 
 def choose_baseline(records: list[Record], baseline: str | None) -> str:
@@ -118,7 +118,7 @@ def collect(root: str | os.PathLike, out: str | os.PathLike, baseline: str | Non
             n_samples: int = 1000) -> dict:
     """``results.md``, ``results.json`` and ``bleu.png`` in ``out`` for the runs under
     ``root``."""
-    from fairseq_tying.evaluation.plots import plot_methods, points
+    from fairseq_tying.studies.plots import plot_methods, points
 
     groups: dict[tuple, list[Record]] = defaultdict(list)
     for rec in load_evaluated(root):

@@ -8,9 +8,9 @@ from typing import Any
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.core.scoring import PAPER_LAYERS
-from fairseq_tying.evaluation import specs, verdicts
-from fairseq_tying.evaluation.engine import Section
-from fairseq_tying.evaluation.stats import format_p, seeds_label
+from fairseq_tying.studies import specs, verdicts
+from fairseq_tying.studies.engine import Section
+from fairseq_tying.studies.formatting import format_p, seeds_label
 
 
 def _order(cell: dict[str, Any]) -> tuple:

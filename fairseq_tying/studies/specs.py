@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
-from fairseq_tying.evaluation import verdicts
-from fairseq_tying.evaluation.engine import (
+from fairseq_tying.studies import verdicts
+from fairseq_tying.studies.engine import (
     Comparison,
     Context,
     Key,
@@ -28,7 +28,7 @@ from fairseq_tying.evaluation.engine import (
     paired_bootstrap,
     seed_differences,
 )
-from fairseq_tying.evaluation.records import Record
+from fairseq_tying.studies.records import Record
 
 # --- translation: (tying, output layer) cells ------------------------------------------------
 
@@ -151,7 +151,7 @@ def _run_pairs(runs: Runs, base: Runs) -> list[tuple[str, Record, Record]]:
 
 
 def _run_test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any]:
-    from fairseq_tying.evaluation.significance import compare
+    from fairseq_tying.studies.significance import compare
 
     pairs = _run_pairs(runs, base)
     return {"pairs": {name: b.name for name, _, b in pairs},

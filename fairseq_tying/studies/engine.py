@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
-from fairseq_tying.evaluation.records import Record
-from fairseq_tying.evaluation.stats import stat
+from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.stats import stat
 
 Key = Hashable  # a cell's key, e.g. (tying, output layer)
 Runs = dict[Any, Record]  # a cell's runs by member (its seed)
@@ -169,7 +169,7 @@ def check_references(records: Sequence[Record], refs: Sequence[str]) -> None:
 
 def paired_bootstrap(metric: str = "bleu") -> Callable[[Runs, Runs, Context], dict | None]:
     """The test of two cells' ``metric``: the paired bootstrap over the seeds they share."""
-    from fairseq_tying.evaluation.significance import compare
+    from fairseq_tying.studies.significance import compare
 
     def test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any] | None:
         shared = sorted(set(runs) & set(base))
@@ -182,7 +182,7 @@ def paired_bootstrap(metric: str = "bleu") -> Callable[[Runs, Runs, Context], di
 
 def seed_differences(metric: str) -> Callable[[Runs, Runs, Context], dict | None]:
     """The test of two cells' ``metric``: the CI of its per-seed differences."""
-    from fairseq_tying.evaluation.significance import seed_difference
+    from fairseq_tying.studies.significance import seed_difference
 
     return lambda runs, base, ctx: seed_difference(runs, base, metric)
 

@@ -1,4 +1,5 @@
-"""PNG plots: a metric per method with seed error bars; histograms of embedding row norms."""
+"""PNG plots of the across-run views: a metric per method with seed error bars, curves and
+bands over training, seed lines (the norm histograms are ``evaluation.norms``'s)."""
 
 from __future__ import annotations
 
@@ -56,25 +57,6 @@ def plot_methods(groups: dict[str, list[MethodPoints]], out: str | os.PathLike,
         ax.grid(axis="y", alpha=0.3)
     name = metric.split(" (")[0]
     fig.suptitle(f"{name[:1].upper()}{name[1:]} per method: seeds (dots), mean ± 95% CI")
-    _save(fig, out)
-
-
-def plot_norm_histograms(
-    norms: Sequence[np.ndarray], labels: Sequence[str], out: str | os.PathLike, bins: int = 50,
-    title: str = "Row norms of the tied embedding matrix",
-) -> None:
-    """Overlaid histograms of row norms, one per checkpoint."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    lo = min(float(n.min()) for n in norms)
-    hi = max(float(n.max()) for n in norms)
-    edges = np.linspace(lo, hi if hi > lo else lo + 1e-6, bins + 1)
-    for n, label in zip(norms, labels, strict=True):
-        ax.hist(n, bins=edges, alpha=0.5, label=f"{label} (mean {n.mean():.2f})",
-                histtype="stepfilled", edgecolor="black", linewidth=0.5)
-    ax.set_xlabel("L2 norm of embedding row")
-    ax.set_ylabel("number of words")
-    ax.set_title(title)
-    ax.legend()
     _save(fig, out)
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from fairseq_tying.studies.commands import main
+
+sys.exit(main())

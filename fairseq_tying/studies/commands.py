@@ -1,0 +1,73 @@
+"""``python -m fairseq_tying.studies {collect,study}``: compare evaluated runs. ``collect`` reads
+a sweep's run folders; ``study`` rebuilds a report from a folder of records (a study of
+slurm/studies.yaml by name: ``python -m fairseq_tying.launch study NAME``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from fairseq_tying.studies.collect import collect
+from fairseq_tying.studies.report import Target, build, references
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_tying.studies",
+        description="Compare evaluated fairseq_tying runs: tables, paired bootstrap, verdicts "
+        "and plots (evaluate one run: python -m fairseq_tying.evaluation).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
+    co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
+    co.add_argument("--out", required=True, help="output folder")
+    co.add_argument("--baseline", help="method label of the baseline (default: a dot-product "
+                    "output layer method)")
+    co.add_argument("--bootstrap-samples", type=int, default=1000)
+
+    st = sub.add_parser("study", help="a study's report from a folder of records: tables, "
+                        "plots (a study of slurm/studies.yaml: python -m fairseq_tying.launch "
+                        "study NAME)")
+    st.add_argument("--runs", help="export records of newly evaluated runs under RUNS first")
+    st.add_argument("--records", required=True, help="folder of the study's JSON records")
+    st.add_argument("--report", required=True, help="Markdown report; the tables replace its "
+                    "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> block (see --block)")
+    st.add_argument("--plots", required=True, help="folder for the PNGs and summary.json")
+    st.add_argument("--references", help="reference file (default: the embedded Bible test.en)")
+    st.add_argument("--bootstrap-samples", type=int, default=1000)
+    st.add_argument("--block", default="study", help="name of the report's marked block: "
+                    "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> (default: study)")
+    st.add_argument("--view", default="auto", help="how the records are reported: "
+                    "translation, equal, lm or does_it_help (default auto: lm for language-model "
+                    "records, else translation)")
+    st.add_argument("--expected-runs", type=int, metavar="N", help="the number of runs of the "
+                    "study's sweep: the block starts with how many of them are recorded, and "
+                    "may have no record yet")
+    st.add_argument("--without-row-norms", action="store_true",
+                    help="with --runs: export runs whose evaluated checkpoint is not on this "
+                    "machine (e.g. trained on a GPU machine and brought back without "
+                    "checkpoints); their records hold output_row_norms: null, and no norm "
+                    "histogram shows them")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "collect":
+            done = collect(args.runs_root, args.out, args.baseline, args.bootstrap_samples)
+            print(done["markdown"])
+            print(f"wrote {args.out}/results.md, results.json, bleu.png")
+        elif args.command == "study":
+            done = build(args.records, [Target(args.report, args.block, args.view)],
+                         args.plots, references(args.references), args.runs,
+                         args.bootstrap_samples, args.expected_runs, not args.without_row_norms)
+            print(done["markdown"])
+            print(f"{len(done['exported'])} new record(s), {done['records']} in all; wrote "
+                  + ", ".join(done["written"]))
+    except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
