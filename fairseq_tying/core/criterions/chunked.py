@@ -35,8 +35,9 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 from torch import Tensor
 
 # Scores per chunk: 64 MiB of fp32 scores is 512 rows at V = 32k, 128 at V = 128k. On the CPU
-# (one thread, D = 512, 4k tokens, V = 32k and 64k) 16 to 256 MiB took the same time within the
-# noise, and a chunk this size keeps the loss's memory far below the built-in's N×V buffers.
+# (one thread, D = 512, 4k tokens) 32 to 256 MiB took about the same time at V = 8k to 128k
+# (256 MiB 7 % less at 128k), 16 MiB 15 % more at 64k (each chunk adds Gᵀ·h into the whole V×D
+# gradient); 64 MiB keeps the loss's memory under 1/4 of the built-in's from V = 32k.
 DEFAULT_MB = 64.0
 # |G| ≤ 1, so G·2¹⁵ fits fp16 (max 65504) and keeps entries down to ~1e-12 that fp16 flushes to 0
 HALF_SCALE = 2.0**15
@@ -179,8 +180,10 @@ def linear_label_smoothed_nll_loss(hidden: Tensor, w_out: Tensor, bias: Tensor |
 
 
 # Where the criterions take the chunked loss without --chunked-loss: device type → the smallest
-# V (None: never). See chunked_by_default.
-CHUNKED_BY_DEFAULT: dict[str, int | None] = {"cpu": None, "cuda": None}
+# V (None: never). CPU from 8k: there it took less CPU time than fairseq's loss at every V timed
+# (8k to 128k, fp32, 4k tokens); smaller V untimed. CUDA: not timed yet (torch's op, which
+# --chunked-loss used before, was 2-11x slower on an H100). docs/performance.md has the table.
+CHUNKED_BY_DEFAULT: dict[str, int | None] = {"cpu": 8000, "cuda": None}
 
 
 def chunked_by_default(device: torch.device, vocab: int) -> bool:
