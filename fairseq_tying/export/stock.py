@@ -47,7 +47,7 @@ PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim
                      "freeze_embeddings")
 PLUGIN_CRITERIA = {"label_smoothed_cross_entropy_pr": "label_smoothed_cross_entropy",
                    "cross_entropy_tying": "cross_entropy"}
-PLUGIN_CRITERION_KEYS = ("projection_reg", "chunked_loss")
+PLUGIN_CRITERION_KEYS = ("projection_reg", "chunked_loss", "no_chunked_loss", "chunked_loss_mb")
 PLUGIN_CRITERION_CLASSES = {"LabelSmoothedCrossEntropyPR": "LabelSmoothedCrossEntropyCriterion",
                             "CrossEntropyTying": "CrossEntropyCriterion"}
 # stock family: the plugin's architectures baked into it

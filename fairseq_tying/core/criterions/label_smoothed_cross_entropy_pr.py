@@ -13,7 +13,13 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.logging import metrics
 
-from fairseq_tying.core.criterions.chunked import ChunkedLoss, chunked_loss_field
+from fairseq_tying.core.criterions.chunked import (
+    DEFAULT_MB,
+    ChunkedLoss,
+    chunked_loss_field,
+    chunked_loss_mb_field,
+    no_chunked_loss_field,
+)
 
 NORM_STATS = ("wnorm_mean", "wnorm_std", "wnorm_min", "wnorm_max")
 
@@ -25,6 +31,8 @@ class ProjectionRegConfig(LabelSmoothedCrossEntropyCriterionConfig):
         metadata={"help": "weight λ of the penalty λ‖P‖² on the --tied-projection matrix P"},
     )
     chunked_loss: bool = chunked_loss_field()
+    no_chunked_loss: bool = no_chunked_loss_field()
+    chunked_loss_mb: float = chunked_loss_mb_field()
 
 
 def row_norm_stats(weight: torch.Tensor, padding_idx: int | None) -> dict[str, float]:
@@ -40,10 +48,11 @@ def row_norm_stats(weight: torch.Tensor, padding_idx: int | None) -> dict[str, f
 @register_criterion("label_smoothed_cross_entropy_pr", dataclass=ProjectionRegConfig)
 class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
-                 report_accuracy=False, projection_reg=0.15, chunked_loss=False):
+                 report_accuracy=False, projection_reg=0.15, chunked_loss=False,
+                 no_chunked_loss=False, chunked_loss_mb=DEFAULT_MB):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.projection_reg = projection_reg
-        self.chunked_loss = chunked_loss
+        self.init_chunked(chunked_loss, no_chunked_loss, chunked_loss_mb)
 
     def forward(self, model, sample, reduce=True):
         loss, sample_size, logging_output = super().forward(model, sample, reduce)
