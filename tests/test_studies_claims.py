@@ -8,7 +8,7 @@ import pytest
 from fairseq_tying.studies import verdicts
 from fairseq_tying.studies.stats import t_test_p
 from fairseq_tying.studies.verdicts import SEEDS, bootstrap, counts, holm, why_not
-from fairseq_tying.studies.view_grid import claims_table
+from fairseq_tying.studies.view_grid import claims_table, stop_correlation
 
 
 def comparison(*deltas: float, p: float, per_seed_p: tuple[float, ...] | None = None) -> dict:
@@ -98,3 +98,13 @@ def test_the_table_lists_only_the_claims_the_study_has_cells_for():
     assert "+1.87 (p = 0.001; [0.001, 0.001, 0.001])" in lines[0]  # no family adjusted here
     assert "`l2norm` beats `dot` (three-way tying)" in lines[1] and "-0.30 (p = 0.090" in lines[1]
     assert claims_table({"none/dot": {}}) is None
+
+
+def test_the_stop_correlation_needs_three_runs_at_different_epochs():
+    def cell(epochs: list[int], bleu: list[float]) -> dict:
+        return {"stop": {"epochs": epochs}, "bleu": {"values": bleu}}
+
+    assert stop_correlation({"a": cell([20, 21], [28.0, 29.0])}) is None
+    assert stop_correlation({"a": cell([20, 20], [28.0, 29.0]), "b": cell([20], [27.0])}) is None
+    r, _p, n = stop_correlation({"a": cell([20, 30], [28.0, 30.0]), "b": cell([25], [28.5])})
+    assert n == 3 and r == pytest.approx(np.corrcoef([20, 30, 25], [28.0, 30.0, 28.5])[0, 1])
