@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_tying.common import PLUGIN_DIR, atomic
+from fairseq_tying.common.reproducible import cpu_name
 
 MODELS = ("builtin", "chunked_old", "chunked")
 LABELS = {"builtin": "built-in", "chunked_old": "torch's op", "chunked": "chunked"}
@@ -435,7 +436,8 @@ def setup_table(entry: dict) -> str:
 
 def _heading(report: dict, entry: dict, link: str) -> str:
     machine = report["machine"]
-    where = entry.get("gpu") or f"{machine['cpu_count']} CPU cores"
+    cores = f"{machine['cpu_count']} CPU cores"
+    where = entry.get("gpu") or (f"{machine['cpu']}, {cores}" if "cpu" in machine else cores)
     clock, _ = _clock(entry)
     load = ""
     if "load_avg_start" in machine and "load_avg_end" in machine:
@@ -593,5 +595,5 @@ def main(argv: list[str] | None = None) -> int:
 
 def machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "load_avg_start": os.getloadavg(), "memory_available": available_memory()}

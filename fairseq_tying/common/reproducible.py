@@ -16,6 +16,7 @@ On a CPU without AVX2 (or not x86) nothing is pinned.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,3 +41,19 @@ def pinned_env(base: Mapping[str, str] | None = None, threads: int | None = 1) -
     if threads is not None:
         env.setdefault("OMP_NUM_THREADS", str(threads))
     return env
+
+
+@functools.cache  # one machine per process: read once, not at every epoch
+def cpu_name() -> str:
+    """The processor and the kernels torch runs on it, for the record: the same command gives
+    the same numbers on the same kind of machine only (docs/design.md, reproducible numbers)."""
+    import torch  # lazily: the variables above must be set before torch is imported
+
+    model = "unknown processor"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), model)
+    except OSError:  # not Linux
+        pass
+    return f"{model}, {torch.backends.cpu.get_cpu_capability()} kernels"

@@ -10,7 +10,6 @@ training entry point in this process. On SIGUSR2 (SLURM's timeout/preemption sig
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import json
 import logging
@@ -27,6 +26,7 @@ from typing import IO, Any
 import submitit
 
 from fairseq_tying.common import EVAL_JSON, LM_TASK, PLUGIN_DIR, TRAIN_DONE, atomic
+from fairseq_tying.common.reproducible import cpu_name
 from fairseq_tying.launch import plateau
 
 logger = logging.getLogger("fairseq_tying.launch")
@@ -195,22 +195,6 @@ def device_name(device) -> str:
     import torch
 
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-@functools.cache  # one machine per process: read once, not at every epoch
-def cpu_name() -> str:
-    """The processor and the kernels torch runs on it, for the record: the same command gives
-    the same numbers on the same kind of machine only (docs/design.md, reproducible numbers)."""
-    import torch
-
-    model = "unknown processor"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), model)
-    except OSError:  # not Linux
-        pass
-    return f"{model}, {torch.backends.cpu.get_cpu_capability()} kernels"
 
 
 def _log_to(path: Path) -> logging.Handler:

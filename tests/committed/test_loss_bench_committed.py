@@ -49,8 +49,15 @@ def test_a_second_cuda_run_reproduces_every_loss_and_memory_number():
             again = rerun["results"][vocab][model]
             assert {k: v for k, v in measured.items() if not k.endswith("_s")} == \
                    {k: v for k, v in again.items() if not k.endswith("_s")}
-    ratios = [round(r["chunked"]["wall_s"] / r["builtin"]["wall_s"], 1)
-              for r in rerun["results"].values()]
-    assert ratios == [2.8, 4.0, 4.3, 7.9, 10.9]
-    docs = " ".join((DOCS / "performance.md").read_text().split())
-    assert "2.8× at 8k, 4.0× at 32k, 4.3× at 64k, 7.9× at 128k and 10.9× at 250k" in docs
+
+
+def test_the_cpu_report_meets_the_goals_and_names_its_processor():
+    """Chunked step time ≤ the built-in's at V = 32k and 64k with 4k tokens and loss memory
+    ≤ 1/4 of the built-in's (the goals the default rests on), measured on a named CPU."""
+    cpu = REPORTS[0]
+    assert cpu["machine"]["cpu"] and "kernels" in cpu["machine"]["cpu"]
+    (entry,) = (e for e in loss.setups(cpu).values() if e["device"] == "cpu")
+    for vocab in ("32000", "64000"):
+        res = entry["results"]["4096"][vocab]
+        assert res["chunked"]["cpu_s"] <= res["builtin"]["cpu_s"], vocab
+        assert res["chunked"]["loss_extra"] <= res["builtin"]["loss_extra"] / 4, vocab
