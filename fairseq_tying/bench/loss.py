@@ -44,6 +44,11 @@ import time
 from pathlib import Path
 
 import torch
+from fairseq import optim, options
+from fairseq.data import Dictionary
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.tasks.translation import TranslationTask
+from tqdm import tqdm
 
 from fairseq_tying.common import PLUGIN_DIR, atomic
 
@@ -112,13 +117,6 @@ class Window:
 
 def build(spec: dict):
     """(task, model, criterion, fairseq optimizer) of one configuration."""
-    from fairseq import optim, options
-    from fairseq.data import Dictionary
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq.tasks.translation import TranslationTask
-
-    import fairseq_tying  # noqa: F401  (registration)
-
     d = Dictionary()
     for i in range(spec["vocab"] - len(d)):
         d.add_symbol(f"t{i}")
@@ -377,7 +375,6 @@ def main(argv: list[str] | None = None) -> int:
     if opts.worker:
         print(json.dumps(worker(json.loads(opts.worker))))
         return 0
-    from tqdm import tqdm
 
     def run(model: str, vocab: int, tokens: int) -> dict:
         return measure({"model": model, "vocab": vocab, "tokens": tokens, "steps": opts.steps,
