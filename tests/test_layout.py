@@ -142,6 +142,23 @@ def test_importing_the_tools_does_not_look_like_training():
                    capture_output=True)
 
 
+def test_the_tests_share_their_helpers_through_helpers_py():
+    """What several test modules need (REPO, the CLI runners, tiny data and models) is in
+    tests/helpers.py, once: no test module defines REPO or imports another test module."""
+    bad = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        if path.name != "helpers.py" and any(
+                isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "REPO"
+                                                     for t in node.targets)
+                for node in tree.body):
+            bad.append(f"{path.relative_to(REPO)}: defines REPO")
+        bad += [f"{path.relative_to(REPO)}: imports {node.module}" for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    ("tests.test_", "tests.committed.test_", "tests.slurm.test_"))]
+    assert bad == []
+
+
 def test_the_import_check_sees_tool_imports_at_any_depth():
     source = ("import fairseq_tying.common\n"
               "def f():\n    from fairseq_tying.evaluation import metrics\n"

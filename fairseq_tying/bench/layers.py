@@ -321,8 +321,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "the GPU acceptance run (--mode gpu-check --help)")
     p.add_argument("--size", choices=SIZES, default=None,
                    help="model and batch size (default: small on CPU, iwslt on CUDA)")
-    p.add_argument("--preset", choices=SIZES, default=None, dest="old_size",
-                   help="deprecated: the old name of --size")
     p.add_argument("--vocab", type=int, nargs="+", default=[8000, 32000, 64000],
                    help="vocabulary sizes V (default: 8000 32000 64000)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -353,13 +351,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--vocab: sizes must be at least 16")
     if opts.reps < 2:
         p.error("--reps: at least 2 repetitions are needed for a spread")
-    if opts.old_size:
-        if opts.size and opts.size != opts.old_size:
-            p.error(f"--preset {opts.old_size} and --size {opts.size} disagree; give --size only")
-        print(f"{p.prog}: warning: --preset is deprecated, use --size {opts.old_size}",
-              file=sys.stderr)
-        opts.size = opts.old_size
-    del opts.old_size
     opts.size = opts.size or ("iwslt" if opts.device == "cuda" else "small")
     return opts
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fairseq_tying import analysis
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.common.atomic import block_text, markers
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"
@@ -19,15 +19,10 @@ CELLS = {"analysis_equal": {("three_way", layer)
          "analysis_equal_e3": {("none", "dot"), ("decoder", "dot")}}
 
 
-def _block(name: str) -> str:
-    begin, end = markers(name)
-    text = (DOCS / "results.md").read_text()
-    return text[text.index(begin) + len(begin) + 1:text.index(end)]
-
-
 @pytest.mark.parametrize("block", ANALYSES)
 def test_the_block_is_the_analysis_table(block):
-    assert _block(block) == (ANALYSES[block] / "analysis.md").read_text()
+    assert block_text((DOCS / "results.md").read_text(), block) == \
+        (ANALYSES[block] / "analysis.md").read_text()
 
 
 @pytest.mark.parametrize("block", ANALYSES)

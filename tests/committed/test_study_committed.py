@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.common.atomic import block_text
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.plateau import Plateau
 from fairseq_tying.launch.studies import main as study
@@ -24,7 +24,6 @@ from fairseq_tying.studies.view_grid import LAYERS, TYINGS, stop_correlation
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"
-BEGIN, END = markers("study")
 RECORDS = DOCS / "study" / "records"
 
 
@@ -52,11 +51,8 @@ def test_rebuilding_from_the_records_reproduces_the_report(tmp_path, monkeypatch
     monkeypatch.chdir(DOCS.parent)
     report, plots = _rebuild(tmp_path, "one_epoch", DOCS / "study")
     assert (plots / "summary.json").read_text() == (DOCS / "study" / "summary.json").read_text()
-
-    def block(text: str) -> str:
-        return text[text.index(BEGIN):text.index(END)]
-
-    assert block(report.read_text()) == block((DOCS / "results.md").read_text())
+    assert block_text(report.read_text(), "study") == \
+        block_text((DOCS / "results.md").read_text(), "study")
 
 
 def test_the_one_epoch_verdicts_follow_from_its_records():
@@ -99,12 +95,8 @@ def _assert_block_rebuilds(tmp_path: Path, folder: Path, block_name: str, name: 
     report, plots = _rebuild(tmp_path, name, folder)
     if any((folder / "records").glob("*.json")):
         assert (plots / "summary.json").read_text() == (folder / "summary.json").read_text()
-    begin, end = markers(block_name)
-
-    def block(text: str) -> str:
-        return text[text.index(begin):text.index(end)]
-
-    assert block(report.read_text()) == block((DOCS / "results.md").read_text())
+    assert block_text(report.read_text(), block_name) == \
+        block_text((DOCS / "results.md").read_text(), block_name)
 
 
 @pytest.mark.slow
