@@ -282,11 +282,13 @@ def decode_full_and_incremental(model, task) -> tuple:
 # ---- independent references -----------------------------------------------------------------
 
 
-def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The formulas written out row by row in float64."""
+def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
+                     gain: torch.Tensor | float | None = None) -> torch.Tensor:
+    """The formulas written out row by row in float64 (``gain``: fixnorm's g)."""
     import torch
 
     h, w = h.double(), w.double()
+    h_norms = (h * h).sum(-1).sqrt()
     out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float64)
     for i in range(w.shape[0]):
         dot = h @ w[i]
@@ -297,6 +299,7 @@ def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor) -> tor
             "cosine": dot / norm,
             "sqnorm": dot / norm**2,
             "distance": dot - 0.5 * norm**2,
+            "fixnorm": None if gain is None else float(gain) * dot / (h_norms * norm),
         }[output_layer]
     return out
 

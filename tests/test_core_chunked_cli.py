@@ -50,8 +50,12 @@ def assert_same_logs(want: list, got: list) -> None:
             assert abs(float(g[key]) - float(value)) <= tolerance, (key, w, g)
 
 
+# chunks of a few dozen rows (V ≈ 100 in these tests): several per batch
+CHUNKED = ["--chunked-loss", "--chunked-loss-mb", "0.01"]
+
+
 def train_both(*args: str) -> tuple[list, list]:
-    runs = [run_cli("fairseq-train", *args, *extra) for extra in ([], ["--chunked-loss"])]
+    runs = [run_cli("fairseq-train", *args, *extra) for extra in (["--no-chunked-loss"], CHUNKED)]
     return tuple(logged(p.stdout + p.stderr) for p in runs)
 
 
@@ -86,8 +90,7 @@ def test_language_model_logs_the_same_losses_as_stock_cross_entropy(lm_bin, tmp_
             "--save-dir", str(tmp_path), "--no-save", *LM_TRAIN, "--max-update", "8",
             "--log-format", "json", "--log-interval", "1"]
     stock = run_cli("fairseq-train", *args, "--criterion", "cross_entropy")
-    chunked = run_cli("fairseq-train", *args, "--criterion", "cross_entropy_tying",
-                      "--chunked-loss")
+    chunked = run_cli("fairseq-train", *args, "--criterion", "cross_entropy_tying", *CHUNKED)
     assert_same_logs(logged(stock.stdout + stock.stderr), logged(chunked.stdout + chunked.stderr))
 
 

@@ -182,9 +182,12 @@ def test_embedding_file_errors_name_the_flag(joined_bin, tmp_path, case):
 # --- the output bias b₂ ---------------------------------------------------------------------
 
 
-def _independent_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _independent_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
+                        gain: torch.Tensor | None) -> torch.Tensor:
     """The rules written out directly (all rows have ‖w_i‖ > 0 here)."""
     norms = w.norm(dim=1)
+    if output_layer == "fixnorm":
+        return gain * torch.nn.functional.cosine_similarity(h[:, None], w[None], dim=-1)
     return {
         "dot": h @ w.T,
         "l2norm": h @ (w / norms[:, None]).T,
@@ -213,14 +216,15 @@ def test_output_bias_adds_to_every_rule(joined_bin, tying, output_layer):
         scorer.weight[model.decoder.embed_tokens.padding_idx].normal_()  # no zero row here
         scorer.bias.normal_()
     h = torch.randn(3, 16)
-    want = _independent_scores(output_layer, scorer.projection(h), scorer.weight) + scorer.bias
+    want = _independent_scores(output_layer, scorer.projection(h), scorer.weight, scorer.gain)
+    want = want + scorer.bias
     torch.testing.assert_close(model.decoder.output_layer(h), want, rtol=1e-5, atol=1e-5)
     model.eval()
     with torch.no_grad():  # the cached inference path, and the affine map an exporter reads
         torch.testing.assert_close(model.decoder.output_layer(h), want, rtol=1e-5, atol=1e-5)
         w_out, b = scorer.output_matrix_and_bias()
         torch.testing.assert_close(
-            torch.nn.functional.linear(scorer.projection(h), w_out, b), want, rtol=1e-5, atol=1e-5
+            torch.nn.functional.linear(scorer.project(h), w_out, b), want, rtol=1e-5, atol=1e-5
         )
     scores = model.decoder.output_layer(h)
     scores.logsumexp(-1).sum().backward()
@@ -240,7 +244,8 @@ def test_incremental_decoding_with_output_bias(joined_bin, output_layer):
     with torch.no_grad():
         without, _ = model.decoder(prev, encoder_out=enc, features_only=True)
     torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-5)
-    shifted = scoring.scores(output_layer, without, model.decoder.scorer.weight)
+    scorer = model.decoder.scorer
+    shifted = scoring.scores(output_layer, without, scorer.weight, gain=scorer.gain)
     torch.testing.assert_close(
         full - shifted, model.decoder.scorer.bias.expand_as(full), rtol=1e-4, atol=1e-5
     )

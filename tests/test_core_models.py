@@ -139,7 +139,7 @@ class TestCache:
         return model, model.decoder.scorer
 
     def _fresh(self, scorer, h):
-        return scoring.scores(scorer.output_layer, h, scorer.weight)
+        return scoring.scores(scorer.output_layer, h, scorer.weight, gain=scorer.gain)
 
     def test_cached_once_in_eval(self, joined_bin):
         model, scorer = self._scorer(joined_bin)

@@ -9,6 +9,8 @@ import torch
 from fairseq_tying.core import scoring
 from tests.helpers import reference_scores
 
+GAIN = 2.5  # fixnorm's g in these tests (the other layers take no gain)
+
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
@@ -16,9 +18,9 @@ def test_scores_match_formula(output_layer, dtype, tol):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(50, 8, generator=g) * torch.rand(50, 1, generator=g) * 3
     h = torch.randn(6, 8, generator=g)
-    got = scoring.scores(output_layer, h.to(dtype), w.to(dtype))
+    got = scoring.scores(output_layer, h.to(dtype), w.to(dtype), gain=GAIN)
     assert got.dtype == dtype
-    want = reference_scores(output_layer, h.to(dtype), w.to(dtype))
+    want = reference_scores(output_layer, h.to(dtype), w.to(dtype), GAIN)
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
@@ -27,7 +29,7 @@ def test_zero_padding_row_scores_zero_without_nan_or_huge_gradient(output_layer)
     w = torch.randn(10, 4)
     w[1] = 0
     w.requires_grad_(True)
-    s = scoring.scores(output_layer, torch.randn(3, 4), w)
+    s = scoring.scores(output_layer, torch.randn(3, 4), w, gain=GAIN)
     assert torch.isfinite(s).all() and (s[:, 1] == 0).all()
     s.sum().backward()
     assert torch.isfinite(w.grad).all()
@@ -37,11 +39,11 @@ def test_zero_padding_row_scores_zero_without_nan_or_huge_gradient(output_layer)
 def test_norms_in_fp32_keep_half_precision_finite():
     w = torch.randn(20, 16) * 120  # ‖w‖ ≈ 480, ‖w‖² ≈ 2.3e5 > fp16 max (65504)
     h = torch.randn(4, 16) * 100
-    for output_layer in ("sqnorm", "l2norm", "cosine"):
-        s = scoring.scores(output_layer, h.half(), w.half())
+    for output_layer in ("sqnorm", "l2norm", "cosine", "fixnorm"):  # fixnorm: ‖h‖² ≈ 1.6e5 too
+        s = scoring.scores(output_layer, h.half(), w.half(), gain=GAIN)
         assert torch.isfinite(s).all(), output_layer
-        torch.testing.assert_close(s.double(), reference_scores(output_layer, h.half(), w.half()),
-                                   rtol=2e-2, atol=0.5)
+        want = reference_scores(output_layer, h.half(), w.half(), GAIN)
+        torch.testing.assert_close(s.double(), want, rtol=2e-2, atol=0.5)
 
 
 def test_unit_rows():
@@ -56,11 +58,13 @@ def _varied_rows(seed: int, n: int = 200, d: int = 16) -> torch.Tensor:
     return torch.randn(n, d, generator=g) * (0.2 + 3 * torch.rand(n, 1, generator=g))
 
 
-@pytest.mark.parametrize("output_layer", ["l2norm", "cosine", "distance"])
+@pytest.mark.parametrize("output_layer", ["l2norm", "cosine", "distance", "fixnorm"])
 def test_identity_holds_for_any_row_norms(output_layer):
     w = _varied_rows(1)
-    h = scoring.unit_rows(w) if output_layer == "l2norm" else w  # l2norm: inputs are normalized too
-    assert torch.equal(scoring.scores(output_layer, h, w).argmax(-1), torch.arange(len(w)))
+    # l2norm and fixnorm: inputs are normalized too
+    h = scoring.unit_rows(w) if output_layer in scoring.NORMALIZED_INPUT_LAYERS else w
+    scores = scoring.scores(output_layer, h, w, gain=GAIN)
+    assert torch.equal(scores.argmax(-1), torch.arange(len(w)))
 
 
 def test_identity_for_sqnorm_holds_on_rows_of_equal_norm_and_can_fail_otherwise():

@@ -20,7 +20,7 @@ def _model(data, output_layer: str):
 
 
 def _fresh(scorer, h):
-    return scoring.scores(scorer.output_layer, h, scorer.weight)
+    return scoring.scores(scorer.output_layer, h, scorer.weight, gain=scorer.gain)
 
 
 @pytest.mark.parametrize("output_layer", ["sqnorm", "distance"])

@@ -50,6 +50,7 @@ from fairseq_tying.analysis.measures import (
 )
 from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import markers, replace_block, write_json, write_text
+from fairseq_tying.core.checkpoint_compat import UnreadableCheckpoint
 
 __all__ = ["MatrixReport", "ModelReport", "main", "markdown", "matrices", "run"]
 
@@ -148,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     if not opts.block.replace("_", "").isalnum():
         p.error(f"--block {opts.block!r}: use letters, digits and _ (it names the report's "
                 "<!-- NAME:begin --> marker)")
-    reports = run(opts.checkpoints, opts.out, opts.spm, opts.data, opts.labels, opts.report,
-                  opts.block)
+    try:
+        reports = run(opts.checkpoints, opts.out, opts.spm, opts.data, opts.labels, opts.report,
+                      opts.block)
+    except UnreadableCheckpoint as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(Path(opts.out / "analysis.md").read_text(), end="")
     print(f"wrote {opts.out}/analysis.json, analysis.md, norms_vs_frequency.png, similarity.png "
           f"({len(reports)} checkpoint{'s' * (len(reports) != 1)})")

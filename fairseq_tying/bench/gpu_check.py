@@ -1,9 +1,10 @@
 """GPU acceptance run (``make gpu-check``): real ``--fp16`` training and decoding on one CUDA GPU.
 
-For each output layer (``--output-layer dot l2norm sqnorm distance cosine`` by default):
+For each output layer (``--output-layer``, all of ``scoring.OUTPUT_LAYERS`` by default):
 
 1. ``fairseq-train`` of ``transformer_twwt_iwslt_de_en`` with ``--fp16`` (fairseq's
-   FP16Optimizer: half weights, fp32 master copy, dynamic loss scale) on the embedded Bible
+   FP16Optimizer: half weights, fp32 master copy, dynamic loss scale) and fairseq's loss from the
+   N×V scores (the training flag ``--no-chunked-loss``) on the embedded Bible
    es→en corpus for ``--updates`` updates (300). Checked from fairseq's JSON log:
    no NaN/inf loss; the loss falls (mean of the last three logged values below 90 % of the first
    three); no overflow loop (at most 10 % of the updates skipped for gradient overflow) and a
@@ -17,7 +18,8 @@ For each output layer (``--output-layer dot l2norm sqnorm distance cosine`` by d
    (``--no-chunked-loss`` skips it);
 4. CTranslate2 float16 decoding on the GPU of the checkpoint exported with
    ``python -m fairseq_tying.export --format ctranslate2``: BLEU and the share of sentences with
-   the same hypothesis as step 2 (reported, not checked: fp16 rounding differs between the two).
+   the same hypothesis as step 2 (reported, not checked: fp16 rounding differs between the two;
+   ``fixnorm``, which the export refuses, reports the refusal).
 
 The output layers are checked side by side on the one GPU (``--jobs``, default: all of them;
 the data is prepared once), since each small run leaves most of the GPU idle: on an H100 all five
@@ -25,12 +27,13 @@ trained and decoded with fairseq within 5 minutes, about what their trainings al
 after another. ``--jobs 1`` checks them one at a time, for training times of a run alone.
 
 Then ``python -m fairseq_tying.bench --device cuda --fp16`` once (all output layers against
-fairseq's own tied Transformer) and ``--mode loss --device cuda --fp16`` (fairseq's loss against
-``--chunked-loss``, memory and time by V). Everything is written under ``--out``: each output
-layer's result in ``OUT/layers/LAYER.json`` as soon as steps 1 to 3 are checked, and again with
-step 4 (a rerun skips the layers that have a complete result, and for a layer cut off during
-step 4 only decodes again), and the summary in ``OUT/gpu_check.json`` (``"passed"`` per check and
-overall). Without a CUDA device it stops before doing anything, with exit status 2.
+fairseq's own tied Transformer) and ``--mode loss --setups cuda:fp16 cuda:bf16`` (fairseq's loss
+against ``--chunked-loss``, memory and time by V and batch). Everything is written under
+``--out``: each output layer's result in ``OUT/layers/LAYER.json`` as soon as steps 1 to 3 are
+checked, and again with step 4 (a rerun skips the layers that have a complete result, and for a
+layer cut off during step 4 only decodes again), and the summary in ``OUT/gpu_check.json``
+(``"passed"`` per check and overall). Without a CUDA device it stops before doing anything,
+with exit status 2.
 """
 
 from __future__ import annotations
@@ -193,7 +196,7 @@ def check_output_layer(data: Path, output_layer: str, out: Path, opts: argparse.
                        settings: dict) -> dict:
     """Steps 1 and 2 (the checked ones), kept on disk before step 3 (reported only)."""
     run_dir = out / "runs" / output_layer
-    result = {"train": train(data, output_layer, run_dir, opts)}
+    result = {"train": train(data, output_layer, run_dir, opts, ("--no-chunked-loss",))}
     with ThreadPoolExecutor(max_workers=2) as pool:  # step 3 beside step 2: the GPU is idle
         decoded = pool.submit(generate, data, run_dir)
         if opts.chunked_loss:
@@ -230,7 +233,8 @@ def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> di
     run_dir = opts.out / "runs" / output_layer
     try:
         result["ct2_float16"] = ct2_fp16(data, run_dir, generated_hypotheses(run_dir))
-    except (RuntimeError, OSError) as e:  # reported, not checked: steps 1-2's verdict stands
+    # reported, not checked: steps 1-2's verdict stands (ValueError: the export's refusal)
+    except (RuntimeError, OSError, ValueError) as e:
         print(f"[gpu-check] {output_layer}: CTranslate2 float16 failed: {e}", file=sys.stderr)
         result["ct2_float16"] = {"error": str(e)}
     atomic.write_json(path, {"settings": settings, "result": result})
@@ -264,7 +268,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-chunked-loss", dest="chunked_loss", action="store_false",
                    help="skip step 3, the training with --chunked-loss")
     p.add_argument("--no-bench", action="store_true",
-                   help="skip bench --device cuda --fp16 (layers) and --mode loss")
+                   help="skip bench --device cuda --fp16 (layers) and --mode loss (CUDA)")
     opts = p.parse_args(argv)
     if opts.jobs is None:
         opts.jobs = len(opts.output_layers)
@@ -304,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
             opts.out / "logs" / "bench.log",
         )
         summary["bench"] = str(bench_dir / "bench.json")
-        run([sys.executable, "-m", "fairseq_tying.bench", "--mode", "loss", "--device", "cuda",
-             "--fp16", "--out", str(bench_dir / "loss.json")], opts.out / "logs" / "loss.log")
+        run([sys.executable, "-m", "fairseq_tying.bench", "--mode", "loss", "--setups",
+             "cuda:fp16", "cuda:bf16", "--out", str(bench_dir / "loss.json")],
+            opts.out / "logs" / "loss.log")
         summary["bench_loss"] = str(bench_dir / "loss.json")
     summary["passed"] = all(r["passed"] for r in summary["output_layers"].values())
     atomic.write_json(opts.out / "gpu_check.json", summary)

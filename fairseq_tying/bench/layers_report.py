@@ -20,7 +20,8 @@ def table(results: dict) -> str:
     for vocab, res in results.items():
         estimate = ", ".join(f"{n} {r:.3f}" for n, r in res["train_isolated_estimate"].items())
         lines.append(f"{vocab:>6} isolated extra training work, estimated ratio: {estimate}")
-        for name in MODELS:
+        # a file measured before a layer existed has no row for it
+        for name in (m for m in MODELS if m in res["train"]):
             cells = []
             for kind in ("train", "generate"):
                 r = res[kind][name]["ratio"]
@@ -46,6 +47,8 @@ def plot(results: dict, path: Path, title: str) -> None:
     vocabs = sorted(int(v) for v in results)
     for ax, kind in zip(axes[0], kinds, strict=True):
         for i, name in enumerate(scoring.OUTPUT_LAYERS):
+            if name not in results[str(vocabs[0])]["train"]:
+                continue
             color = f"C{i}"
             if kind == "memory":
                 for phase, style in (("train", "-"), ("generate", ":")):

@@ -1,17 +1,23 @@
 """Training memory and time of the loss: fairseq's against ``--chunked-loss``.
 
-``python -m fairseq_tying.bench --mode loss --out docs/performance_loss.json`` trains, for each
-vocabulary size V (``--vocab``), one step on a batch of ``--tokens`` target tokens of
+``python -m fairseq_tying.bench --mode loss --out docs/performance_loss.json --report
+docs/performance.md --readme README.md`` trains, for each setup (``--setups``: CPU fp32, and
+CUDA fp16 and bf16 when torch sees a GPU), batch of target tokens (``--tokens``: 4k and 16k)
+and vocabulary size V (``--vocab``: 8k to 250k), one step of
 
 - ``builtin``: fairseq's ``transformer --share-all-embeddings`` and its own
   ``label_smoothed_cross_entropy`` (ε = 0.1), which holds the N×V scores, their fp32
   log-softmax and both gradients;
-- ``plugin``: ``transformer_twwt --output-layer dot`` and ``label_smoothed_cross_entropy_pr``;
-- ``chunked``: the same with ``--chunked-loss``.
+- ``chunked_old``: ``transformer_twwt --output-layer dot`` and ``label_smoothed_cross_entropy_pr``
+  with the loss as torch's ``F.linear_cross_entropy`` computes it in its own chunks (torch 2.13's
+  default options: rows such that a chunk's scores are about the size of the input), the
+  smoothing term from the mean row (``torch_op_loss``);
+- ``chunked``: the same model with ``--chunked-loss`` (``core/criterions/chunked.py``; chunks of
+  ``--chunked-loss-mb``).
 
 The models are one encoder and one decoder layer of width D = 512 (FFN 2048): depth adds the
 same memory and time to all three, and the loss is what differs. A step is fairseq-train's:
-the criterion, backward, fairseq's Adam (its FP16Optimizer under ``--fp16``). It is run in two
+the criterion, backward, fairseq's Adam (its FP16Optimizer for fp16 and bf16). It is run in two
 parts, so that the loss is measured on its own: the model's features h, then the criterion
 from h (``loss``: the scores, the loss and their backward to h and W), then the backward of
 the rest. Each configuration runs in a fresh process, after one warm-up step on a small batch.
@@ -23,13 +29,18 @@ window's start. glibc is told to hand every freed block of 64 KiB or more back t
 unseen. tracemalloc sees Python's allocations only, not torch's buffers, and a sampled
 ``mallinfo2`` can miss a short peak; the high-water mark cannot. CUDA: torch's peak allocated.
 
-Time: the process's CPU time (``--threads`` torch threads, default 1, so that a busy machine
-slows the wall clock more than the work) and the wall time, the fastest of ``--steps`` steps.
+Time: CPU, the process's CPU time (``--threads`` torch threads, default 1, so that a busy
+machine slows the wall clock more than the work); CUDA, the wall time; the fastest of
+``--steps`` steps. A CPU configuration predicted (linearly in V from the largest V measured at
+the same batch) to need more than 80 % of the available memory is skipped, and so is one that
+runs out of CUDA memory.
 
-Then the largest ``--max-tokens`` whose step fits ``--budget-gb`` of peak resident memory at
+Then, per setup, the largest ``--max-tokens`` whose step fits ``--budget-gb`` of peak memory at
 ``--budget-vocab`` (64k), built-in against chunked: the peak is linear in the number of target
-tokens, fitted to steps of 1k, 2k and 4k tokens. Results: a JSON file (``--out``) and a
-markdown table beside it (same name, ``.md``), printed too.
+tokens, fitted to steps of 1k and 2k tokens and the ``--tokens`` measured. Results: the JSON
+file (``--out``, written after each setup) and its tables beside it (same name, ``.md``),
+printed too; ``--report`` and ``--readme`` write them into those files' marked blocks, and
+``--report-only JSON...`` writes the blocks from committed reports without measuring.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from fairseq import optim, options
 from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -52,27 +64,35 @@ from tqdm import tqdm
 
 from fairseq_tying.common import PLUGIN_DIR, atomic
 
-MODELS = ("builtin", "plugin", "chunked")
+MODELS = ("builtin", "chunked_old", "chunked")
+LABELS = {"builtin": "built-in", "chunked_old": "torch's op", "chunked": "chunked"}
+SETUPS = ("cpu:fp32", "cuda:fp16", "cuda:bf16")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DIMS = {"layers": 1, "dim": 512, "ffn": 2048, "heads": 8}
 SENT_LEN = 32  # source and target tokens of each sentence in the batch
-FIT_TOKENS = (1024, 2048)  # with --tokens: the points of the memory-vs-tokens fit
+FIT_TOKENS = (1024, 2048)  # with the --tokens: the points of the memory-vs-tokens fit
 MMAP_THRESHOLD = 64 * 1024
 MB = 2**20
+TABLE_BLOCK, SUMMARY_BLOCK = "loss_bench", "loss_summary"  # --report's and --readme's blocks
+SUMMARY_TOKENS = "4096"  # the README's batch
 
 
-def model_flags(name: str) -> list[str]:
+def model_flags(name: str, dtype: str = "fp32", chunked_loss_mb: float | None = None
+                ) -> list[str]:
     dims = [f"--{side}-{key}" for side in ("encoder", "decoder")
             for key in ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")]
     values = [str(DIMS[k]) for k in ("layers", "dim", "ffn", "heads")] * 2
     flags = [x for pair in zip(dims, values, strict=True) for x in pair]
     flags += ["--dropout", "0.1", "--label-smoothing", "0.1", "--optimizer", "adam",
-              "--lr", "1e-5", "--max-source-positions", "256", "--max-target-positions", "256"]
+              "--lr", "1e-5", "--max-source-positions", "256", "--max-target-positions", "256",
+              *([f"--{dtype}"] if dtype != "fp32" else [])]
     if name == "builtin":
         return ["--arch", "transformer", "--share-all-embeddings",
                 "--criterion", "label_smoothed_cross_entropy", *flags]
+    mb = ["--chunked-loss-mb", str(chunked_loss_mb)] if chunked_loss_mb else []
     return ["--arch", "transformer_twwt", "--output-layer", "dot",
             "--criterion", "label_smoothed_cross_entropy_pr", "--projection-reg", "0", *flags,
-            *(["--chunked-loss"] if name == "chunked" else [])]
+            "--chunked-loss", *mb]
 
 
 # ------------------------------------------------------------------------- memory windows
@@ -121,21 +141,21 @@ def build(spec: dict):
     for i in range(spec["vocab"] - len(d)):
         d.add_symbol(f"t{i}")
     args = options.parse_args_and_arch(options.get_training_parser(), [
-        "unused", "--user-dir", PLUGIN_DIR, *model_flags(spec["model"]),
-        *(["--fp16"] if spec["fp16"] else [])])
+        "unused", "--user-dir", PLUGIN_DIR,
+        *model_flags(spec["model"], spec["dtype"], spec.get("chunked_loss_mb"))])
     task = TranslationTask(args, d, d)
     torch.manual_seed(1)
     model, criterion = task.build_model(args), task.build_criterion(args)
     device = torch.device(spec["device"])
     model, criterion = model.to(device), criterion.to(device)
-    if spec["fp16"]:
-        model = model.half()
+    if spec["dtype"] != "fp32":
+        model = model.to(DTYPES[spec["dtype"]])
     params = [p for p in model.parameters() if p.requires_grad]
-    if spec["fp16"]:
-        optimizer = optim.FP16Optimizer.build_optimizer(convert_namespace_to_omegaconf(args),
-                                                        params)
+    cfg = convert_namespace_to_omegaconf(args)
+    if spec["dtype"] != "fp32":
+        optimizer = optim.FP16Optimizer.build_optimizer(cfg, params)
     else:
-        optimizer = optim.build_optimizer(convert_namespace_to_omegaconf(args).optimizer, params)
+        optimizer = optim.build_optimizer(cfg.optimizer, params)
     return task, model, criterion, optimizer
 
 
@@ -155,15 +175,40 @@ def batch(d, sentences: int, device: torch.device, seed: int = 1) -> dict:
                           "prev_output_tokens": prev}}
 
 
-def loss_part(model, criterion, features: torch.Tensor, sample: dict) -> torch.Tensor:
+def torch_op_loss(hidden: torch.Tensor, w_out: torch.Tensor, bias: torch.Tensor | None,
+                  target: torch.Tensor, epsilon: float, ignore_index: int) -> torch.Tensor:
+    """fairseq's label-smoothed loss with its nll from torch's ``F.linear_cross_entropy`` in
+    torch's default chunks and the smoothing term −Σ_j log p_j = V·(nll + s_y − s̄) from the mean
+    row (s̄ = h·w̄ + b̄); half inputs summed per token in fp32."""
+    half = hidden.dtype != torch.float32
+    nll = F.linear_cross_entropy(hidden, w_out, target, linear_bias=bias,
+                                 ignore_index=ignore_index,
+                                 options=torch.nn.LinearCrossEntropyOptions(),
+                                 reduction="none" if half else "sum").float()
+    h = hidden.float()
+    gap = (h * w_out[target].float()).sum(-1) - h @ w_out.mean(0, dtype=torch.float32)
+    if bias is not None:
+        gap = gap + bias[target].float() - bias.mean(dtype=torch.float32)
+    gap = gap.masked_fill(target.eq(ignore_index), 0.0).sum()
+    nll = nll.sum()
+    eps_i = epsilon / (w_out.shape[0] - 1)
+    return (1.0 - epsilon - eps_i) * nll + eps_i * w_out.shape[0] * (nll + gap)
+
+
+def loss_part(name: str, model, criterion, features: torch.Tensor, sample: dict
+              ) -> torch.Tensor:
     """The criterion from the decoder's features: fairseq's own formula on the output layer's
-    scores, or the chunked loss."""
-    if getattr(criterion, "chunked_loss", False):
+    scores, torch's op, or the chunked loss."""
+    if name == "chunked":
         return criterion.loss_from_features(model, features, sample)[0]
+    if name == "chunked_old":
+        hidden = features.reshape(-1, features.shape[-1])
+        return torch_op_loss(hidden, *model.decoder.scorer.output_matrix_and_bias(),
+                             sample["target"].reshape(-1), criterion.eps, criterion.padding_idx)
     return criterion.compute_loss(model, (model.decoder.output_layer(features), None), sample)[0]
 
 
-def step(model, criterion, optimizer, sample: dict, device: torch.device) -> dict:
+def step(name: str, model, criterion, optimizer, sample: dict, device: torch.device) -> dict:
     """One training step; its peak memory, the loss's own peak, its times and its loss."""
     model.train()
     cpu, wall = time.process_time(), time.perf_counter()
@@ -172,7 +217,7 @@ def step(model, criterion, optimizer, sample: dict, device: torch.device) -> dic
         h = features.detach().requires_grad_()
         before_loss = whole.now()
         with Window(device) as loss_window:
-            loss = loss_part(model, criterion, h, sample)
+            loss = loss_part(name, model, criterion, h, sample)
             optimizer.backward(loss)
         features.backward(h.grad)
         optimizer.multiply_grads(1.0 / sample["ntokens"])
@@ -193,9 +238,11 @@ def worker(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
     task, model, criterion, optimizer = build(spec)
-    step(model, criterion, optimizer, batch(task.target_dictionary, 4, device), device)
+    name = spec["model"]
+    step(name, model, criterion, optimizer, batch(task.target_dictionary, 4, device), device)
     sample = batch(task.target_dictionary, spec["tokens"] // SENT_LEN, device)
-    runs = [step(model, criterion, optimizer, sample, device) for _ in range(spec["steps"])]
+    runs = [step(name, model, criterion, optimizer, sample, device)
+            for _ in range(spec["steps"])]
     fastest = min(runs, key=lambda r: r["cpu_s"] if device.type == "cpu" else r["wall_s"])
     return {**fastest, "loss": runs[0]["loss"],  # the loss of the same weights in every config
             "loss_extra": max(r["loss_extra"] for r in runs),
@@ -204,14 +251,17 @@ def worker(spec: dict) -> dict:
 
 
 def measure(spec: dict) -> dict:
-    """``worker(spec)`` in a fresh process (glibc handing freed blocks back, see the top)."""
+    """``worker(spec)`` in a fresh process (glibc handing freed blocks back, see the top); a
+    configuration that runs out of CUDA memory is reported as skipped."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
            "OMP_NUM_THREADS": str(spec["threads"])}
     proc = subprocess.run([sys.executable, "-m", "fairseq_tying.bench", "--mode", "loss",
                            "--worker", json.dumps(spec)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0 and "OutOfMemoryError" in proc.stderr:
+        return {"skipped": "out of CUDA memory"}
     if proc.returncode != 0:
         raise RuntimeError(f"{spec['model']} at V={spec['vocab']}, {spec['tokens']} tokens "
-                           f"failed:\n{proc.stderr[-3000:]}")
+                           f"({spec['device']} {spec['dtype']}) failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -228,7 +278,8 @@ def available_memory() -> int | None:
 
 
 def predicted_peak(results: dict, model: str, vocab: int) -> int | None:
-    """Peak of ``model`` at ``vocab`` extrapolated linearly in V from the largest measured V."""
+    """Peak of ``model`` at ``vocab`` extrapolated linearly in V from the largest measured V
+    (``results``: one batch size's, by V)."""
     done = [(int(v), r[model]["peak"]) for v, r in results.items() if "peak" in r.get(model, {})]
     if not done:
         return None
@@ -248,12 +299,15 @@ def fit(points: list[tuple[int, int]]) -> dict:
 
 
 def max_tokens(opts, results: dict, run) -> dict:
-    """The largest batch (target tokens) whose step peak fits the budget, per model."""
+    """The largest batch (target tokens) whose step peak fits the budget, built-in and chunked
+    (``results``: the setup's, by tokens and V)."""
     budget = int(opts.budget_gb * 2**30)
     out = {"budget_bytes": budget, "vocab": opts.budget_vocab}
     for model in ("builtin", "chunked"):
         points = [(t, run(model, opts.budget_vocab, t)["peak"]) for t in FIT_TOKENS]
-        points.append((opts.tokens, results[str(opts.budget_vocab)][model]["peak"]))
+        points += [(t, results[str(t)][str(opts.budget_vocab)][model]["peak"])
+                   for t in opts.tokens
+                   if "peak" in results[str(t)][str(opts.budget_vocab)][model]]
         line = fit(points)
         line["max_tokens"] = int((budget - line["fixed_bytes"]) / line["bytes_per_token"])
         out[model] = line
@@ -261,71 +315,186 @@ def max_tokens(opts, results: dict, run) -> dict:
     return out
 
 
-def _cells(res: dict, field: str, names=MODELS, scale: float = MB, fmt: str = "{:.0f}") -> str:
-    return " / ".join(fmt.format(res[m][field] / scale) if field in res[m] else "—"
-                      for m in names)
+def measure_setup(opts, setup: str, report: dict, write, bar) -> None:
+    """Every batch, V and model of one setup ("cpu:fp32", ...) into ``report``."""
+    device, dtype = setup.split(":")
+    steps = opts.steps or (3 if device == "cuda" else 1)
+    entry = report["setups"][setup] = {"device": device, "dtype": dtype, "steps": steps,
+                                       "results": {}}
+    if device == "cuda":
+        entry["gpu"] = torch.cuda.get_device_name()
+
+    def run(model: str, vocab: int, tokens: int) -> dict:
+        return measure({"model": model, "vocab": vocab, "tokens": tokens, "steps": steps,
+                        "device": device, "dtype": dtype, "threads": opts.threads,
+                        "chunked_loss_mb": opts.chunked_loss_mb})
+
+    for tokens in opts.tokens:
+        by_vocab = entry["results"][str(tokens)] = {}
+        for vocab in sorted(opts.vocab):
+            res = by_vocab[str(vocab)] = {}
+            for model in MODELS:
+                need, free = predicted_peak(by_vocab, model, vocab), available_memory()
+                if model == "chunked_old" and not hasattr(F, "linear_cross_entropy"):
+                    res[model] = {"skipped": f"torch {torch.__version__} has no "
+                                             "F.linear_cross_entropy"}
+                elif device == "cpu" and need and free and need > 0.8 * free:
+                    res[model] = {"skipped": f"predicted peak {need / 2**30:.1f} GiB, "
+                                             f"{free / 2**30:.1f} GiB available"}
+                else:
+                    res[model] = run(model, vocab, tokens)
+                bar.update()
+            write()
+    if not opts.no_max_tokens:
+        entry["max_tokens"] = max_tokens(opts, entry["results"],
+                                         lambda *a: (run(*a), bar.update())[0])
+    write()
 
 
-def _ratio(res: dict, field: str, fmt: str) -> str:
-    if field not in res["builtin"] or field not in res["chunked"]:
+# --------------------------------------------------------------------------------- tables
+
+
+def setups(report: dict) -> dict[str, dict]:
+    """The report's setups by name ("cpu:fp32", ...), each with results by tokens, V and model.
+    A report of the earlier layout (one setup and batch, its ``chunked`` computed by torch's op)
+    is read into this one."""
+    if "setups" in report:
+        return report["setups"]
+    config = report["config"]
+    rename = {"builtin": "builtin", "chunked": "chunked_old"}
+    results = {vocab: {new: res[old] for old, new in rename.items()}
+               for vocab, res in report["results"].items()}
+    entry = {"device": config["device"], "dtype": "fp16" if config["fp16"] else "fp32",
+             "steps": config["steps"], "results": {str(config["tokens"]): results},
+             "note": "This report measured --chunked-loss as torch's op computed it then; the "
+                     "chunked column is not in it."}
+    if "gpu" in report["machine"]:
+        entry["gpu"] = report["machine"]["gpu"]
+    if "max_tokens" in report:
+        entry["max_tokens"] = {rename.get(k, k): v for k, v in report["max_tokens"].items()
+                               if k != "ratio"}
+    return {f"{entry['device']}:{entry['dtype']}": entry}
+
+
+def _v(vocab: str | int) -> str:
+    return f"{int(vocab) // 1000}k" if int(vocab) >= 1000 else str(vocab)
+
+
+def _clock(entry: dict) -> tuple[str, str]:
+    return ("CPU", "cpu_s") if entry["device"] == "cpu" else ("wall", "wall_s")
+
+
+def _cells(res: dict, field: str, scale: float = MB, fmt: str = "{:,.0f}") -> str:
+    return " / ".join(fmt.format(res[m][field] / scale) if field in res.get(m, {}) else "—"
+                      for m in MODELS)
+
+
+def _ratio(res: dict, model: str, field: str, fmt: str = "{:.2f}") -> str:
+    if field not in res.get(model, {}) or field not in res.get("builtin", {}):
         return "—"
-    return fmt.format(res["chunked"][field] / res["builtin"][field])
+    return fmt.format(res[model][field] / res["builtin"][field])
 
 
-def table(report: dict) -> str:
-    """The markdown table of the report."""
-    clock = "CPU" if report["config"]["device"] == "cpu" else "wall"
-    key = "cpu_s" if clock == "CPU" else "wall_s"
-    rows = ["| V | loss extra MB: built-in / plugin / chunked | chunked ÷ built-in "
-            "| step extra MB: built-in / plugin / chunked | step peak MB: built-in / chunked "
-            f"| step {clock} ms: built-in / plugin / chunked | chunked ÷ built-in time |",
-            "|---:|---|---:|---|---|---|---:|"]
-    for vocab, res in report["results"].items():
-        rows.append(f"| {int(vocab) // 1000}k | {_cells(res, 'loss_extra')} "
-                    f"| {_ratio(res, 'loss_extra', '{:.3f}')} | {_cells(res, 'step_extra')} "
-                    f"| {_cells(res, 'peak', ('builtin', 'chunked'))} "
-                    f"| {_cells(res, key, scale=1e-3, fmt='{:.1f}')} "
-                    f"| {_ratio(res, key, '{:.2f}')} |")
-    skipped = [f"{m} at V = {int(v) // 1000}k: {r[m]['skipped']}"
-               for v, r in report["results"].items() for m in MODELS if "skipped" in r[m]]
+def setup_table(entry: dict) -> str:
+    """The markdown table of one setup: loss memory and step time by batch and V."""
+    clock, key = _clock(entry)
+    names = " / ".join(LABELS[m] for m in MODELS)
+    rows = [f"| target tokens | V | loss extra MB: {names} | chunked ÷ built-in memory "
+            f"| step {clock} ms: {names} | torch's op ÷ built-in time "
+            "| chunked ÷ built-in time |",
+            "|---:|---:|---|---:|---|---:|---:|"]
+    for tokens, by_vocab in entry["results"].items():
+        for vocab, res in by_vocab.items():
+            rows.append(f"| {int(tokens):,} | {_v(vocab)} | {_cells(res, 'loss_extra')} "
+                        f"| {_ratio(res, 'chunked', 'loss_extra', '{:.3f}')} "
+                        f"| {_cells(res, key, scale=1e-3, fmt='{:.1f}')} "
+                        f"| {_ratio(res, 'chunked_old', key)} | {_ratio(res, 'chunked', key)} |")
+    skipped = [f"{LABELS[m]} at {int(t):,} tokens, V = {_v(v)}: {r[m]['skipped']}"
+               for t, by_vocab in entry["results"].items() for v, r in by_vocab.items()
+               for m in MODELS if "skipped" in r.get(m, {})]
     lines = ["\n".join(rows)]
+    if "note" in entry:
+        lines.append(entry["note"])
     if skipped:
         lines.append("Not measured: " + "; ".join(skipped) + ".")
-    if "max_tokens" in report:
-        mt = report["max_tokens"]
-        memory = "resident memory" if clock == "CPU" else "CUDA memory allocated"
+    if "max_tokens" in entry:
+        mt = entry["max_tokens"]
+        memory = "resident memory" if entry["device"] == "cpu" else "CUDA memory allocated"
+        fitted = [m for m in MODELS if m in mt]
+        points = ", ".join(str(t) for t, _ in mt[fitted[-1]]["points"])
         lines.append(
-            f"Largest batch within {mt['budget_bytes'] / 2**30:g} GiB of peak {memory} "
-            f"at V = {mt['vocab'] // 1000}k: built-in {mt['builtin']['max_tokens']:,} target "
-            f"tokens, chunked {mt['chunked']['max_tokens']:,} ({mt['ratio']:.1f}×); "
-            f"{mt['builtin']['bytes_per_token'] / 1024:.0f} KiB against "
-            f"{mt['chunked']['bytes_per_token'] / 1024:.0f} KiB per target token (fitted to "
-            f"{', '.join(str(t) for t, _ in mt['chunked']['points'])} tokens).")
+            f"Largest batch within {mt['budget_bytes'] / 2**30:g} GiB of peak {memory} at "
+            f"V = {_v(mt['vocab'])}: "
+            + ", ".join(f"{LABELS[m]} {mt[m]['max_tokens']:,} target tokens "
+                        f"({mt[m]['bytes_per_token'] / 1024:.0f} KiB per token)" for m in fitted)
+            + f" (fitted to {points} tokens).")
     return "\n\n".join(lines) + "\n"
 
 
-def summary(cpu: dict, cuda: dict | None) -> str:
-    """The README's table: the loss's extra memory, built-in → chunked, and the step-time ratio,
-    by V, on the CPU (fp32) and on CUDA (fp16) when ``cuda`` is given."""
-    head = "| V | CPU fp32: loss extra MB, built-in → chunked | CPU time, chunked ÷ built-in |"
-    rule = "|---:|---|---:|"
-    if cuda:
-        head += " CUDA fp16: loss extra MB | CUDA time ratio |"
-        rule += "---|---:|"
-    rows = [head, rule]
-    for vocab in sorted({*cpu["results"], *(cuda or {}).get("results", {})}, key=int):
-        cells = [f"{int(vocab) // 1000}k"]
-        for report, key in ((cpu, "cpu_s"), *(((cuda, "wall_s"),) if cuda else ())):
-            res = report["results"].get(vocab)
-            if res is None or "loss_extra" not in res["chunked"] or "loss_extra" not in res[
-                    "builtin"]:
-                cells += ["not measured", "—"]
-                continue
-            cells += [f"{res['builtin']['loss_extra'] / MB:,.0f} → "
-                      f"{res['chunked']['loss_extra'] / MB:,.0f}",
-                      f"{res['chunked'][key] / res['builtin'][key]:.2f}×"]
+def _heading(report: dict, entry: dict, link: str) -> str:
+    machine = report["machine"]
+    where = entry.get("gpu") or f"{machine['cpu_count']} CPU cores"
+    clock, _ = _clock(entry)
+    load = ""
+    if "load_avg_start" in machine and "load_avg_end" in machine:
+        load = (f", load average {machine['load_avg_start'][0]:.1f} at the start and "
+                f"{machine['load_avg_end'][0]:.1f} at the end")
+    threads = f", {report['config'].get('threads', 1)} torch thread" if clock == "CPU" else ""
+    steps = entry["steps"]
+    return (f"**{entry['device'].upper()} {entry['dtype']}** ({where}, torch {machine['torch']}"
+            f"{threads}; the fastest of {steps} step{'s' * (steps != 1)}, {clock} time{load}; "
+            f"[JSON]({link}))")
+
+
+def tables(reports: list[tuple[Path, dict]], base: Path) -> str:
+    """Every setup of the reports: a heading (machine, clock, link to the JSON relative to
+    ``base``) and its table."""
+    parts = []
+    for path, report in reports:
+        link = os.path.relpath(path, base)
+        for entry in setups(report).values():
+            parts.append(_heading(report, entry, link) + "\n\n" + setup_table(entry))
+    return "\n".join(parts)
+
+
+def summary(reports: list[dict]) -> str:
+    """The README's table at 4,096 target tokens: by V, each setup's loss extra memory
+    (built-in → torch's op → chunked) and step time over the built-in's."""
+    entries = [e for r in reports for e in setups(r).values()
+               if SUMMARY_TOKENS in e["results"]]
+    head, rule = ["V"], ["---:"]
+    for e in entries:
+        name = f"{e['device'].upper()} {e['dtype']}"
+        head += [f"{name}: loss extra MB, built-in → torch's op → chunked",
+                 f"{name} time ÷ built-in: torch's op / chunked"]
+        rule += ["---", "---"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
+    vocabs = sorted({v for e in entries for v in e["results"][SUMMARY_TOKENS]}, key=int)
+    for vocab in vocabs:
+        cells = [_v(vocab)]
+        for e in entries:
+            res = e["results"][SUMMARY_TOKENS].get(vocab, {})
+            _, key = _clock(e)
+            memory = [f"{res[m]['loss_extra'] / MB:,.0f}" if "loss_extra" in res.get(m, {})
+                      else "not measured" for m in MODELS]
+            cells += [" → ".join(memory),
+                      f"{_ratio(res, 'chunked_old', key)} / {_ratio(res, 'chunked', key)}"]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+def publish(reports: list[tuple[Path, dict]], report_file: Path | None,
+            readme: Path | None) -> None:
+    """Write the tables into ``report_file``'s and the summary into ``readme``'s block."""
+    if report_file:
+        atomic.replace_block(report_file, TABLE_BLOCK, tables(reports, report_file.parent))
+        print(f"wrote the {TABLE_BLOCK} block of {report_file}")
+    if readme:
+        atomic.replace_block(readme, SUMMARY_BLOCK, summary([r for _, r in reports]))
+        print(f"wrote the {SUMMARY_BLOCK} block of {readme}")
+
+
+# ------------------------------------------------------------------------------------ CLI
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -333,40 +502,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["loss"], default="loss", help=argparse.SUPPRESS)
+    p.add_argument("--setups", nargs="+", choices=SETUPS, default=None,
+                   help="device:dtype to measure (default: cpu:fp32, and cuda:fp16 cuda:bf16 "
+                        "when torch sees a CUDA device)")
     p.add_argument("--vocab", type=int, nargs="+",
                    default=[8000, 32000, 64000, 128000, 250000],
-                   help="vocabulary sizes V (default: 8k 32k 64k 128k 250k; a configuration "
-                        "predicted not to fit in the available memory is skipped)")
-    p.add_argument("--tokens", type=int, default=4096, help="target tokens per batch (4096)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--fp16", action="store_true",
-                   help="CUDA only: half model and fairseq's FP16Optimizer, as --fp16 trains")
+                   help="vocabulary sizes V (default: 8k 32k 64k 128k 250k)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384],
+                   help="target tokens per batch (default: 4096 16384)")
+    p.add_argument("--chunked-loss-mb", type=float, default=None,
+                   help="chunked: --chunked-loss-mb (default: the criterion's)")
     p.add_argument("--steps", type=int, default=None,
                    help="measured steps per configuration (default: 1 on CPU, 3 on CUDA)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     p.add_argument("--budget-gb", type=float, default=4.0,
-                   help="peak resident memory (GiB) for the largest-batch comparison (4)")
+                   help="peak memory (GiB) for the largest-batch comparison (4)")
     p.add_argument("--budget-vocab", type=int, default=64000,
                    help="V of the largest-batch comparison (64000; must be in --vocab)")
     p.add_argument("--no-max-tokens", action="store_true",
                    help="skip the largest-batch comparison")
     p.add_argument("--out", type=Path, default=Path("bench_results/loss.json"),
-                   help="the JSON file; the markdown table goes beside it (.md)")
+                   help="the JSON file; the tables go beside it (.md)")
+    p.add_argument("--report", type=Path,
+                   help=f"write the tables into this file's <!-- {TABLE_BLOCK}:begin --> block")
+    p.add_argument("--readme", type=Path,
+                   help=f"write the summary into this file's <!-- {SUMMARY_BLOCK}:begin --> "
+                        "block")
+    p.add_argument("--report-only", type=Path, nargs="+", metavar="JSON",
+                   help="measure nothing: write --report and --readme from these reports")
     p.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
-    if opts.fp16 and opts.device != "cuda":
-        p.error("--fp16 needs --device cuda (fairseq's FP16Optimizer keeps its master copy on "
-                "CUDA)")
-    if opts.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device is visible to torch")
-    if opts.tokens < SENT_LEN or opts.tokens % SENT_LEN:
-        p.error(f"--tokens {opts.tokens}: a multiple of the sentence length {SENT_LEN}")
+    if opts.worker:
+        return opts
+    cuda = torch.cuda.is_available()
+    opts.setups = opts.setups or ["cpu:fp32", *(["cuda:fp16", "cuda:bf16"] if cuda else [])]
+    if any(s.startswith("cuda") for s in opts.setups) and not cuda:
+        p.error("--setups cuda:...: no CUDA device is visible to torch")
+    if any(t < SENT_LEN or t % SENT_LEN for t in opts.tokens):
+        p.error(f"--tokens {opts.tokens}: each a multiple of the sentence length {SENT_LEN}")
     if min(opts.vocab) < 16:
         p.error("--vocab: sizes must be at least 16")
+    if opts.chunked_loss_mb is not None and not opts.chunked_loss_mb > 0:
+        p.error(f"--chunked-loss-mb {opts.chunked_loss_mb}: give a positive number of MiB")
     if not opts.no_max_tokens and opts.budget_vocab not in opts.vocab:
         p.error(f"--budget-vocab {opts.budget_vocab} is not in --vocab; add it or give "
                 "--no-max-tokens")
-    opts.steps = opts.steps or (3 if opts.device == "cuda" else 1)
+    missing = [str(f) for f in opts.report_only or [] if not f.is_file()]
+    if missing:
+        p.error(f"--report-only: no such report: {', '.join(missing)}")
     return opts
 
 
@@ -375,44 +558,37 @@ def main(argv: list[str] | None = None) -> int:
     if opts.worker:
         print(json.dumps(worker(json.loads(opts.worker))))
         return 0
+    if opts.report_only:
+        reports = [(path, json.loads(path.read_text())) for path in opts.report_only]
+        publish(reports, opts.report, opts.readme)
+        print(tables(reports, Path.cwd()))
+        return 0
 
-    def run(model: str, vocab: int, tokens: int) -> dict:
-        return measure({"model": model, "vocab": vocab, "tokens": tokens, "steps": opts.steps,
-                        "device": opts.device, "fp16": opts.fp16, "threads": opts.threads})
-
-    report = {"config": {k: str(v) if isinstance(v, Path) else v
-                         for k, v in vars(opts).items() if k != "worker"},
+    report = {"schema": 2,
+              "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()
+                         if k not in ("worker", "report_only", "report", "readme")},
               "model": {**DIMS, "sent_len": SENT_LEN, "label_smoothing": 0.1},
-              "machine": machine(opts.device), "results": {}}
-    fits = 0 if opts.no_max_tokens else 2 * len(FIT_TOKENS)
-    with tqdm(total=len(opts.vocab) * len(MODELS) + fits, desc="bench loss", unit="run",
-              file=sys.stderr) as bar:
-        for vocab in sorted(opts.vocab):
-            res = report["results"][str(vocab)] = {}
-            for model in MODELS:
-                need, free = predicted_peak(report["results"], model, vocab), available_memory()
-                if opts.device == "cpu" and need and free and need > 0.8 * free:
-                    res[model] = {"skipped": f"predicted peak {need / 2**30:.1f} GiB, "
-                                             f"{free / 2**30:.1f} GiB available"}
-                else:
-                    res[model] = run(model, vocab, opts.tokens)
-                bar.update()
-        if not opts.no_max_tokens:
-            report["max_tokens"] = max_tokens(opts, report["results"],
-                                              lambda *a: (run(*a), bar.update())[0])
-    report["machine"]["load_avg_end"] = os.getloadavg()
-    atomic.write_json(opts.out, report, indent=1, ensure_ascii=True)
-    text = table(report)
+              "machine": machine(), "setups": {}}
+
+    def write() -> None:
+        report["machine"]["load_avg_end"] = os.getloadavg()
+        atomic.write_json(opts.out, report, indent=1, ensure_ascii=True)
+
+    runs = len(opts.setups) * (len(opts.tokens) * len(opts.vocab) * len(MODELS)
+                               + (0 if opts.no_max_tokens else 2 * len(FIT_TOKENS)))
+    with tqdm(total=runs, desc="bench loss", unit="run", file=sys.stderr) as bar:
+        for setup in opts.setups:
+            measure_setup(opts, setup, report, write, bar)
+    reports = [(opts.out, report)]
+    text = tables(reports, opts.out.parent)
     atomic.write_text(opts.out.with_suffix(".md"), text)
+    publish(reports, opts.report, opts.readme)
     print(text)
     print(f"wrote {opts.out} and {opts.out.with_suffix('.md')}")
     return 0
 
 
-def machine(device: str) -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(),
+def machine() -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "load_avg_start": os.getloadavg(), "memory_available": available_memory()}
-    if device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-    return info

@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from fairseq_tying.core import checkpoint_compat
 
 checkpoint_compat.allow_fairseq_checkpoints()
 
-_EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")
-_UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
+_EPOCH = checkpoint_compat.EPOCH_CHECKPOINT
+_UPDATE = checkpoint_compat.UPDATE_CHECKPOINT
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return checkpoint_compat.load(path)
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:

@@ -38,6 +38,7 @@ def _key(weight: Tensor) -> tuple:
 def cached_output_matrix_and_bias(output_layer: str, weight: Tensor) -> scoring.Affine:
     """``scoring.output_matrix_and_bias(rule, weight)``, computed once until the weight changes
     (storage, in-place version, dtype, device, or any optimizer step). Inference only."""
+    output_layer = scoring.matrix_rule(output_layer)
     entry = _entries.get((id(weight), output_layer))
     key = _key(weight)
     if entry is None or entry[1] != key or entry[0].data_ptr() != key[0]:
@@ -110,7 +111,8 @@ class OutputScorer(_Evicting):
     """Scores h ↦ rule(L·h, W) + b₂ over the (possibly shared) matrix ``weight``.
 
     ``projection`` is the optional learned map L from the decoder output (size H) to the
-    embedding size D; ``bias`` the optional per-token output bias b₂. In eval mode without
+    embedding size D; ``bias`` the optional per-token output bias b₂; ``gain`` fixnorm's learned
+    scalar g (``scoring.initial_gain``), None under the other layers. In eval mode without
     autograd the rule's (W_out, b) is cached and reused across decoding steps
     (``cached_output_matrix_and_bias``); it is dropped on ``train()``, ``load_state_dict``,
     ``.to()``/``.half()``, and whenever the weight's storage, version, dtype, device or the
@@ -128,6 +130,9 @@ class OutputScorer(_Evicting):
         self.projection = projection
         # b₂: a learned score offset per token (zero at the start), added to the rule's bias
         self.bias = nn.Parameter(weight.new_zeros(weight.shape[0])) if output_bias else None
+        self.gain = None
+        if output_layer in scoring.NORMALIZED_HIDDEN_LAYERS:
+            self.gain = nn.Parameter(weight.new_tensor(scoring.initial_gain(weight.shape[1])))
 
     def forward(self, features: Tensor) -> Tensor:
         features = self.project(features)
@@ -139,8 +144,10 @@ class OutputScorer(_Evicting):
         return scores.view(*features.shape[:-1], scores.shape[-1])
 
     def project(self, features: Tensor) -> Tensor:
-        """L·h, the vectors that the output layer scores (h itself without a projection)."""
-        return features if self.projection is None else self.projection(features)
+        """ĥ, the vectors that the output layer's affine map scores: L·h (h without a
+        projection), normalized to length g under fixnorm (``scoring.scored_hidden``)."""
+        hidden = features if self.projection is None else self.projection(features)
+        return scoring.scored_hidden(self.output_layer, hidden, self.gain)
 
     def output_matrix_and_bias(self) -> scoring.Affine:
         """(W_out, b) of the scores s = (L·h)·W_outᵀ + b; b includes the output bias b₂."""
@@ -157,4 +164,5 @@ class OutputScorer(_Evicting):
             f"output_layer={self.output_layer}, vocab={self.weight.shape[0]}, "
             f"dim={self.weight.shape[1]}, "
             f"output_bias={self.bias is not None}"
+            + ("" if self.gain is None else f", gain={self.gain.item():.3f}")
         )

@@ -35,6 +35,7 @@ from fairseq import checkpoint_utils, tasks
 from torch import Tensor, nn
 
 from fairseq_tying.common.atomic import building_dir
+from fairseq_tying.core import checkpoint_compat
 from fairseq_tying.export.stock import ExportError, stock_arch
 
 QUANTIZATIONS = ("none", "int8", "int8_float16", "float16")
@@ -84,7 +85,8 @@ def load_model(ckpt: Path, data: Path | None):
     if not ckpt.is_file():
         raise ExportError(f"checkpoint {ckpt} does not exist")
     overrides = {"data": str(data)} if data is not None else None
-    state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt), overrides)
+    with checkpoint_compat.reading(ckpt):
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt), overrides)
     cfg = state["cfg"]
     stock_arch(cfg.model, formats=FAMILIES, allow_bias=True)
     try:

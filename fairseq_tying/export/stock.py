@@ -54,7 +54,7 @@ PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim
                      "freeze_embeddings")
 PLUGIN_CRITERIA = {"label_smoothed_cross_entropy_pr": "label_smoothed_cross_entropy",
                    "cross_entropy_tying": "cross_entropy"}
-PLUGIN_CRITERION_KEYS = ("projection_reg", "chunked_loss")
+PLUGIN_CRITERION_KEYS = ("projection_reg", "chunked_loss", "no_chunked_loss", "chunked_loss_mb")
 PLUGIN_CRITERION_CLASSES = {"LabelSmoothedCrossEntropyPR": "LabelSmoothedCrossEntropyCriterion",
                             "CrossEntropyTying": "CrossEntropyCriterion"}
 # stock family: the plugin's architectures baked into it
@@ -87,7 +87,9 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
     """The stock fairseq model family (``transformer``, ``lightconv``, ``transformer_lm``) the
     checkpoint maps to; ``formats``: the families the caller exports to.
 
-    Refuses, naming the flag, what the target cannot express: another family, a bias in the
+    Refuses, naming the flag, what the target cannot express: another family, a decoder output
+    normalized before the projection (``fixnorm``; no stock or CTranslate2 layer computes
+    g·h/‖h‖ there, so no export gives the same scores), a bias in the
     scores (``distance``, ``--output-bias``) unless ``allow_bias`` (CTranslate2 has an output
     bias, fairseq's models have none), and a translation model's tied matrix narrower than its
     decoder."""
@@ -97,6 +99,15 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
         plugin = " or ".join(PLUGIN_ARCHS[f] for f in formats)
         raise ExportError(f"--arch {arch} is not one of the plugin's {plugin} architectures: "
                           f"only those are exported to {' / '.join(formats)}")
+    if args.output_layer in scoring.NORMALIZED_HIDDEN_LAYERS:
+        target = "CTranslate2's" if allow_bias else f"fairseq's {family}"
+        raise ExportError(
+            f"--output-layer {args.output_layer} scores g·cos(h, w_i): it scales the decoder "
+            f"output h to the learned length g before the output projection, which {target} "
+            "decoder cannot express (its last output goes to the projection as it is; its layer "
+            "norms subtract the mean and scale each feature, an L2 normalization does neither); "
+            "keep using this checkpoint with --user-dir fairseq_tying (fairseq-generate, "
+            "fairseq-interactive)")
     if not allow_bias:
         _refuse_bias(args, family)
     tied_dim = getattr(args, "tied_embed_dim", None)

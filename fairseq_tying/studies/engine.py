@@ -55,6 +55,8 @@ class Spec:
     order: Callable[[Key], Any] = lambda key: key  # cells sort by this
     member: Callable[[Record], Any] = lambda r: r["seed"]  # a run's key within its cell
     section: Callable[[Record], Hashable] | None = None  # records split into sections by this
+    # the study's family of comparisons, once every section is summarized (verdicts.adjust)
+    family: Callable[[list[Section]], None] | None = None
 
 
 @dataclass
@@ -152,6 +154,8 @@ def sections(spec: Spec, records: Sequence[Record], refs: Sequence[str] | None =
                       "valid_nll_common" in spec.values else None)
         cells = group(spec, by_key[key])
         out.append(Section(key, cells, summarize(spec, cells, ctx)))
+    if spec.family is not None:
+        spec.family(out)
     return out
 
 

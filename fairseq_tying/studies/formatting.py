@@ -12,8 +12,14 @@ import numpy as np
 # Liu et al. (2020), Transformer on IWSLT'14 Es→En, shared input–output embeddings.
 PAPER_IWSLT14_ES_EN = {"dot": 34.24, "l2norm": 34.65, "sqnorm": 34.97, "distance": 34.54,
                        "cosine": 34.81}
-# Liu et al. (2020): DynamicConv on IWSLT'14 De→En, l2norm over dot
-PAPER_DYNAMICCONV_L2NORM = 0.41
+# Liu et al. (2020), DynamicConv: each normalized layer's Δ BLEU over dot, per table
+PAPER_DYNAMICCONV_DELTA = {
+    "IWSLT'14 De→En": {"l2norm": 0.34, "sqnorm": 0.22, "distance": 0.36, "cosine": 0.41},
+    "WMT'16 En→De": {"l2norm": 0.5, "sqnorm": 0.3, "distance": 0.1, "cosine": 0.2},
+}
+# Nguyen & Salazar (2019): FixNorm + ScaleNorm over their baseline, mean of five low-resource
+# pairs (Transformer)
+PAPER_FIXNORM_LOW_RESOURCE = 1.1
 
 
 def format_ci(mean: float, half: float, digits: int = 2) -> str:
@@ -31,18 +37,42 @@ def format_p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
+def format_ps(test: dict[str, Any]) -> str:
+    """``p = 0.046, Holm 0.322``: the raw p and the Holm-adjusted one over the study's claims
+    (the raw p alone for a test outside a family)."""
+    if "p_holm" not in test:
+        return format_p(test["p"])
+    held = "< 0.001" if test["p_holm"] < 0.001 else f"{test['p_holm']:.3f}"
+    return f"{format_p(test['p'])}, Holm {held}"
+
+
+def format_seed_delta(test: dict[str, Any]) -> str:
+    """``+0.48 ± 0.67``: the paired Δ BLEU, mean over seeds ± its 95 % interval over seeds."""
+    ci = "" if test["delta_ci95"] is None else f" ± {test['delta_ci95']:.2f}"
+    return f"{test['delta_bleu']:+.2f}{ci}"
+
+
 def seeds_label(seeds: list[int]) -> str:
     """``seed 1`` or ``seeds 1, 2, 3``."""
     return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
 
 
 def format_delta(test: dict[str, Any], per_seed: bool = True) -> str:
-    """``+Δ ± CI (p …; [per-seed p])`` of a paired bootstrap (``significance.compare``)."""
-    ci = "" if test["delta_ci95"] is None else f" ± {test['delta_ci95']:.2f}"
+    """``+Δ ± CI (p …, Holm …; [per-seed p])`` of a paired bootstrap
+    (``significance.compare``)."""
     if not per_seed:
-        return f"{test['delta_bleu']:+.2f}{ci} ({format_p(test['p'])})"
+        return f"{format_seed_delta(test)} ({format_ps(test)})"
     per = ", ".join("<0.001" if p < 0.001 else f"{p:.3f}" for p in test["per_seed_p"].values())
-    return f"{test['delta_bleu']:+.2f}{ci} ({format_p(test['p'])}; [{per}])"
+    return f"{format_seed_delta(test)} ({format_ps(test)}; [{per}])"
+
+
+def holm_changes(changes: list[tuple[str, str, str]]) -> str:
+    """The line that lists the verdicts Holm–Bonferroni changed, each ``(comparison, raw-p
+    verdict, verdict)``; "" when it changed none."""
+    if not changes:
+        return ""
+    return ("Changed by Holm–Bonferroni (each was decided on its raw p before): "
+            + "; ".join(f"{what}: {before} → {now}" for what, before, now in changes) + ".")
 
 
 def epochs_text(cell: dict[str, Any]) -> str:

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
-from fairseq_tying.studies import verdicts
-from fairseq_tying.studies.stats import mean_ci, stat
+from fairseq_tying.studies.stats import mean_ci, stat, t_test_p
 
 
 def metric_stats(hyps: Sequence[str], refs: Sequence[str], metric: str = "bleu") -> np.ndarray:
@@ -96,10 +95,11 @@ def compare(pairs: Sequence[tuple[Hashable, Any, Any]], refs: Sequence[str], n_s
 def seed_difference(runs: dict[int, Any], base: dict[int, Any], metric: str
                     ) -> dict[str, Any] | None:
     """Per-seed ``metric`` of ``runs`` minus ``base`` (paired by seed): the ``stat`` of the
-    differences, the seeds and the interval rule's verdict; None without shared seeds."""
+    differences, the seeds and the t-test's ``p`` (its verdict comes with the study's family,
+    ``specs.LM``); None without shared seeds."""
     shared = sorted(set(runs) & set(base))
     if not shared:
         return None
     get = METRICS[metric].of
-    diff = stat([get(runs[s]) - get(base[s]) for s in shared])
-    return {**diff, "seeds": shared, "verdict": verdicts.interval(diff)}
+    values = [get(runs[s]) - get(base[s]) for s in shared]
+    return {**stat(values), "p": t_test_p(values), "seeds": shared}

@@ -24,6 +24,7 @@ from fairseq_tying.studies.engine import (
     Context,
     Key,
     Runs,
+    Section,
     Spec,
     paired_bootstrap,
     seed_differences,
@@ -44,6 +45,11 @@ def _vs_untied(key: Key, cells: Collection[Key]) -> Key | None:
     return None if tying == "none" else ("none", layer)
 
 
+def claim_family(sections: list[Section]) -> None:
+    """Holm over the study's claims: every claim's comparison in every section (model)."""
+    verdicts.adjust([test for sec in sections for _, test in _claim_tests(sec.summary)])
+
+
 GRID = Spec(
     cell=lambda r: (r["tying"], r["output_layer"]),
     label=lambda key, records: f"{key[0]}/{key[1]}",
@@ -53,10 +59,12 @@ GRID = Spec(
     comparisons=(Comparison("vs_dot", _vs_dot, paired_bootstrap("bleu")),
                  Comparison("vs_untied", _vs_untied, paired_bootstrap("bleu"))),
     section=lambda r: r["arch"],
+    family=claim_family,
 )
 
 PRESS_WOLF = "Press & Wolf (2017)"
 LIU = "Liu et al. (2020)"
+NGUYEN_SALAZAR = "Nguyen & Salazar (2019)"  # FixNorm with ScaleNorm at the output
 NORMALIZED = tuple(la for la in LAYERS if la != "dot")
 # tying modes whose matrix is shared by the output layer, as in the normalization paper
 SHARED = ("three_way", "decoder")
@@ -77,15 +85,27 @@ def study_claims() -> list[Claim]:
     """Tying keeps BLEU (with ``dot``); each normalized layer beats ``dot`` on a shared matrix."""
     tying = [Claim(f"{t.replace('_', '-')} tying keeps BLEU (`dot`)", PRESS_WOLF, f"{t}/dot",
                    "vs_untied", verdicts.UNCHANGED) for t in SHARED]
-    layers = [Claim(f"`{la}` beats `dot` ({t.replace('_', '-')} tying)", LIU, f"{t}/{la}",
-                    "vs_dot", verdicts.GAIN) for t in SHARED for la in NORMALIZED]
+    layers = [Claim(f"`{la}` beats `dot` ({t.replace('_', '-')} tying)",
+                    NGUYEN_SALAZAR if la == "fixnorm" else LIU, f"{t}/{la}", "vs_dot",
+                    verdicts.GAIN) for t in SHARED for la in NORMALIZED]
     return tying + layers
+
+
+def _claim_tests(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any]]]:
+    return [(c, test) for c in study_claims()
+            if (test := summary.get(c.cell, {}).get(c.test)) is not None]
+
+
+def changed_by_holm(test: dict[str, Any], expects: str) -> tuple[str, str] | None:
+    """(raw-p outcome, outcome) of a claim whose outcome Holm–Bonferroni changed, else None."""
+    before = verdicts.outcome(verdicts.bootstrap(verdicts.without_holm(test), expects))
+    now = verdicts.outcome(verdicts.bootstrap(test, expects))
+    return None if before == now else (before, now)
 
 
 def claims_of(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any], str]]:
     """The claims whose comparison the summary has, each with it and its verdict."""
-    return [(c, test, verdicts.bootstrap(test, c.expects)) for c in study_claims()
-            if (test := summary.get(c.cell, {}).get(c.test)) is not None]
+    return [(c, test, verdicts.bootstrap(test, c.expects)) for c, test in _claim_tests(summary)]
 
 
 # --- language models: (tying, output layer, tag) cells ---------------------------------------
@@ -112,6 +132,16 @@ def _lm_order(key: Key) -> tuple:
     return (tag != "", tag, tying != "none", LAYERS.index(layer) if layer in LAYERS else 99)
 
 
+
+def lm_family(sections: list[Section]) -> None:
+    """Holm over every comparison of the perplexity study, then each one's verdict."""
+    tests = [cell[c.name] for sec in sections for cell in sec.summary.values()
+             for c in LM.comparisons if c.name in cell]
+    verdicts.adjust(tests)
+    for test in tests:
+        test["verdict"] = verdicts.interval(test)
+
+
 LM = Spec(
     cell=lambda r: (r["tying"], r["output_layer"], r.get("tag") or ""),
     label=lm_label,
@@ -124,6 +154,7 @@ LM = Spec(
         Comparison("vs_tied_dot", lambda key, cells: LM_TIED if key[0] == LM_TIED[0]
                    and key != LM_TIED else None, seed_differences("test_ppl"))),
     order=_lm_order,
+    family=lm_family,
 )
 
 # --- evaluated run folders (collect): a cell per method -------------------------------------

@@ -22,6 +22,15 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
     return mean, t * sd / math.sqrt(n)
 
 
+def t_test_p(values: Sequence[float]) -> float:
+    """Two-sided p of the one-sample t-test of mean 0 (scipy); 1.0 for fewer than two values
+    and for values that are all 0, NaN-free for the Holm adjustment."""
+    if len(values) < 2 or not any(values):
+        return 1.0
+    p = float(_st.ttest_1samp(list(values), 0.0).pvalue)
+    return 0.0 if math.isnan(p) else p  # equal non-zero values: no spread, no doubt
+
+
 def stat(values: Sequence[float]) -> dict[str, Any]:
     """``{"values", "mean", "ci95"}`` over seeds; ``ci95`` (the half width) is None for one
     value."""

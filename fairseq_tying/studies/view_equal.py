@@ -13,17 +13,19 @@ from typing import Any
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
-from fairseq_tying.studies import verdicts
+from fairseq_tying.studies import specs, verdicts
 from fairseq_tying.studies.engine import Cells, Section
 from fairseq_tying.studies.formatting import (
-    PAPER_DYNAMICCONV_L2NORM,
+    PAPER_DYNAMICCONV_DELTA,
+    PAPER_FIXNORM_LOW_RESOURCE,
     PAPER_IWSLT14_ES_EN,
     format_delta,
     format_stat,
+    holm_changes,
     seeds_label,
 )
 from fairseq_tying.studies.plots import plot_bands
-from fairseq_tying.studies.specs import LIU, PRESS_WOLF, SHARED
+from fairseq_tying.studies.specs import LIU, NGUYEN_SALAZAR, PRESS_WOLF, SHARED
 from fairseq_tying.studies.stats import mean_ci
 
 
@@ -68,28 +70,34 @@ def bleu_table(sections: list[Section]) -> str:
 
 
 def _paper(arch: str, layer: str) -> str:
+    """The papers' Δ over dot for this layer and model family."""
+    if layer == "fixnorm":
+        return f"{PAPER_FIXNORM_LOW_RESOURCE:+.1f} (5 low-resource pairs)"
     if "dynamicconv" in arch:
-        return f"{PAPER_DYNAMICCONV_L2NORM:+.2f} (DynamicConv, IWSLT'14 De→En)" \
-            if layer == "l2norm" else "–"
+        return ", ".join(f"{d[layer]:+.2f} ({table})"
+                         for table, d in PAPER_DYNAMICCONV_DELTA.items())
     return f"{PAPER_IWSLT14_ES_EN[layer] - PAPER_IWSLT14_ES_EN['dot']:+.2f}"
 
 
-def comparisons(sections: list[Section]) -> list[list[str]]:
+def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[str, str, str]]]:
     """Rows of the Δ table: tying against untied (``dot``), each normalized layer against
-    ``dot`` with three-way tying, per architecture; those whose two cells have runs."""
-    rows = []
+    ``dot`` with three-way tying, per architecture; those whose two cells have runs. Beside
+    them the verdicts Holm–Bonferroni changed (``formatting.holm_changes``)."""
+    rows, changes = [], []
     for s in sections:
-        for t in SHARED[::-1]:  # decoder, then three-way
-            if (test := s.summary.get(f"{t}/dot", {}).get("vs_untied")) is not None:
-                rows.append([f"{t.replace('_', '-')} tying vs untied (`dot`)", f"`{s.key}`",
-                             PRESS_WOLF, "–", format_delta(test),
-                             verdicts.bootstrap(test, verdicts.UNCHANGED)])
-        for la in LAYERS[1:]:
-            if (test := s.summary.get(f"three_way/{la}", {}).get("vs_dot")) is not None:
-                rows.append([f"`{la}` vs `dot` (three-way tying)", f"`{s.key}`", LIU,
-                             _paper(str(s.key), la), format_delta(test),
-                             verdicts.bootstrap(test, verdicts.GAIN)])
-    return rows
+        found = [(f"{t.replace('_', '-')} tying vs untied (`dot`)", test, PRESS_WOLF, "–",
+                  verdicts.UNCHANGED) for t in SHARED[::-1]  # decoder, then three-way
+                 if (test := s.summary.get(f"{t}/dot", {}).get("vs_untied")) is not None]
+        found += [(f"`{la}` vs `dot` (three-way tying)", test,
+                   NGUYEN_SALAZAR if la == "fixnorm" else LIU, _paper(str(s.key), la),
+                   verdicts.GAIN) for la in LAYERS[1:]
+                  if (test := s.summary.get(f"three_way/{la}", {}).get("vs_dot")) is not None]
+        for what, test, source, paper, expects in found:
+            rows.append([what, f"`{s.key}`", source, paper, format_delta(test),
+                         verdicts.bootstrap(test, expects)])
+            if changed := specs.changed_by_holm(test, expects):
+                changes.append((f"{what}, `{s.key}`", *changed))
+    return rows, changes
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
@@ -100,13 +108,19 @@ def render(sections: list[Section]) -> tuple[str, Any]:
              "epoch.\n",
              f"**BLEU after {budget}** (sacrebleu, detokenized, test set)\n",
              bleu_table(sections)]
-    if rows := comparisons(sections):
+    rows, changes = comparisons(sections)
+    if rows:
         parts += [f"\n**Δ BLEU after {budget}**: mean over seeds of the paired difference ± its "
                   "95 % CI over seeds; p of the paired bootstrap over test sentences, pooled "
-                  "over the seeds; per-seed p in brackets. The paper's Δ is Liu et al.'s "
-                  "(Transformer: IWSLT'14 Es→En). Verdict: " + verdicts.RULE + ".\n",
+                  "over the seeds, raw and Holm-adjusted over the study's claims; per-seed p in "
+                  "brackets. The papers' Δ: Liu et al.'s Transformer on IWSLT'14 Es→En and "
+                  "DynamicConv on IWSLT'14 De→En and WMT'16 En→De; Nguyen & Salazar's FixNorm "
+                  "with ScaleNorm, the mean over five low-resource pairs. Verdict: "
+                  + verdicts.RULE + ".\n",
                   markdown_table(["comparison", "model", "source", "paper Δ", "Δ BLEU",
                                   "verdict"], rows)]
+        if changes:
+            parts += ["", holm_changes(changes)]
     return "\n".join(parts), {str(s.key): s.summary for s in sections}
 
 

@@ -24,6 +24,7 @@ from fairseq_tying.studies.formatting import (
     format_delta,
     format_p,
     format_stat,
+    holm_changes,
 )
 from fairseq_tying.studies.plots import (
     plot_bands,
@@ -60,20 +61,25 @@ def stop_correlation(summary: dict[str, Any]) -> tuple[float, float, int] | None
 
 def claims_table(summary: dict[str, Any]) -> str | None:
     """The claims whose cells the study has, as a markdown table (None when it has none)."""
-    rows = [[c.text, c.source, format_delta(test), verdict]
-            for c, test, verdict in specs.claims_of(summary)]
-    if not rows:
+    claims = specs.claims_of(summary)
+    if not claims:
         return None
-    return markdown_table(["claim", "source", "Δ BLEU", "verdict"], rows)
+    rows = [[c.text, c.source, format_delta(test), verdict] for c, test, verdict in claims]
+    changes = [(c.text, *changed) for c, test, _ in claims
+               if (changed := specs.changed_by_holm(test, c.expects))]
+    return markdown_table(["claim", "source", "Δ BLEU", "verdict"], rows) + (
+        f"\n\n{holm_changes(changes)}" if changes else "")
 
 
 def tables(summary: dict[str, Any]) -> str:
     tyings = [t for t in TYINGS if any(cell_of(summary, t, la) for la in LAYERS)]
+    layers = [la for la in LAYERS if la in PAPER_IWSLT14_ES_EN
+              or any(cell_of(summary, t, la) for t in tyings)]  # the paper's, and any run
     seeds = sorted({s for c in summary.values() for s in c["seeds"]})
 
     def grid(fmt) -> str:
         rows = [[la] + [fmt(c) if (c := cell_of(summary, t, la)) else "–" for t in tyings]
-                for la in LAYERS]
+                for la in layers]
         return markdown_table(["output layer", *tyings], rows)
 
     parts = [f"Seeds: {', '.join(map(str, seeds))}. Mean ± 95 % CI (Student t over seeds).\n",
@@ -132,7 +138,7 @@ def params_table(summary: dict[str, Any]) -> str:
 def paper_table(summary: dict[str, Any]) -> str:
     rows = []
     base = PAPER_IWSLT14_ES_EN["dot"]
-    for la in LAYERS:
+    for la in PAPER_IWSLT14_ES_EN:
         c = cell_of(summary, "three_way", la)
         paper = PAPER_IWSLT14_ES_EN[la]
         ours = format_stat(c["bleu"]) if c else "–"

@@ -7,9 +7,10 @@ from typing import Any
 
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.core.scoring import PAPER_LAYERS
 from fairseq_tying.studies import specs, verdicts
 from fairseq_tying.studies.engine import Section
-from fairseq_tying.studies.formatting import format_p, seeds_label
+from fairseq_tying.studies.formatting import format_ps, format_seed_delta, seeds_label
 
 
 def _order(cell: dict[str, Any]) -> tuple:
@@ -46,12 +47,12 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
         row = [cell["tying"], f"`{cell['output_layer']}`", f"{cell['params'][0] / 1e6:.2f}M",
                f"{bleu['mean']:.2f} ({', '.join(f'{v:.2f}' for v in bleu['values'])})"]
         if claim is None:
-            row += ["baseline", "baseline"]
+            row += ["baseline", "–", "baseline"]
         elif (test := cell.get(claim.test)) is None:
-            row += ["–", "–"]
+            row += ["–", "–", "–"]
         else:
             against = "untied" if claim.test == "vs_untied" else "`dot`"
-            row += [f"{test['delta_bleu']:+.2f} over {against}",
+            row += [f"{format_seed_delta(test)} over {against}", format_ps(test),
                     verdicts.bootstrap(test, claim.expects)]
         out.append(row)
     return out
@@ -69,13 +70,13 @@ def in_words(summary: dict[str, Any]) -> list[str]:
         what = (f"{cell['tying'].replace('_', '-')} tying against untied (`dot`)"
                 if claim.test == "vs_untied" else
                 f"`{cell['output_layer']}` against `dot` ({cell['tying'].replace('_', '-')} tying)")
-        if test["n_seeds"] < verdicts.SEEDS or verdicts.counts(test):
-            evidence = format_p(test["p"])
-        elif not verdicts.significant(test["p"]):
-            evidence = f"{format_p(test['p'])}: within the test set's noise"
-        else:
-            seeds = ", ".join(f"{d:+.2f}" for d in test["per_seed_delta"].values())
-            evidence = f"{format_p(test['p'])}, but the seeds disagree: {seeds}"
+        evidence = format_ps(test)
+        if test["n_seeds"] >= verdicts.SEEDS and not verdicts.counts(test):
+            why = verdicts.why_not(test)
+            evidence += f": {why}"
+            if why in ("seeds disagree", "seeds differ in sign"):
+                evidence += " (" + ", ".join(f"{d:+.2f}" for d in
+                                              test["per_seed_delta"].values()) + ")"
         saved = (base["params"][0] - cell["params"][0]) / 1e6
         spare = f", with {saved:.2f}M fewer parameters" if claim.test == "vs_untied" else ""
         out.append(f"{what}: **{verdicts.in_words(test)}**, {test['delta_bleu']:+.2f} BLEU "
@@ -85,17 +86,16 @@ def in_words(summary: dict[str, Any]) -> list[str]:
 
 def answers(records: list[dict[str, Any]]) -> bool:
     """Whether a study's records can give the short answer: for one architecture, every tying
-    mode with ``dot`` and every output layer under three-way tying, each cell with as many
-    seeds as the study's best-covered cell and at least the verdict rule's ``SEEDS`` (a study
-    part-way through them, even one seed of every cell, is not the front page's answer)."""
+    mode with ``dot`` and every output layer of the paper under three-way tying, each cell with
+    at least the verdict rule's ``SEEDS`` (a study part-way through them, even one seed of every
+    cell, is not the front page's answer; cells with more seeds, the headline's, use them)."""
     seeds: dict[tuple[str, str, str], set[int]] = {}
     for r in records:
         seeds.setdefault((r["arch"], r["tying"], r["output_layer"]), set()).add(r["seed"])
     if not seeds:
         return False
-    most = max(verdicts.SEEDS, *(len(s) for s in seeds.values()))
-    needed = {(t, "dot") for t in TYINGS} | {("three_way", layer) for layer in LAYERS}
-    return any(all(len(seeds.get((arch, *cell), ())) == most for cell in needed)
+    needed = {(t, "dot") for t in TYINGS} | {("three_way", layer) for layer in PAPER_LAYERS}
+    return any(all(len(seeds.get((arch, *cell), ())) >= verdicts.SEEDS for cell in needed)
                for arch in {a for a, _, _ in seeds})
 
 
@@ -103,9 +103,11 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     """The table (a model column when the study has more than one architecture), then the
     verdicts in words (``in_words``), by architecture."""
     many = len(sections) > 1
-    seeds = sorted({s for sec in sections for c in sec.summary.values() for s in c["seeds"]})
+    seeds = {tuple(c["seeds"]) for sec in sections for c in sec.summary.values()}
+    per_seed = seeds_label(list(seeds.pop())) if len(seeds) == 1 else "each seed"
     header = [*(["model"] * many), "tying", "output layer", "parameters",
-              f"BLEU: mean ({seeds_label(seeds)})", "Δ BLEU", "verdict"]
+              f"BLEU: mean ({per_seed})", "Δ BLEU ± 95 % CI over seeds", "p (raw, Holm)",
+              "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for sec in sections:
         for row in rows(sec.summary):

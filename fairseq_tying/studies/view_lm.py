@@ -11,7 +11,7 @@ from typing import Any
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.studies import verdicts
 from fairseq_tying.studies.engine import Key, Section, band
-from fairseq_tying.studies.formatting import epochs_text, format_stat, seeds_label
+from fairseq_tying.studies.formatting import epochs_text, format_stat, holm_changes, seeds_label
 from fairseq_tying.studies.plots import plot_bands, plot_methods, points
 from fairseq_tying.studies.specs import LM_BASELINE, LM_TIED, lm_label
 
@@ -60,6 +60,17 @@ def finding(summary: dict[str, Any]) -> str:
                           rows)
 
 
+def changes(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The comparisons whose verdict Holm–Bonferroni changed (raw p: the 95 % CI rule)."""
+    out = []
+    for name, cell in summary.items():
+        for key, against in (("vs_untied_dot", "untied dot"), ("vs_tied_dot", "tied dot")):
+            if key in cell and (before := verdicts.interval(verdicts.without_holm(cell[key]))) \
+                    != cell[key]["verdict"]:
+                out.append((f"{name} vs {against}", before, cell[key]["verdict"]))
+    return out
+
+
 def render(sections: list[Section]) -> tuple[str, Any]:
     """The block's text and ``summary.json`` of the perplexity study."""
     (section,) = sections
@@ -72,6 +83,7 @@ def render(sections: list[Section]) -> tuple[str, Any]:
         "dot-product model, and for the decoder-tied cells to the decoder-tied dot-product "
         f"model, mean ± 95 % CI; {verdicts.INTERVAL_RULE}.\n",
         main_table(summary),
+        *([f"\n{holm_changes(found)}"] if (found := changes(summary)) else []),
         "\n**Press & Wolf's finding side by side**\n",
         finding(summary)])
     return text, summary

@@ -3,14 +3,25 @@
 Every output layer scores s = h·W_outᵀ + b (core/scoring.py). fairseq's label-smoothed
 cross-entropy (``label_smoothed_nll_loss`` over ``log_softmax(s)``) is, per target y,
 
-    nll    = log Z − s_y                       log Z = log Σ_j exp s_j
-    smooth = −Σ_j log p_j = V·(log Z − s̄)      s̄ = (1/V)·Σ_j s_j = h·w̄ + b̄
-    loss   = (1 − ε − ε_i)·nll + ε_i·smooth    ε_i = ε/(V − 1)
+    nll    = log Z − s_y                        log Z = log Σ_j exp s_j
+    smooth = −Σ_j log p_j = V·log Z − Σ_j s_j    p_j = exp(s_j − log Z)
+    loss   = (1 − ε − ε_i)·nll + ε_i·smooth      ε_i = ε/(V − 1)
 
-summed over the targets that are not padding (ε = 0: the plain cross-entropy). torch's
-``F.linear_cross_entropy`` computes nll over chunks of rows, log Z accumulated in fp32, and never
-holds the N×V scores, their log-softmax or their gradients; with log Z = nll + s_y, the smoothing
-term needs only s_y and the mean row w̄ and bias b̄: N·D work beside it.
+summed over the targets that are not padding (ε = 0: the plain cross-entropy). Since
+(1 − ε − ε_i) + V·ε_i = 1, its gradient with respect to the scores of a row is
+
+    G_j = ∂loss/∂s_j = p_j − (1 − ε − ε_i)·[j = y] − ε_i        (0 on a padding row)
+
+and ∂loss/∂h = G·W_out, ∂loss/∂W_out = Gᵀ·h, ∂loss/∂b = Σ_rows G.
+
+``linear_label_smoothed_nll_loss`` computes all of it in one pass over chunks of rows: a chunk's
+scores are computed once (one matrix product), log Z in fp32, and the scores are turned into G in
+place, so the N×V scores, their log-softmax and their gradient never exist whole. The chunk's
+rows follow from a memory budget (``rows_per_chunk``). The loss and the three gradients are summed
+in fp32 during the forward; the backward only multiplies them by the loss's gradient (fairseq's
+loss scale under ``--fp16``), so a small G·W of a half model cannot flush to zero before the scale
+is applied. W_out and b may be functions of the parameters (``unit_rows(W)``, −½‖w‖²): their
+gradients flow on through autograd.
 """
 
 from __future__ import annotations
@@ -20,10 +31,16 @@ from dataclasses import field
 import torch
 import torch.nn.functional as F
 from fairseq import utils
+from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from torch import Tensor
 
-OPTIONS = torch.nn.LinearCrossEntropyOptions()  # torch's per-device chunk sizes and accumulation
-HALF = (torch.float16, torch.bfloat16)
+# Scores per chunk: 64 MiB of fp32 scores is 512 rows at V = 32k, 128 at V = 128k. On the CPU
+# (one thread, D = 512, 4k tokens) 32 to 256 MiB took about the same time at V = 8k to 128k
+# (256 MiB 7 % less at 128k), 16 MiB 15 % more at 64k (each chunk adds Gᵀ·h into the whole V×D
+# gradient); 64 MiB keeps the loss's memory under 1/4 of the built-in's from V = 32k.
+DEFAULT_MB = 64.0
+# |G| ≤ 1, so G·2¹⁵ fits fp16 (max 65504) and keeps entries down to ~1e-12 that fp16 flushes to 0
+HALF_SCALE = 2.0**15
 
 
 def chunked_loss_field():
@@ -32,53 +49,184 @@ def chunked_loss_field():
                 "in chunks of rows, without the N x V scores (the plugin's models only)"})
 
 
+def no_chunked_loss_field():
+    return field(default=False, metadata={
+        "help": "compute the loss from the N x V scores as fairseq does, where --chunked-loss "
+                "would be the default"})
+
+
+def chunked_loss_mb_field():
+    return field(default=DEFAULT_MB, metadata={
+        "help": f"--chunked-loss: MiB of scores per chunk of rows (default {DEFAULT_MB:g})"})
+
+
+def rows_per_chunk(vocab: int, dtype: torch.dtype, budget_mb: float) -> int:
+    """Rows whose scores fit ``budget_mb``: 4 bytes a score in fp32, and for a half model its
+    scores before the cast or the rounded G besides."""
+    per_score = 4 if dtype == torch.float32 else 4 + torch.finfo(dtype).bits // 8
+    return max(1, int(budget_mb * 2**20) // (vocab * per_score))
+
+
+def _mm32(a: Tensor, b: Tensor) -> Tensor:
+    """a·b summed and returned in fp32, for half a and b."""
+    if a.is_cuda:  # the half tensor cores, fp32 sums
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()  # the CPU's half products are emulated, slower than fp32
+
+
+def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, epsilon: float,
+            ignore_index: int, rows: int, grads: tuple[bool, bool, bool], accuracy: bool):
+    """(loss, nll, n_correct, (∂/∂h, ∂/∂W_out, ∂/∂b)) in fp32; a gradient is None where its
+    ``grads`` flag is False, n_correct None without ``accuracy``."""
+    n, vocab = hidden.shape[0], w_out.shape[0]
+    eps_i = epsilon / (vocab - 1)
+    on_target = 1.0 - epsilon - eps_i
+    keep = target.ne(ignore_index)
+    target = torch.where(keep, target, 0)
+    fp32 = {"dtype": torch.float32, "device": hidden.device}
+    loss, nll = torch.zeros((), **fp32), torch.zeros((), **fp32)
+    n_correct = torch.zeros((), dtype=torch.long, device=hidden.device) if accuracy else None
+    grad_h = torch.empty(n, hidden.shape[1], **fp32) if grads[0] else None
+    grad_w = torch.zeros(w_out.shape, **fp32) if grads[1] else None
+    grad_b = torch.zeros(vocab, **fp32) if grads[2] and bias is not None else None
+    for start in range(0, n, rows):
+        h, y, k = hidden[start:start + rows], target[start:start + rows], keep[start:start + rows]
+        s = F.linear(h, w_out, bias).float()  # a half model's scores rounded as fairseq's are
+        top, pred = s.max(-1) if accuracy else (s.amax(-1), None)
+        s_y = s.gather(1, y[:, None]).squeeze(1)
+        total = s.sum(-1) if epsilon else None
+        p = s.sub_(top[:, None]).exp_()  # exp(s − max), in place
+        z = p.sum(-1)
+        log_z = top + z.log()
+        row_nll = log_z - s_y
+        row_loss = on_target * row_nll + eps_i * (vocab * log_z - total) if epsilon else row_nll
+        nll += torch.where(k, row_nll, 0.0).sum()
+        loss += torch.where(k, row_loss, 0.0).sum()
+        if accuracy:
+            n_correct += (pred.eq(y) & k).sum()
+        if not any(grads):
+            continue
+        g = p.mul_(torch.where(k, z.reciprocal(), 0.0)[:, None])  # p; 0 on padding rows
+        g.scatter_add_(1, y[:, None], (-on_target * k)[:, None].float())
+        if eps_i:
+            g.sub_((eps_i * k)[:, None])
+        if grad_b is not None:
+            grad_b += g.sum(0)
+        if hidden.dtype == torch.float32:
+            if grad_h is not None:
+                torch.mm(g, w_out, out=grad_h[start:start + rows])
+            if grad_w is not None:
+                grad_w.addmm_(g.t(), h)
+            continue
+        g = g.mul_(HALF_SCALE).to(hidden.dtype)  # a half product's operand: scaled, rounded
+        if grad_h is not None:
+            grad_h[start:start + rows] = _mm32(g, w_out).div_(HALF_SCALE)
+        if grad_w is not None:
+            grad_w.add_(_mm32(g.t(), h), alpha=1 / HALF_SCALE)
+    return loss, nll, n_correct, (grad_h, grad_w, grad_b)
+
+
+class _LinearLabelSmoothedNLL(torch.autograd.Function):
+    """The summed loss, its nll and the correct predictions (not differentiable) of
+    ``_chunks``; the gradients computed in the forward, scaled in the backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, w_out, bias, target, epsilon, ignore_index, rows, accuracy):
+        loss, nll, n_correct, grads = _chunks(hidden, w_out, bias, target, epsilon,
+                                              ignore_index, rows, ctx.needs_input_grad[:3],
+                                              accuracy)
+        ctx.save_for_backward(*grads)
+        ctx.dtypes = (hidden.dtype, w_out.dtype, None if bias is None else bias.dtype)
+        ctx.done = False
+        if n_correct is None:
+            n_correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+        ctx.mark_non_differentiable(nll, n_correct)
+        return loss, nll, n_correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_):
+        if ctx.done:  # the saved gradients were scaled in place
+            raise RuntimeError("the chunked loss supports one backward pass (no retain_graph)")
+        ctx.done = True
+        return (*(None if g is None else g.mul_(grad_loss).to(dtype)
+                  for g, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)),
+                None, None, None, None, None)
+
+
 def linear_label_smoothed_nll_loss(hidden: Tensor, w_out: Tensor, bias: Tensor | None,
                                    target: Tensor, epsilon: float, ignore_index: int,
-                                   reduce: bool = True) -> tuple[Tensor, Tensor]:
+                                   reduce: bool = True, budget_mb: float = DEFAULT_MB,
+                                   accuracy: bool = False
+                                   ) -> tuple[Tensor, Tensor, Tensor | None]:
     """fairseq's ``label_smoothed_nll_loss(log_softmax(hidden @ w_out.T + bias), target, ...)``
-    (loss, nll_loss) in fp32, for ``hidden`` (N, D) and ``target`` (N,)."""
-    # The op returns its result in the input's dtype: a half sum over thousands of tokens would
-    # be rounded to tens, so half inputs give per-token values (as fairseq's half scores are
-    # rounded per token), summed in fp32.
-    per_token = not reduce or hidden.dtype in HALF
-    nll = F.linear_cross_entropy(hidden, w_out, target, linear_bias=bias,
-                                 ignore_index=ignore_index, options=OPTIONS,
-                                 reduction="none" if per_token else "sum").float()
-    smooth = nll.new_zeros(())
-    if epsilon:
-        h = hidden.float()
-        gap = (h * w_out[target].float()).sum(-1) - h @ w_out.mean(0, dtype=torch.float32)
-        if bias is not None:
-            gap = gap + bias[target].float() - bias.mean(dtype=torch.float32)
-        gap = gap.masked_fill(target.eq(ignore_index), 0.0)  # s_y − s̄ = log Z − s̄ − nll
-        smooth = w_out.shape[0] * (nll + (gap if per_token else gap.sum()))
-    if reduce and per_token:
-        nll, smooth = nll.sum(), smooth.sum()
-    eps_i = epsilon / (w_out.shape[0] - 1)
-    loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
-    return (loss, nll) if reduce else (loss.unsqueeze(-1), nll.unsqueeze(-1))
+    (loss, nll_loss) in fp32 for ``hidden`` (N, D) and ``target`` (N,), and with ``accuracy``
+    the number of non-padding rows whose highest score is the target's. ``reduce=False``
+    (per-token losses, which no training step asks for) takes fairseq's own formula over the
+    N×V scores."""
+    if not reduce:
+        lprobs = F.log_softmax(F.linear(hidden, w_out, bias).float(), dim=-1)
+        loss, nll = label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index, reduce=False)
+        correct = lprobs.argmax(-1).eq(target) & target.ne(ignore_index) if accuracy else None
+        return loss, nll, None if correct is None else correct.sum()
+    rows = rows_per_chunk(w_out.shape[0], hidden.dtype, budget_mb)
+    inputs = (hidden, w_out, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+        loss, nll, n_correct = _LinearLabelSmoothedNLL.apply(*inputs, target, epsilon,
+                                                             ignore_index, rows, accuracy)
+    else:
+        loss, nll, n_correct, _ = _chunks(*inputs, target, epsilon, ignore_index, rows,
+                                          (False,) * 3, accuracy)
+    return loss, nll, n_correct if accuracy else None
 
 
-def predictions(hidden: Tensor, w_out: Tensor, bias: Tensor | None) -> Tensor:
-    """argmax_j s_j per row, in chunks of rows holding no more scores than ``hidden`` numbers."""
-    rows = max(1, hidden.numel() // w_out.shape[0])
-    with torch.no_grad():
-        return torch.cat([F.linear(h, w_out, bias).argmax(-1) for h in hidden.split(rows)])
+# Where the criterions take the chunked loss without --chunked-loss: device type → the smallest
+# V (None: never). CPU from 8k: there it took less CPU time than fairseq's loss at every V timed
+# (8k to 128k, fp32, 4k tokens); smaller V untimed. CUDA: not timed yet (torch's op, which
+# --chunked-loss used before, was 2-11x slower on an H100). docs/performance.md has the table.
+CHUNKED_BY_DEFAULT: dict[str, int | None] = {"cpu": 8000, "cuda": None}
+
+
+def chunked_by_default(device: torch.device, vocab: int) -> bool:
+    """Whether a plugin criterion computes the chunked loss when neither --chunked-loss nor
+    --no-chunked-loss is given."""
+    smallest = CHUNKED_BY_DEFAULT.get(device.type)
+    return smallest is not None and vocab >= smallest
 
 
 class ChunkedLoss:
-    """``forward`` of a fairseq cross-entropy criterion that, with ``chunked_loss``, scores the
-    decoder's features with its ``OutputScorer`` inside ``linear_label_smoothed_nll_loss``
-    (fairseq's ``ignore_prefix_size``, ``sentence_avg``, padding and logs kept)."""
+    """``forward`` of a fairseq cross-entropy criterion that, chunked (``--chunked-loss``, or by
+    default where ``chunked_by_default`` says so), scores the decoder's features with its
+    ``OutputScorer`` inside ``linear_label_smoothed_nll_loss`` (fairseq's
+    ``ignore_prefix_size``, ``sentence_avg``, padding and logs kept)."""
 
-    chunked_loss = False
+    chunked_loss: bool | None = None  # None: chunked_by_default
+    chunked_loss_mb = DEFAULT_MB
     logs_nll_loss = True  # fairseq's cross_entropy logs its loss only
     eps = 0.0
     ignore_prefix_size = 0
     report_accuracy = False
 
+    def init_chunked(self, chunked_loss: bool, no_chunked_loss: bool,
+                     chunked_loss_mb: float) -> None:
+        if chunked_loss and no_chunked_loss:
+            raise ValueError("--chunked-loss and --no-chunked-loss contradict each other: "
+                             "give one of them")
+        if not chunked_loss_mb > 0:
+            raise ValueError(f"--chunked-loss-mb {chunked_loss_mb}: give a positive number of "
+                             f"MiB (default {DEFAULT_MB:g})")
+        self.chunked_loss = True if chunked_loss else False if no_chunked_loss else None
+        self.chunked_loss_mb = chunked_loss_mb
+
+    def chunked(self, model) -> bool:
+        """Whether this step takes the chunked loss."""
+        if self.chunked_loss is not None:
+            return self.chunked_loss
+        scorer = getattr(getattr(model, "decoder", None), "scorer", None)
+        return scorer is not None and chunked_by_default(scorer.weight.device,
+                                                         scorer.weight.shape[0])
+
     def forward(self, model, sample, reduce=True):
-        if not self.chunked_loss:
+        if not self.chunked(model):
             return super().forward(model, sample, reduce)
         features, _ = model(**sample["net_input"], features_only=True)
         loss, nll_loss, n_correct, total = self.loss_from_features(model, features, sample, reduce)
@@ -104,10 +252,9 @@ class ChunkedLoss:
         hidden = scorer.project(features[:, self.ignore_prefix_size:])
         hidden = hidden.reshape(-1, hidden.shape[-1])
         w_out, bias = scorer.output_matrix_and_bias()
-        loss, nll_loss = linear_label_smoothed_nll_loss(hidden, w_out, bias, target, self.eps,
-                                                        self.padding_idx, reduce)
+        loss, nll_loss, n_correct = linear_label_smoothed_nll_loss(
+            hidden, w_out, bias, target, self.eps, self.padding_idx, reduce,
+            self.chunked_loss_mb, self.report_accuracy)
         if not self.report_accuracy:
             return loss, nll_loss, None, None
-        mask = target.ne(self.padding_idx)
-        n_correct = predictions(hidden[mask], w_out, bias).eq(target[mask]).sum()
-        return loss, nll_loss, utils.item(n_correct), utils.item(mask.sum())
+        return loss, nll_loss, utils.item(n_correct), utils.item(target.ne(self.padding_idx).sum())

@@ -6,18 +6,27 @@ from dataclasses import dataclass
 from fairseq.criterions import register_criterion
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion, CrossEntropyCriterionConfig
 
-from fairseq_tying.core.criterions.chunked import ChunkedLoss, chunked_loss_field
+from fairseq_tying.core.criterions.chunked import (
+    DEFAULT_MB,
+    ChunkedLoss,
+    chunked_loss_field,
+    chunked_loss_mb_field,
+    no_chunked_loss_field,
+)
 
 
 @dataclass
 class CrossEntropyTyingConfig(CrossEntropyCriterionConfig):
     chunked_loss: bool = chunked_loss_field()
+    no_chunked_loss: bool = no_chunked_loss_field()
+    chunked_loss_mb: float = chunked_loss_mb_field()
 
 
 @register_criterion("cross_entropy_tying", dataclass=CrossEntropyTyingConfig)
 class CrossEntropyTying(ChunkedLoss, CrossEntropyCriterion):
     logs_nll_loss = False
 
-    def __init__(self, task, sentence_avg, chunked_loss=False):
+    def __init__(self, task, sentence_avg, chunked_loss=False, no_chunked_loss=False,
+                 chunked_loss_mb=DEFAULT_MB):
         super().__init__(task, sentence_avg)
-        self.chunked_loss = chunked_loss
+        self.init_chunked(chunked_loss, no_chunked_loss, chunked_loss_mb)

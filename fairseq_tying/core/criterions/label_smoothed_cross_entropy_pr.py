@@ -1,6 +1,6 @@
 """Label-smoothed cross-entropy + Press & Wolf's projection regularization λ‖P‖², with
-statistics of the tied matrix's row norms logged every update; ``--chunked-loss`` computes the
-cross-entropy without the N×V scores (``chunked.py``)."""
+statistics of the tied matrix's row norms (and fixnorm's gain g) logged every update;
+``--chunked-loss`` computes the cross-entropy without the N×V scores (``chunked.py``)."""
 
 
 from dataclasses import dataclass, field
@@ -13,7 +13,13 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.logging import metrics
 
-from fairseq_tying.core.criterions.chunked import ChunkedLoss, chunked_loss_field
+from fairseq_tying.core.criterions.chunked import (
+    DEFAULT_MB,
+    ChunkedLoss,
+    chunked_loss_field,
+    chunked_loss_mb_field,
+    no_chunked_loss_field,
+)
 
 NORM_STATS = ("wnorm_mean", "wnorm_std", "wnorm_min", "wnorm_max")
 
@@ -25,6 +31,8 @@ class ProjectionRegConfig(LabelSmoothedCrossEntropyCriterionConfig):
         metadata={"help": "weight λ of the penalty λ‖P‖² on the --tied-projection matrix P"},
     )
     chunked_loss: bool = chunked_loss_field()
+    no_chunked_loss: bool = no_chunked_loss_field()
+    chunked_loss_mb: float = chunked_loss_mb_field()
 
 
 def row_norm_stats(weight: torch.Tensor, padding_idx: int | None) -> dict[str, float]:
@@ -40,10 +48,11 @@ def row_norm_stats(weight: torch.Tensor, padding_idx: int | None) -> dict[str, f
 @register_criterion("label_smoothed_cross_entropy_pr", dataclass=ProjectionRegConfig)
 class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
-                 report_accuracy=False, projection_reg=0.15, chunked_loss=False):
+                 report_accuracy=False, projection_reg=0.15, chunked_loss=False,
+                 no_chunked_loss=False, chunked_loss_mb=DEFAULT_MB):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.projection_reg = projection_reg
-        self.chunked_loss = chunked_loss
+        self.init_chunked(chunked_loss, no_chunked_loss, chunked_loss_mb)
 
     def forward(self, model, sample, reduce=True):
         loss, sample_size, logging_output = super().forward(model, sample, reduce)
@@ -58,6 +67,8 @@ class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterio
             logging_output["proj_reg"] = penalty.item()
         padding = model.decoder.embed_tokens.padding_idx
         logging_output.update(row_norm_stats(scorer.weight, padding))
+        if scorer.gain is not None:
+            logging_output["gain"] = scorer.gain.item()
         return loss, sample_size, logging_output
 
     @classmethod
@@ -67,7 +78,8 @@ class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterio
         if not logs:
             return
         for key, combine in (("wnorm_mean", _mean), ("wnorm_std", _mean),
-                             ("wnorm_min", min), ("wnorm_max", max), ("proj_reg", _mean)):
+                             ("wnorm_min", min), ("wnorm_max", max), ("proj_reg", _mean),
+                             ("gain", _mean)):
             values = [log[key] for log in logs if key in log]
             if values:
                 metrics.log_scalar(key, combine(values), round=4)

@@ -16,7 +16,7 @@ import torch
 from fairseq.data import Dictionary
 from torch import Tensor
 
-from fairseq_tying.core import names
+from fairseq_tying.core import checkpoint_compat, names
 
 GUARDED_FLAGS = ("output_layer", "tying", "tied_embed_dim", "tied_projection", "output_bias")
 EMBEDDING_KEYS = {
@@ -64,9 +64,9 @@ def resume_path(args: Namespace) -> Path | None:
 
 def saved_model_args(path: Path) -> Namespace | None:
     try:  # mmap: only the pickled config is read, the tensors stay on disk
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = checkpoint_compat.load(path, mmap=True)
+    except RuntimeError:  # an old, non-zip checkpoint cannot be mapped
+        state = checkpoint_compat.load(path)
     cfg = state.get("cfg") or {}
     args = cfg.get("model") if isinstance(cfg, dict) else None
     args = args if args is not None else state.get("args")

@@ -154,10 +154,10 @@ class ScorerDecoderMixin:
 
     def _match_optional_parameters(self, state_dict, prefix: str) -> None:
         """A checkpoint started on purpose (--finetune-from-model, --reset-optimizer) with
-        another --output-bias or --tied-projection: a missing output bias starts at zero (the
-        same scores), a missing projection at its fresh initialization; parameters this model
-        does not have are dropped, with a warning."""
-        own = {"bias": self.scorer.bias,
+        another --output-bias, --tied-projection or --output-layer: a missing output bias starts
+        at zero (the same scores), a missing projection or fixnorm gain at its fresh
+        initialization; parameters this model does not have are dropped, with a warning."""
+        own = {"bias": self.scorer.bias, "gain": self.scorer.gain,
                "projection.weight": getattr(self.scorer.projection, "weight", None)}
         for key, param in own.items():
             if param is None and state_dict.pop(prefix + key, None) is not None:

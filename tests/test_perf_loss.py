@@ -1,0 +1,69 @@
+"""The loss benchmark (``bench --mode loss``): end to end at a tiny size (not a timing test),
+its report blocks, and its refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fairseq_tying.bench import loss
+from fairseq_tying.common.atomic import block_text
+from tests.helpers import run_module
+
+
+def _block(path, name: str) -> str:
+    return block_text(path.read_text(), name).strip()
+
+
+@pytest.mark.slow
+def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
+    out, perf, readme = tmp_path / "loss.json", tmp_path / "perf.md", tmp_path / "README.md"
+    perf.write_text("# Performance\n\nText before.\n")
+    run_module("fairseq_tying.bench", "--mode", "loss", "--vocab", "64", "--tokens", "64", "128",
+               "--budget-vocab", "64", "--chunked-loss-mb", "0.01", "--out", out,
+               "--report", perf, "--readme", readme, timeout=1200)
+    report = json.loads(out.read_text())
+    assert list(report["setups"]) == ["cpu:fp32"]  # no CUDA here
+    entry = report["setups"]["cpu:fp32"]
+    assert list(entry["results"]) == ["64", "128"]
+    for by_vocab in entry["results"].values():
+        res = by_vocab["64"]
+        assert set(res) == set(loss.MODELS)
+        for model in loss.MODELS:  # the same weights and batch: the same loss
+            assert res[model]["loss"] == pytest.approx(res["builtin"]["loss"], rel=1e-4)
+            assert res[model]["cpu_s"] > 0 and res[model]["peak"] > 0
+    assert {"builtin", "chunked"} <= set(entry["max_tokens"])
+    assert [t for t, _ in entry["max_tokens"]["chunked"]["points"]] == [1024, 2048, 64, 128]
+    text = loss.tables([(out, report)], tmp_path)
+    assert out.with_suffix(".md").read_text() == text
+    assert perf.read_text().startswith("# Performance\n\nText before.\n")
+    assert _block(perf, loss.TABLE_BLOCK) == text.strip()
+    assert "| 128 | 64 |" in text and "[JSON](loss.json)" in text
+    assert _block(readme, loss.SUMMARY_BLOCK) == loss.summary([report]).strip()
+    # the blocks again from the committed report alone, nothing measured
+    perf.write_text("# Performance\n")
+    run_module("fairseq_tying.bench", "--mode", "loss", "--report-only", out, "--report", perf)
+    assert _block(perf, loss.TABLE_BLOCK) == text.strip()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--tokens", "100"], "multiple of the sentence length"),
+    (["--budget-vocab", "1000"], "--budget-vocab 1000 is not in --vocab"),
+    (["--chunked-loss-mb", "0"], "--chunked-loss-mb 0.0: give a positive"),
+    (["--report-only", "no/such.json"], "no such report: no/such.json"),
+])
+def test_bad_settings_are_refused_by_name(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        loss.parse_args(flags)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cuda_setups_need_a_cuda_device(capsys):
+    if loss.torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    with pytest.raises(SystemExit):
+        loss.parse_args(["--setups", "cpu:fp32", "cuda:bf16"])
+    assert "no CUDA device is visible" in capsys.readouterr().err
+    assert loss.parse_args([]).setups == ["cpu:fp32"]
