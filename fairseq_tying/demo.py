@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 from fairseq_tying.common import PLUGIN_DIR, RUN_JSON
 from fairseq_tying.common.atomic import replace_block, write_json
 from fairseq_tying.common.reproducible import pinned_env
@@ -133,8 +135,6 @@ def train_in_parallel(commands: dict[str, list[str]]) -> None:
 def demo_record(run_dirs: dict[str, Path], results: list[dict], args: argparse.Namespace,
                 seconds: float) -> dict:
     """What the README's demo block shows, and how it was made."""
-    import torch
-
     layers = {}
     for (layer, run), res in zip(run_dirs.items(), results, strict=True):
         norms = row_norms(run / "checkpoints" / "checkpoint_best.pt")[1]

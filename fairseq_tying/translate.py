@@ -25,6 +25,9 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import ctranslate2
+import sentencepiece as spm
+from subword_nmt.apply_bpe import BPE
 from tqdm import tqdm
 
 from fairseq_tying.common import LM_TASK
@@ -70,13 +73,10 @@ def text_processors(model: Path, meta: dict) -> tuple[Callable[[str], list[str]]
     """(raw sentence → source tokens, target tokens → detokenized sentence) for the model."""
     kind = meta.get("subword", "none")
     if kind == "sentencepiece":
-        import sentencepiece as spm
-
         sp = spm.SentencePieceProcessor(model_file=str(model / meta["subword_model"]))
         return (lambda line: sp.encode(line, out_type=str)), sp.decode
     if kind == "subword_nmt":
-        from subword_nmt.apply_bpe import BPE
-
+        # imported for a Moses-tokenized model only: sacremoses (0.7 s) is kept off --help
         from fairseq_tying.common import moses
 
         with open(model / meta["subword_model"], encoding="utf-8") as f:
@@ -142,8 +142,6 @@ def translate_tokens(translator, sources: list[list[str]], options: dict, batch_
 
 def load_translator(model: Path, device: str = "cpu", compute_type: str = "default",
                     threads: int = 0):
-    import ctranslate2
-
     return ctranslate2.Translator(str(model), device=device, compute_type=compute_type,
                                   intra_threads=threads)
 

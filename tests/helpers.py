@@ -59,11 +59,11 @@ def _run(argv: list[str], name: str, check: bool, env: dict[str, str] | None,
     return proc
 
 
-def run_cli(tool: str, *args: str, check: bool = True,
+def run_cli(tool: str, *args: str | os.PathLike, check: bool = True,
             input: str | None = None) -> subprocess.CompletedProcess:
     """Run one of fairseq's console scripts from this environment (INPUT on its stdin); output
     captured."""
-    return _run([str(BIN / tool), *args], tool, check, None, None, input)
+    return _run([str(BIN / tool), *map(str, args)], tool, check, None, None, input)
 
 
 def run_module(module: str, *args: str | os.PathLike, check: bool = True,
@@ -334,12 +334,18 @@ def write_sweep(path: Path, **changes) -> Path:
     return path
 
 
-def launch(*args: str, data: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def launch(*args: str, data: Path | None = None, check: bool = True,
+           timeout: float = 600) -> subprocess.CompletedProcess:
     """``python -m fairseq_tying.launch ARGS`` as a user runs it (DATA: the tiny sweep's data)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if data is not None:
         env["FAIRSEQ_TYING_TINY_DATA"] = str(data)
-    return run_module("fairseq_tying.launch", *args, check=check, timeout=600, env=env)
+    return run_module("fairseq_tying.launch", *args, check=check, timeout=timeout, env=env)
+
+
+def run_folders(out: Path) -> list[Path]:
+    """The run folders a sweep wrote into ``out`` (not its .submitit/)."""
+    return sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def sacct(job: str) -> list[dict[str, str]]:

@@ -12,8 +12,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from tests.helpers import binarize, run_cli, run_module
-from tests.test_core_cli import train_args
+from tests.helpers import binarize, run_cli, run_module, train_args
 
 
 def _simlex() -> tuple[list[tuple[str, str, float]], str]:

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.data import benchmarks
+from tests.helpers import REPO
 
-FIXTURES = Path(__file__).parent / "fixtures" / "data"
+FIXTURES = REPO / "tests" / "fixtures" / "data"
 IWSLT = FIXTURES / "iwslt14"
 WMT = FIXTURES / "wmt16"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -12,7 +12,6 @@ import os
 import random
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,26 +23,14 @@ from matplotlib import image as mpimg
 import fairseq_tying
 from fairseq_tying.evaluation.average import average_checkpoints
 from fairseq_tying.launch import job
-from tests.helpers import run_module
+from tests.helpers import run_cli, run_module
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 PLUGIN = os.path.dirname(fairseq_tying.__file__)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 N_TEST = 30  # not a multiple of the batch size: the last, smaller batch must be translated
 ES = "el la casa perro gato come bebe agua pan grande pequeño rojo azul verde corre y no".split()
 EN = "the the house dog cat eats drinks water bread big small red blue green runs and not".split()
-
-
-def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], env=ENV, text=True, capture_output=True, **kw)
-
-
-def _check(cmd: list[str]) -> subprocess.CompletedProcess:
-    proc = _run(cmd)
-    assert proc.returncode == 0, f"{cmd[0]} failed:\n{proc.stderr[-3000:]}"
-    return proc
 
 
 def _make_data(d: Path) -> Path:
@@ -68,10 +55,10 @@ def _make_data(d: Path) -> Path:
             lines = (d / "raw" / f"{split}.{lang}").read_text().splitlines()
             (d / "sp" / f"{split}.{lang}").write_text(
                 "".join(" ".join(sp.encode(x, out_type=str)) + "\n" for x in lines))
-    _check([BIN / "fairseq-preprocess", "--source-lang", "es", "--target-lang", "en",
+    run_cli("fairseq-preprocess", "--source-lang", "es", "--target-lang", "en",
             "--trainpref", d / "sp/train", "--validpref", d / "sp/valid",
             "--testpref", d / "sp/test", "--destdir", d / "bin", "--joined-dictionary",
-            "--workers", "1"])
+            "--workers", "1")
     (d / "prep.json").write_text(json.dumps({
         "corpus": "toy", "src": "es", "tgt": "en", "subword": "sentencepiece",
         "post_process": "sentencepiece", "detokenizer": None, "vocab_size": 60}))
@@ -79,7 +66,7 @@ def _make_data(d: Path) -> Path:
 
 
 def _train(data: Path, save_dir: Path, output_layer: str, seed: int, epochs: int) -> None:
-    _check([BIN / "fairseq-train", data / "bin", "--user-dir", PLUGIN,
+    run_cli("fairseq-train", data / "bin", "--user-dir", PLUGIN,
             "--arch", "transformer_twwt", "--output-layer", output_layer,
             "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
             "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
@@ -87,7 +74,7 @@ def _train(data: Path, save_dir: Path, output_layer: str, seed: int, epochs: int
             "--decoder-attention-heads", "2", "--optimizer", "adam", "--lr", "0.01",
             "--criterion", "label_smoothed_cross_entropy", "--max-tokens", "4000",
             "--max-epoch", str(epochs), "--seed", str(seed), "--cpu", "--no-progress-bar",
-            "--save-dir", save_dir])
+            "--save-dir", save_dir)
 
 
 def _evaluate(*args) -> subprocess.CompletedProcess:
@@ -125,7 +112,7 @@ def eval_b(world) -> dict:
 
 
 def _sacrebleu_cli(ref: Path, hyp: Path) -> dict[str, dict]:
-    out = _check([BIN / "sacrebleu", ref, "-i", hyp, "-m", "bleu", "chrf", "-w", "6"]).stdout
+    out = run_cli("sacrebleu", ref, "-i", hyp, "-m", "bleu", "chrf", "-w", "6").stdout
     return {m["name"]: m for m in json.loads(out)}
 
 

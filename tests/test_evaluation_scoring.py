@@ -8,7 +8,6 @@ import math
 import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,7 @@ from fairseq_tying.studies.formatting import format_ci
 from fairseq_tying.studies.records import Record
 from fairseq_tying.studies.significance import compare, seed_paired_bootstrap
 from fairseq_tying.studies.stats import mean_ci
-
-SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
+from tests.helpers import run_cli
 
 REFS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -44,8 +42,7 @@ HYPS = [
 
 
 def _cli(ref: Path, hyp: Path, *args: str) -> list[dict]:
-    out = subprocess.run([SACREBLEU, str(ref), "-i", str(hyp), "-w", "6", *args],
-                         capture_output=True, text=True, check=True).stdout
+    out = run_cli("sacrebleu", str(ref), "-i", str(hyp), "-w", "6", *args).stdout
     data = json.loads(out)
     return data if isinstance(data, list) else [data]
 

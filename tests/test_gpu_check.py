@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 from fairseq_tying import translate
 from fairseq_tying.bench import gpu_check
 from fairseq_tying.core import scoring
-from tests.helpers import TINY_MODEL, run_cli
+from tests.helpers import REPO, TINY_MODEL, run_cli
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")
@@ -55,12 +54,12 @@ def test_log_checks_on_a_real_fp16_training_log(joined_bin, tmp_path):
 
 
 def test_makefile_target_runs_the_check():
-    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    makefile = (REPO / "Makefile").read_text()
     line = "$(PY) -m fairseq_tying.bench --mode gpu-check --out work/gpu_check"
     assert f"gpu-check: setup\n\t{line}" in makefile
 
 
-H100_LOG = Path(__file__).parent / "fixtures" / "h100_fp16_dot_train.log"
+H100_LOG = REPO / "tests" / "fixtures" / "h100_fp16_dot_train.log"
 
 
 def test_log_checks_on_the_h100_run():
@@ -93,7 +92,7 @@ H100_LAYERS = {  # make gpu-check on an H100, the five output layers side by sid
 def test_log_checks_on_the_h100_runs_of_the_normalized_layers(output_layer):
     """Their fp16 training passed on the GPU: finite, falling losses and a stable loss scale
     (distance's one late overflow, 16 -> 8, is the halving the check allows)."""
-    log = (Path(__file__).parent / "fixtures" / f"h100_fp16_{output_layer}_train.log").read_text()
+    log = (REPO / "tests" / "fixtures" / f"h100_fp16_{output_layer}_train.log").read_text()
     checks = gpu_check.train_log_checks(log, updates=300)
     overflows, late, first, last = H100_LAYERS[output_layer]
     assert (checks["overflows"], checks["late_halvings"]) == (overflows, late)

@@ -10,6 +10,8 @@ import ast
 import importlib
 import importlib.util
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -99,6 +101,62 @@ def test_no_view_imports_another_view():
     bad = {m: sorted(n for n in names if any(n == v or n.startswith(v + ".") for v in views))
            for m, names in views.items()}
     assert {m: names for m, names in bad.items() if names} == {}
+
+
+def unexplained_imports(source: str) -> list[int]:
+    """The lines of the function-level imports of ``source`` whose function does not say why
+    in a comment on the line above its first import (or on that import's line)."""
+    lines = source.splitlines()
+    bad = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        imports = sorted(n.lineno for n in ast.walk(fn) if isinstance(n, (ast.Import,
+                                                                          ast.ImportFrom)))
+        first = imports[0] if imports else None
+        if first and not (lines[first - 2].strip().startswith("#") or "#" in lines[first - 1]):
+            bad += imports
+    return bad
+
+
+def test_imports_are_at_the_top_unless_a_comment_says_why():
+    """The imports a reader sees at the top are the module's dependencies; a function imports
+    only what is kept off a fast path (matplotlib off --help, sacremoses off a training job),
+    and says so in a comment."""
+    bad = {str(p.relative_to(REPO)): lines for p in _modules()
+           if (lines := unexplained_imports(p.read_text()))}
+    assert bad == {}
+    assert unexplained_imports("def f():\n    x = 1\n    import os\n") == [3]
+    assert unexplained_imports("def f():\n    # os: why\n    import os\n    import re\n") == []
+
+
+def test_importing_the_tools_does_not_look_like_training():
+    """The plugin reads an imported ``fairseq_cli.train`` as running under fairseq-train (and
+    then guards a resume, core/models/guards.py): no module of the package imports it at the
+    top, so a tool that builds a model (params, export, bench) is not taken for a training."""
+    modules = sorted(_module_name(p) for p in _modules() if p.name != "__main__.py")
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+            "assert 'fairseq_cli.train' not in sys.modules\n")
+    subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True, cwd=REPO,
+                   capture_output=True)
+
+
+def test_the_tests_share_their_helpers_through_helpers_py():
+    """What several test modules need (REPO, the CLI runners, tiny data and models) is in
+    tests/helpers.py, once: no test module defines REPO or imports another test module."""
+    bad = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        if path.name != "helpers.py" and any(
+                isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "REPO"
+                                                     for t in node.targets)
+                for node in tree.body):
+            bad.append(f"{path.relative_to(REPO)}: defines REPO")
+        bad += [f"{path.relative_to(REPO)}: imports {node.module}" for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    ("tests.test_", "tests.committed.test_", "tests.slurm.test_"))]
+    assert bad == []
 
 
 def test_the_import_check_sees_tool_imports_at_any_depth():

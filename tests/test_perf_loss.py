@@ -7,14 +7,13 @@ import json
 
 import pytest
 
-from fairseq_tying.bench import loss
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.bench import loss, loss_report
+from fairseq_tying.common.atomic import block_text
 from tests.helpers import run_module
 
 
 def _block(path, name: str) -> str:
-    begin, end = markers(name)
-    return path.read_text().split(begin, 1)[1].split(end, 1)[0].strip()
+    return block_text(path.read_text(), name).strip()
 
 
 @pytest.mark.slow
@@ -36,16 +35,16 @@ def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
             assert res[model]["cpu_s"] > 0 and res[model]["peak"] > 0
     assert {"builtin", "chunked"} <= set(entry["max_tokens"])
     assert [t for t, _ in entry["max_tokens"]["chunked"]["points"]] == [1024, 2048, 64, 128]
-    text = loss.tables([(out, report)], tmp_path)
+    text = loss_report.tables([(out, report)], tmp_path)
     assert out.with_suffix(".md").read_text() == text
     assert perf.read_text().startswith("# Performance\n\nText before.\n")
-    assert _block(perf, loss.TABLE_BLOCK) == text.strip()
+    assert _block(perf, loss_report.TABLE_BLOCK) == text.strip()
     assert "| 128 | 64 |" in text and "[JSON](loss.json)" in text
-    assert _block(readme, loss.SUMMARY_BLOCK) == loss.summary([report]).strip()
+    assert _block(readme, loss_report.SUMMARY_BLOCK) == loss_report.summary([report]).strip()
     # the blocks again from the committed report alone, nothing measured
     perf.write_text("# Performance\n")
     run_module("fairseq_tying.bench", "--mode", "loss", "--report-only", out, "--report", perf)
-    assert _block(perf, loss.TABLE_BLOCK) == text.strip()
+    assert _block(perf, loss_report.TABLE_BLOCK) == text.strip()
     assert not list(tmp_path.glob(".*.tmp"))
 
 

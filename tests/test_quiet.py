@@ -24,12 +24,11 @@ def test_help_is_quiet():
 
 
 @pytest.mark.slow
-def test_bench_is_quiet_and_takes_the_old_preset_flag(tmp_path: Path):
+def test_bench_is_quiet(tmp_path: Path):
     # a real run: it imports fairseq and matplotlib and logs through both
     out = tmp_path / "bench"
-    proc = run_module("fairseq_tying.bench", "--preset", "tiny", "--vocab", "64", "--reps", "2",
+    proc = run_module("fairseq_tying.bench", "--size", "tiny", "--vocab", "64", "--reps", "2",
                       "--no-memory", "--threads", "1", "--out", out, timeout=600)
     assert_quiet(proc.stderr)
-    assert "--preset is deprecated, use --size tiny" in proc.stderr
     config = json.loads((out / "bench.json").read_text())["config"]
     assert config["size"] == "tiny" and "preset" not in config and (out / "bench.png").is_file()

@@ -6,12 +6,11 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, run_module
+
 README = REPO / "README.md"
 MAX_LINES = 220
 
@@ -48,9 +47,8 @@ def test_the_readme_is_a_front_page():
 @pytest.mark.slow
 @pytest.mark.parametrize("words", PYTHON, ids=[" ".join(w[2:4]) for w in PYTHON])
 def test_readme_python_commands_parse(words):
-    proc = subprocess.run([sys.executable, *words[1:], "--help"], capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(words)}:\n{proc.stderr[-2000:]}"
+    assert words[1] == "-m", words
+    proc = run_module(words[2], *words[3:], "--help", timeout=300)
     assert "usage:" in proc.stdout
 
 

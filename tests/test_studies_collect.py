@@ -21,6 +21,7 @@ from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.formatting import format_ci
 from fairseq_tying.studies.records import load_evaluated, training_summary
 from fairseq_tying.studies.stats import mean_ci
+from tests.helpers import REPO
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -205,4 +206,4 @@ def test_exporting_records_needs_no_matplotlib():
             "from fairseq_tying.evaluation import norms\n"
             "from fairseq_tying.studies import records\n"
             "assert callable(records.export) and callable(norms.row_norms)\n")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

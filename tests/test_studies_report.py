@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.common.atomic import block_text, markers, replace_block
 from fairseq_tying.launch.__main__ import main as launch
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest
@@ -26,8 +26,8 @@ from fairseq_tying.studies.report import (
     summary_lead,
     summary_source,
 )
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 MANIFEST = REPO / "slurm" / "studies.yaml"
 FORBIDDEN = ("running", "in progress", "not yet")  # a block states records, not plans
@@ -70,15 +70,29 @@ def test_the_makefile_study_targets_are_one_line_each_over_the_study_command():
     assert "FAIRSEQ_TYING_" not in text
 
 
+def test_a_block_reads_back_as_it_was_written(tmp_path):
+    """``block_text`` gives back what ``replace_block`` wrote (trailing blanks dropped, one
+    newline), whatever is written by hand around the block; no block is a clear error."""
+    report = tmp_path / "r.md"
+    report.write_text("# R\n\nby hand <!-- b:end -->\n")
+    replace_block(report, "b", "| a |\n| 1 |  \n\n")
+    replace_block(report, "other", "x")
+    text = report.read_text()
+    assert block_text(text, "b") == "| a |\n| 1 |\n" and block_text(text, "other") == "x\n"
+    assert text.startswith("# R\n\nby hand <!-- b:end -->\n")
+    with pytest.raises(ValueError, match="no marked block 'c'"):
+        block_text(text, "c")
+    assert markers("b") == ("<!-- b:begin -->", "<!-- b:end -->")
+
+
 def test_a_study_without_records_says_how_many_runs_it_has(manifest):
     text, summary = Renderer([], None, expected=27).block("equal")
     assert text == "0 of 27 runs are recorded." and summary is None
     assert not any(word in text.lower() for word in FORBIDDEN)
-    results = (DOCS / "results.md").read_text()
-    begin, _end = markers("equal")  # the committed block leads with its own count
+    block = block_text((DOCS / "results.md").read_text(), "equal")
     n = len(list((DOCS / "equal" / "records").glob("*.json")))
     expected = expected_runs(manifest.study("equal"))
-    assert results[results.index(begin):].startswith(f"{begin}\n{recorded(n, expected)}\n")
+    assert block.startswith(f"{recorded(n, expected)}\n")  # the block leads with its count
     assert recorded(1, 27) == "1 of 27 runs is recorded."
     assert recorded(3, None) == ""  # no sweep to count: no line
 
@@ -99,9 +113,7 @@ def test_the_short_answer_is_the_study_with_records(manifest, where):
         else [Section("transformer_twwt", {}, cells)]
     text, _ = view_help.render(sections)
     n = len(list(manifest.study(source).records.glob("*.json")))
-    page = (REPO / where).read_text()
-    begin, end = markers(summary.target.block)
-    assert page[page.index(begin) + len(begin) + 1:page.index(end)] == \
+    assert block_text((REPO / where).read_text(), summary.target.block) == \
         f"{summary_lead(source, n)}\n\n{text}"
     assert summary_lead("converged", 21) == "From the `converged` study's 21 records."
 

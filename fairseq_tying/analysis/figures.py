@@ -15,6 +15,7 @@ from fairseq_tying.common.atomic import atomic_write
 
 def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[str, dict],
          out: Path) -> None:
+    # imported when the figures are drawn: matplotlib (1 s) is kept off --help
     import matplotlib
 
     matplotlib.use("Agg")

@@ -12,8 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sentencepiece as spm
 import torch
-from fairseq.data import Dictionary
+from fairseq.data import Dictionary, data_utils
+from fairseq.data.data_utils import infer_language_pair
+from gensim.models import KeyedVectors
+from gensim.test.utils import datapath
 from scipy.stats import spearmanr
 
 from fairseq_tying.common import LM_TASK, checkpoints
@@ -62,8 +66,6 @@ class ModelReport:
 
 def benchmark_pairs(name: str) -> tuple[str, list[tuple[str, str]]]:
     """The path gensim ships for a benchmark and its word pairs."""
-    from gensim.test.utils import datapath
-
     path = datapath(BENCHMARKS[name])
     pairs = []
     for line in Path(path).read_text(encoding="utf8").splitlines():
@@ -85,8 +87,6 @@ class Side:
 
 
 def token_counts(prefix: Path, dictionary: Dictionary) -> np.ndarray | None:
-    from fairseq.data import data_utils
-
     dataset = data_utils.load_indexed_dataset(str(prefix), dictionary)
     if dataset is None:
         return None
@@ -114,8 +114,6 @@ def sides(state: dict, data: str | None) -> dict[str, Side]:
     src = checkpoints.config_value(state, "source_lang", "task")
     tgt = checkpoints.config_value(state, "target_lang", "task")
     if src is None or tgt is None:  # fairseq-train infers them from the binarized files
-        from fairseq.data.data_utils import infer_language_pair
-
         src, tgt = infer_language_pair(str(folder))
     paths = {"source": folder / f"dict.{src}.txt", "target": folder / f"dict.{tgt}.txt"}
     missing = [str(p) for p in paths.values() if not p.is_file()]
@@ -130,8 +128,6 @@ def subword_model(path: str | None, state: dict, data: str | None):
     """(path, processor) of the sentencepiece model: --spm, or ``spm.model`` beside the
     binarized data; (None, None) for a word-level vocabulary (``--spm none``, or ``prep.json``
     beside the data saying ``"subword": "word"``)."""
-    import sentencepiece as spm
-
     folder = Path(data or checkpoints.config_value(state, "data", "task") or ".")
     prep = folder.parent / "prep.json"
     if path == WORDS or (path is None and prep.is_file()
@@ -167,8 +163,6 @@ def word_vectors(pieces: dict[str, list[int]], matrix: np.ndarray,
 
 def similarity(vectors: dict[str, np.ndarray], dim: int, name: str) -> dict[str, Any]:
     """gensim's evaluate_word_pairs on the benchmark, with the number of pairs it scored."""
-    from gensim.models import KeyedVectors
-
     path, pairs = benchmark_pairs(name)
     scored = sum(a.lower() in vectors and b.lower() in vectors for a, b in pairs)
     result: dict[str, Any] = {"spearman": None, "pvalue": None, "pairs_scored": scored,

@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-MODES = ("layers", "serve", "loss", "gpu-check")
+from fairseq_tying.bench import gpu_check, layers, loss, serve
+
+MODES = {"layers": layers, "serve": serve, "loss": loss, "gpu-check": gpu_check}
 
 
 def main(argv: list[str] | None = None):
@@ -24,12 +26,4 @@ def main(argv: list[str] | None = None):
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--mode", choices=MODES, default="layers")
     known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if known.mode == "serve":
-        from fairseq_tying.bench import serve as mode
-    elif known.mode == "loss":
-        from fairseq_tying.bench import loss as mode
-    elif known.mode == "gpu-check":
-        from fairseq_tying.bench import gpu_check as mode
-    else:
-        from fairseq_tying.bench import layers as mode
-    return mode.main(rest)
+    return MODES[known.mode].main(rest)

@@ -49,8 +49,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import ctranslate2
+import sacrebleu
+import torch
+
+from fairseq_tying import translate
 from fairseq_tying.common import PLUGIN_DIR, atomic
 from fairseq_tying.core import scoring
+from fairseq_tying.export.ct2 import export_ct2
 
 BIN = Path(sys.executable).parent
 HYPOTHESIS = re.compile(r"^D-(\d+)\t(\S+)\t(.*)$", re.M)  # fairseq-generate's detokenized lines
@@ -65,9 +71,6 @@ class GpuCheckError(RuntimeError):
 
 def require_cuda() -> str:
     """The GPU's name; refuses clearly when torch or CTranslate2 sees no CUDA device."""
-    import ctranslate2
-    import torch
-
     if not torch.cuda.is_available():
         raise GpuCheckError("make gpu-check needs a CUDA GPU, and torch sees none "
                             f"(torch {torch.__version__}, torch.cuda.is_available() is False): "
@@ -172,11 +175,6 @@ def generated_hypotheses(run_dir: Path) -> dict[int, str]:
 
 
 def ct2_fp16(data: Path, run_dir: Path, reference: dict[int, str]) -> dict:
-    import sacrebleu
-
-    from fairseq_tying import translate
-    from fairseq_tying.export.ct2 import export_ct2
-
     model = run_dir / "ct2-float16"
     export_ct2(run_dir / "checkpoints" / "checkpoint_last.pt", model, data / "bin", "float16")
     sources = atomic.read_lines(data / "raw" / "test.es")

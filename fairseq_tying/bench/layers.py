@@ -36,6 +36,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from fairseq import options
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+)
+from fairseq.data import Dictionary
+from fairseq.sequence_generator import SequenceGenerator
+from fairseq.tasks.translation import TranslationTask
+from tqdm import tqdm
 
 from fairseq_tying.bench.layers_report import BUILTIN, MODELS, plot, table
 from fairseq_tying.bench.measure import (
@@ -87,9 +95,6 @@ class Bench:
     """The task, models and fixed inputs for one vocabulary size."""
 
     def __init__(self, vocab: int, size: Size, device: str, fp16: bool, seed: int = 1):
-        from fairseq.data import Dictionary
-        from fairseq.tasks.translation import TranslationTask
-
         self.size, self.device, self.fp16, self.seed = size, torch.device(device), fp16, seed
         d = Dictionary()
         for i in range(vocab - len(d)):
@@ -103,8 +108,6 @@ class Bench:
         self.gen_sample = self._batch(g, size.gen_sents, size.sent_len, with_target=False)
 
     def _args(self, name: str) -> argparse.Namespace:
-        from fairseq import options
-
         parser = options.get_training_parser()
         return options.parse_args_and_arch(parser, ["unused", "--user-dir", PLUGIN_DIR,
                                                     *model_flags(name, self.size)])
@@ -140,10 +143,6 @@ class Bench:
 
     def trainer(self, model: torch.nn.Module) -> Callable[[], None]:
         """One training step: label-smoothed cross-entropy, backward, Adam (AMP under --fp16)."""
-        from fairseq.criterions.label_smoothed_cross_entropy import (
-            LabelSmoothedCrossEntropyCriterion,
-        )
-
         criterion = LabelSmoothedCrossEntropyCriterion(self.task, False, 0.1)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
         scaler = torch.amp.GradScaler(self.device.type, enabled=self.fp16)
@@ -161,8 +160,6 @@ class Bench:
 
     def generator(self, model: torch.nn.Module) -> Callable[[], list]:
         """Beam-5 decoding of the fixed sources, exactly ``gen_len`` steps for every model."""
-        from fairseq.sequence_generator import SequenceGenerator
-
         length = self.size.gen_len
         gen = SequenceGenerator([model], self.dict, beam_size=5, max_len_a=0, max_len_b=length,
                                 min_len=length)
@@ -324,8 +321,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "the GPU acceptance run (--mode gpu-check --help)")
     p.add_argument("--size", choices=SIZES, default=None,
                    help="model and batch size (default: small on CPU, iwslt on CUDA)")
-    p.add_argument("--preset", choices=SIZES, default=None, dest="old_size",
-                   help="deprecated: the old name of --size")
     p.add_argument("--vocab", type=int, nargs="+", default=[8000, 32000, 64000],
                    help="vocabulary sizes V (default: 8000 32000 64000)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -356,28 +351,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--vocab: sizes must be at least 16")
     if opts.reps < 2:
         p.error("--reps: at least 2 repetitions are needed for a spread")
-    if opts.old_size:
-        if opts.size and opts.size != opts.old_size:
-            p.error(f"--preset {opts.old_size} and --size {opts.size} disagree; give --size only")
-        print(f"{p.prog}: warning: --preset is deprecated, use --size {opts.old_size}",
-              file=sys.stderr)
-        opts.size = opts.old_size
-    del opts.old_size
     opts.size = opts.size or ("iwslt" if opts.device == "cuda" else "small")
     return opts
 
 
 def main(argv: list[str] | None = None) -> dict | None:
     opts = parse_args(argv)
-    import fairseq_tying  # noqa: F401  (registers the models)
-
     if opts.threads:
         torch.set_num_threads(opts.threads)
     use_clock(opts.clock)
     if opts.memory_worker:
         print(json.dumps(memory_worker(json.loads(opts.memory_worker))))
         return None
-    from tqdm import tqdm
 
     size = SIZES[opts.size]
     n_models = len(MODELS)

@@ -35,6 +35,7 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path, title: str) -> None:
+    # imported when the figure is drawn: matplotlib (1 s) is kept off --help
     import matplotlib
 
     matplotlib.use("Agg")

@@ -56,21 +56,22 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from fairseq import optim, options
+from fairseq.data import Dictionary
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.tasks.translation import TranslationTask
+from tqdm import tqdm
 
+from fairseq_tying.bench.loss_report import MODELS, SUMMARY_BLOCK, TABLE_BLOCK, publish, tables
 from fairseq_tying.common import PLUGIN_DIR, atomic
 from fairseq_tying.common.reproducible import cpu_name
 
-MODELS = ("builtin", "chunked_old", "chunked")
-LABELS = {"builtin": "built-in", "chunked_old": "torch's op", "chunked": "chunked"}
 SETUPS = ("cpu:fp32", "cuda:fp16", "cuda:bf16")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DIMS = {"layers": 1, "dim": 512, "ffn": 2048, "heads": 8}
 SENT_LEN = 32  # source and target tokens of each sentence in the batch
 FIT_TOKENS = (1024, 2048)  # with the --tokens: the points of the memory-vs-tokens fit
 MMAP_THRESHOLD = 64 * 1024
-MB = 2**20
-TABLE_BLOCK, SUMMARY_BLOCK = "loss_bench", "loss_summary"  # --report's and --readme's blocks
-SUMMARY_TOKENS = "4096"  # the README's batch
 
 
 def model_flags(name: str, dtype: str = "fp32", chunked_loss_mb: float | None = None
@@ -133,13 +134,6 @@ class Window:
 
 def build(spec: dict):
     """(task, model, criterion, fairseq optimizer) of one configuration."""
-    from fairseq import optim, options
-    from fairseq.data import Dictionary
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq.tasks.translation import TranslationTask
-
-    import fairseq_tying  # noqa: F401  (registration)
-
     d = Dictionary()
     for i in range(spec["vocab"] - len(d)):
         d.add_symbol(f"t{i}")
@@ -354,150 +348,6 @@ def measure_setup(opts, setup: str, report: dict, write, bar) -> None:
     write()
 
 
-# --------------------------------------------------------------------------------- tables
-
-
-def setups(report: dict) -> dict[str, dict]:
-    """The report's setups by name ("cpu:fp32", ...), each with results by tokens, V and model.
-    A report of the earlier layout (one setup and batch, its ``chunked`` computed by torch's op)
-    is read into this one."""
-    if "setups" in report:
-        return report["setups"]
-    config = report["config"]
-    rename = {"builtin": "builtin", "chunked": "chunked_old"}
-    results = {vocab: {new: res[old] for old, new in rename.items()}
-               for vocab, res in report["results"].items()}
-    entry = {"device": config["device"], "dtype": "fp16" if config["fp16"] else "fp32",
-             "steps": config["steps"], "results": {str(config["tokens"]): results},
-             "note": "This report measured --chunked-loss as torch's op computed it then; the "
-                     "chunked column is not in it."}
-    if "gpu" in report["machine"]:
-        entry["gpu"] = report["machine"]["gpu"]
-    if "max_tokens" in report:
-        entry["max_tokens"] = {rename.get(k, k): v for k, v in report["max_tokens"].items()
-                               if k != "ratio"}
-    return {f"{entry['device']}:{entry['dtype']}": entry}
-
-
-def _v(vocab: str | int) -> str:
-    return f"{int(vocab) // 1000}k" if int(vocab) >= 1000 else str(vocab)
-
-
-def _clock(entry: dict) -> tuple[str, str]:
-    return ("CPU", "cpu_s") if entry["device"] == "cpu" else ("wall", "wall_s")
-
-
-def _cells(res: dict, field: str, scale: float = MB, fmt: str = "{:,.0f}") -> str:
-    return " / ".join(fmt.format(res[m][field] / scale) if field in res.get(m, {}) else "—"
-                      for m in MODELS)
-
-
-def _ratio(res: dict, model: str, field: str, fmt: str = "{:.2f}") -> str:
-    if field not in res.get(model, {}) or field not in res.get("builtin", {}):
-        return "—"
-    return fmt.format(res[model][field] / res["builtin"][field])
-
-
-def setup_table(entry: dict) -> str:
-    """The markdown table of one setup: loss memory and step time by batch and V."""
-    clock, key = _clock(entry)
-    names = " / ".join(LABELS[m] for m in MODELS)
-    rows = [f"| target tokens | V | loss extra MB: {names} | chunked ÷ built-in memory "
-            f"| step {clock} ms: {names} | torch's op ÷ built-in time "
-            "| chunked ÷ built-in time |",
-            "|---:|---:|---|---:|---|---:|---:|"]
-    for tokens, by_vocab in entry["results"].items():
-        for vocab, res in by_vocab.items():
-            rows.append(f"| {int(tokens):,} | {_v(vocab)} | {_cells(res, 'loss_extra')} "
-                        f"| {_ratio(res, 'chunked', 'loss_extra', '{:.3f}')} "
-                        f"| {_cells(res, key, scale=1e-3, fmt='{:.1f}')} "
-                        f"| {_ratio(res, 'chunked_old', key)} | {_ratio(res, 'chunked', key)} |")
-    skipped = [f"{LABELS[m]} at {int(t):,} tokens, V = {_v(v)}: {r[m]['skipped']}"
-               for t, by_vocab in entry["results"].items() for v, r in by_vocab.items()
-               for m in MODELS if "skipped" in r.get(m, {})]
-    lines = ["\n".join(rows)]
-    if "note" in entry:
-        lines.append(entry["note"])
-    if skipped:
-        lines.append("Not measured: " + "; ".join(skipped) + ".")
-    if "max_tokens" in entry:
-        mt = entry["max_tokens"]
-        memory = "resident memory" if entry["device"] == "cpu" else "CUDA memory allocated"
-        fitted = [m for m in MODELS if m in mt]
-        points = ", ".join(str(t) for t, _ in mt[fitted[-1]]["points"])
-        lines.append(
-            f"Largest batch within {mt['budget_bytes'] / 2**30:g} GiB of peak {memory} at "
-            f"V = {_v(mt['vocab'])}: "
-            + ", ".join(f"{LABELS[m]} {mt[m]['max_tokens']:,} target tokens "
-                        f"({mt[m]['bytes_per_token'] / 1024:.0f} KiB per token)" for m in fitted)
-            + f" (fitted to {points} tokens).")
-    return "\n\n".join(lines) + "\n"
-
-
-def _heading(report: dict, entry: dict, link: str) -> str:
-    machine = report["machine"]
-    cores = f"{machine['cpu_count']} CPU cores"
-    where = entry.get("gpu") or (f"{machine['cpu']}, {cores}" if "cpu" in machine else cores)
-    clock, _ = _clock(entry)
-    load = ""
-    if "load_avg_start" in machine and "load_avg_end" in machine:
-        load = (f", load average {machine['load_avg_start'][0]:.1f} at the start and "
-                f"{machine['load_avg_end'][0]:.1f} at the end")
-    threads = f", {report['config'].get('threads', 1)} torch thread" if clock == "CPU" else ""
-    steps = entry["steps"]
-    return (f"**{entry['device'].upper()} {entry['dtype']}** ({where}, torch {machine['torch']}"
-            f"{threads}; the fastest of {steps} step{'s' * (steps != 1)}, {clock} time{load}; "
-            f"[JSON]({link}))")
-
-
-def tables(reports: list[tuple[Path, dict]], base: Path) -> str:
-    """Every setup of the reports: a heading (machine, clock, link to the JSON relative to
-    ``base``) and its table."""
-    parts = []
-    for path, report in reports:
-        link = os.path.relpath(path, base)
-        for entry in setups(report).values():
-            parts.append(_heading(report, entry, link) + "\n\n" + setup_table(entry))
-    return "\n".join(parts)
-
-
-def summary(reports: list[dict]) -> str:
-    """The README's table at 4,096 target tokens: by V, each setup's loss extra memory
-    (built-in → torch's op → chunked) and step time over the built-in's."""
-    entries = [e for r in reports for e in setups(r).values()
-               if SUMMARY_TOKENS in e["results"]]
-    head, rule = ["V"], ["---:"]
-    for e in entries:
-        name = f"{e['device'].upper()} {e['dtype']}"
-        head += [f"{name}: loss extra MB, built-in → torch's op → chunked",
-                 f"{name} time ÷ built-in: torch's op / chunked"]
-        rule += ["---", "---"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
-    vocabs = sorted({v for e in entries for v in e["results"][SUMMARY_TOKENS]}, key=int)
-    for vocab in vocabs:
-        cells = [_v(vocab)]
-        for e in entries:
-            res = e["results"][SUMMARY_TOKENS].get(vocab, {})
-            _, key = _clock(e)
-            memory = [f"{res[m]['loss_extra'] / MB:,.0f}" if "loss_extra" in res.get(m, {})
-                      else "not measured" for m in MODELS]
-            cells += [" → ".join(memory),
-                      f"{_ratio(res, 'chunked_old', key)} / {_ratio(res, 'chunked', key)}"]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows) + "\n"
-
-
-def publish(reports: list[tuple[Path, dict]], report_file: Path | None,
-            readme: Path | None) -> None:
-    """Write the tables into ``report_file``'s and the summary into ``readme``'s block."""
-    if report_file:
-        atomic.replace_block(report_file, TABLE_BLOCK, tables(reports, report_file.parent))
-        print(f"wrote the {TABLE_BLOCK} block of {report_file}")
-    if readme:
-        atomic.replace_block(readme, SUMMARY_BLOCK, summary([r for _, r in reports]))
-        print(f"wrote the {SUMMARY_BLOCK} block of {readme}")
-
-
 # ------------------------------------------------------------------------------------ CLI
 
 
@@ -567,7 +417,6 @@ def main(argv: list[str] | None = None) -> int:
         publish(reports, opts.report, opts.readme)
         print(tables(reports, Path.cwd()))
         return 0
-    from tqdm import tqdm
 
     report = {"schema": 2,
               "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()

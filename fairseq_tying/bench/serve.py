@@ -32,8 +32,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import ctranslate2
+import sacrebleu
+import torch
+from fairseq import checkpoint_utils, utils
+from fairseq.data import data_utils
+
 from fairseq_tying import translate
-from fairseq_tying.common import LM_TASK, atomic
+from fairseq_tying.common import LM_TASK, atomic, checkpoints
 from fairseq_tying.export.ct2 import ExportError, Subword, export_ct2, find_subword
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -43,11 +49,6 @@ MODEL_KEYS = ("arch", "tying", "output_layer", "tied_projection", "output_bias")
 def run_fairseq(opts: argparse.Namespace) -> dict:
     """fairseq-generate's generation loop in this process (load the ensemble, batch the subset,
     ``task.inference_step`` with the task's SequenceGenerator), timed around generation only."""
-    import torch
-    from fairseq import checkpoint_utils, utils
-
-    import fairseq_tying  # noqa: F401  (registers the models; allowlists fairseq checkpoints)
-
     torch.set_num_threads(opts.threads)
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(opts.checkpoint)], arg_overrides={"data": str(opts.data)})
@@ -82,8 +83,6 @@ def run_fairseq(opts: argparse.Namespace) -> dict:
 def run_ct2(model: Path, sources: list[list[str]], opts: argparse.Namespace,
             compute_type: str) -> dict:
     """CTranslate2's best hypotheses and the time spent in ``translate_batch``."""
-    import ctranslate2
-
     translator = ctranslate2.Translator(str(model), device="cpu", compute_type=compute_type,
                                         intra_threads=opts.threads, inter_threads=1)
     options = translate.ct2_options(opts.beam, opts.lenpen, max_len_b=opts.max_len_b)
@@ -101,7 +100,6 @@ def run_ct2(model: Path, sources: list[list[str]], opts: argparse.Namespace,
 def bleu(hyps: list[list[str]], refs: list[str] | None, decode) -> float | None:
     if refs is None:
         return None
-    import sacrebleu
 
     return sacrebleu.corpus_bleu([decode(h) for h in hyps], [refs]).score
 
@@ -117,11 +115,6 @@ def _references(opts: argparse.Namespace, ids: list[int], tgt: str) -> list[str]
 def score_fairseq(opts: argparse.Namespace) -> dict:
     """fairseq-eval-lm's sum of log-probabilities over the subset's blocks (context window 0),
     timed around the forward passes only; also the blocks as token rows for CTranslate2."""
-    import torch
-    from fairseq import checkpoint_utils
-
-    import fairseq_tying  # noqa: F401  (registers the models; allowlists fairseq checkpoints)
-
     torch.set_num_threads(opts.threads)
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(opts.checkpoint)], arg_overrides={"data": str(opts.data)})
@@ -157,8 +150,6 @@ def _row(source, target, pad: int, symbols: list[str]) -> list[str]:
 def score_ct2(model: Path, rows: list[list[str]], opts: argparse.Namespace,
               compute_type: str) -> dict:
     """CTranslate2's sum of log-probabilities of the same blocks, timed around scoring."""
-    import ctranslate2
-
     generator = ctranslate2.Generator(str(model), device="cpu", compute_type=compute_type,
                                       intra_threads=opts.threads, inter_threads=1)
     generator.score_batch(rows[:opts.batch_size])  # warm-up: first-call allocations
@@ -185,8 +176,6 @@ def measure_lm(opts: argparse.Namespace, model: Path, meta: dict) -> dict:
 
 
 def measure(opts: argparse.Namespace, workdir: Path) -> dict:
-    from fairseq.data import data_utils
-
     try:
         subword = find_subword(opts.data)
     except ExportError:  # pre-tokenized data: BLEU on the tokens
@@ -320,8 +309,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not opts.checkpoint.is_file():
         p.error(f"--checkpoint {opts.checkpoint} does not exist")
     if opts.data is None:
-        from fairseq_tying.common import checkpoints
-
         data = checkpoints.task_data(checkpoints.load(opts.checkpoint))
         if data is None:
             p.error(f"--checkpoint {opts.checkpoint} names no data folder: pass --data")

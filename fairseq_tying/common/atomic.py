@@ -90,6 +90,15 @@ def markers(block: str) -> tuple[str, str]:
     return f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
 
 
+def block_text(text: str, block: str) -> str:
+    """The lines between ``text``'s markers of ``block``, as ``replace_block`` writes them (its
+    text without trailing blanks, and a newline)."""
+    begin, end = markers(block)
+    if begin not in text or end not in text.split(begin, 1)[1]:
+        raise ValueError(f"no marked block {block!r}: expected {begin} ... {end}")
+    return text.split(begin, 1)[1].split(end, 1)[0].removeprefix("\n")
+
+
 def replace_block(report: str | os.PathLike, block: str, text: str, new_file: str = "") -> Path:
     """Replace the text between ``report``'s markers of ``block`` with ``text``, the rest of the
     report as written; the block is appended when the markers are missing (to ``new_file``

@@ -18,6 +18,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import sentencepiece as spm
+from subword_nmt.apply_bpe import BPE
+from subword_nmt.learn_bpe import learn_bpe
 from tqdm import tqdm
 
 from fairseq_tying.common.atomic import building_dir, write_lines
@@ -94,8 +97,6 @@ def segment(work: Path, data: dict, langs: tuple[str, ...], args) -> dict:
 
 def sentencepiece(work: Path, data: dict, langs: tuple[str, ...], args) -> dict:
     """Learn ``work/spm.model`` and segment ``data`` into its pieces."""
-    import sentencepiece as spm
-
     train = work / "spm.train.txt"
     write_lines(train, _train_text(data, langs))
     spm.SentencePieceTrainer.train(
@@ -118,9 +119,6 @@ def sentencepiece(work: Path, data: dict, langs: tuple[str, ...], args) -> dict:
 
 def subword_nmt(work: Path, data: dict, langs: tuple[str, ...], args) -> dict:
     """Moses-tokenize ``data``, learn ``work/bpe.codes`` and apply them."""
-    from subword_nmt.apply_bpe import BPE
-    from subword_nmt.learn_bpe import learn_bpe
-
     tok = {
         key: moses_tokenize(lines, key[1])
         for key, lines in tqdm(data.items(), desc="moses tokenize", unit="file")

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fairseq_tying.common import LM_TASK
+from fairseq_tying.evaluation.average import average_checkpoints
+from fairseq_tying.evaluation.norms import norms_report
 from fairseq_tying.evaluation.presets import PRESET_CHOICES
 
 
@@ -118,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "evaluate":
+            # imported when it runs: sacremoses (0.7 s) is kept off --help
             from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
 
             opts = {k: v for k, v in vars(args).items() if k != "command"}
@@ -125,20 +128,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = evaluate_run(run_dir, data, **opts)
             print("\n".join(summary_lines(result)))
         elif args.command == "evaluate-lm":
+            # imported when it runs: sacremoses (0.7 s, through evaluate) is kept off --help
             from fairseq_tying.evaluation.perplexity import evaluate_lm_run, summary_lines
 
             opts = {k: v for k, v in vars(args).items() if k != "command"}
             run_dir, data = opts.pop("run_dir"), opts.pop("data")
             print("\n".join(summary_lines(evaluate_lm_run(run_dir, data, **opts))))
         elif args.command == "norms":
-            from fairseq_tying.evaluation.norms import norms_report
-
             print(norms_report(args.checkpoints, args.out, args.labels, args.key,
                                args.keep_special, args.bins))
             print(f"wrote {args.out}")
         elif args.command == "average":
-            from fairseq_tying.evaluation.average import average_checkpoints
-
             print(f"wrote {average_checkpoints(args.checkpoints, args.out)}")
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)

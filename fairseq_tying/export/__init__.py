@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.core.checkpoint_compat import UnreadableCheckpoint
+from fairseq_tying.export.ct2 import QUANTIZATIONS, Subword, export_ct2, subword_from_file
 from fairseq_tying.export.stock import (
     CONFIG_FORMATS,
     ExportError,
@@ -39,8 +40,6 @@ __all__ = ["CONFIG_FORMATS", "FORMATS", "ExportError", "_check", "bake", "export
 
 
 def parser() -> argparse.ArgumentParser:
-    from fairseq_tying.export.ct2 import QUANTIZATIONS
-
     p = argparse.ArgumentParser(prog="python -m fairseq_tying.export",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("ckpt", type=Path, help="checkpoint of a transformer_{dwt,twwt}*, "
@@ -85,7 +84,6 @@ def run(opts: argparse.Namespace) -> str:
         load = ("load it without --user-dir" if opts.config_format == "dict" else
                 "load it with --user-dir fairseq_tying (which allowlists argparse.Namespace)")
         return f"wrote {opts.out} (arch {info['arch']}; {flags}); {load}"
-    from fairseq_tying.export.ct2 import Subword, export_ct2, subword_from_file
 
     if opts.config_format != "dict":
         raise ExportError("--config-format applies to --format fairseq only")

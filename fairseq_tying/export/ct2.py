@@ -27,7 +27,11 @@ from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
+import sentencepiece as spm
 import torch
+from ctranslate2.converters import fairseq as ct2_fairseq
+from ctranslate2.converters.converter import Converter
+from fairseq import checkpoint_utils, tasks
 from torch import Tensor, nn
 
 from fairseq_tying.common.atomic import building_dir
@@ -51,8 +55,6 @@ class Subword:
 
 def subword_from_file(path: Path) -> Subword:
     """A sentencepiece model or subword-nmt codes, told apart by whether sentencepiece loads it."""
-    import sentencepiece as spm
-
     if not path.is_file():
         raise ExportError(f"--subword-model {path} does not exist")
     try:
@@ -80,10 +82,6 @@ def find_subword(data: Path) -> Subword:
 
 def load_model(ckpt: Path, data: Path | None):
     """The plugin model (eval mode, no grad), its task and its config."""
-    from fairseq import checkpoint_utils, tasks
-
-    import fairseq_tying  # noqa: F401  (registers the archs; allowlists fairseq checkpoints)
-
     if not ckpt.is_file():
         raise ExportError(f"checkpoint {ckpt} does not exist")
     overrides = {"data": str(data)} if data is not None else None
@@ -152,8 +150,6 @@ def _linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:
 
 def build_spec(model: nn.Module, task, cfg):
     """The CTranslate2 model spec, filled by CTranslate2's fairseq converter functions."""
-    from ctranslate2.converters import fairseq as ct2_fairseq
-
     args = cfg.model
     if stock_arch(args, formats=FAMILIES, allow_bias=True) == "transformer_lm":
         return _lm_spec(model, task, cfg)
@@ -170,8 +166,6 @@ def build_spec(model: nn.Module, task, cfg):
 
 def _lm_spec(model: nn.Module, task, cfg):
     """A decoder-only spec, as CTranslate2's converter builds it for fairseq's transformer_lm."""
-    from ctranslate2.converters import fairseq as ct2_fairseq
-
     decoder = model.decoder
     args = Namespace(**{**vars(cfg.model), "arch": "transformer_lm",
                         "decoder_input_dim": decoder.embed_tokens.embedding_dim,
@@ -188,8 +182,6 @@ def export_ct2(ckpt: Path, out: Path, data: Path | None = None, quantization: st
                subword: Subword | None = None) -> dict:
     """Write the CTranslate2 model directory for ``ckpt`` to ``out`` (replaced atomically);
     ``subword`` None: found beside the data (``find_subword``)."""
-    from ctranslate2.converters.converter import Converter
-
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization {quantization}: choose from {QUANTIZATIONS}")
     model, task, cfg = load_model(ckpt, data)

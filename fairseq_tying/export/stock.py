@@ -37,11 +37,18 @@ from argparse import Namespace
 from pathlib import Path
 
 import torch
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.models.transformer_lm import TransformerLanguageModelConfig
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 from torch import Tensor
 
 from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import atomic_write
 from fairseq_tying.core import names, scoring
+from fairseq_tying.core.models.dynamicconv_tying import DynamicConvModel
+from fairseq_tying.core.models.transformer_lm_tying import TiedTransformerLanguageModel
+from fairseq_tying.core.models.transformer_tying import TiedTransformerModel
 
 PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim", "output_bias",
                      "freeze_embeddings")
@@ -71,12 +78,6 @@ def _model_args(state: dict) -> Namespace:
 
 
 def _family(arch: str | None) -> str | None:
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    from fairseq_tying.core.models.dynamicconv_tying import DynamicConvModel
-    from fairseq_tying.core.models.transformer_lm_tying import TiedTransformerLanguageModel
-    from fairseq_tying.core.models.transformer_tying import TiedTransformerModel
-
     return {TiedTransformerModel: "transformer", DynamicConvModel: "lightconv",
             TiedTransformerLanguageModel: "transformer_lm"}.get(ARCH_MODEL_REGISTRY.get(arch))
 
@@ -134,8 +135,6 @@ def _refuse_bias(args: Namespace, family: str) -> None:
 def stock_lm_arch(arch: str) -> str:
     """The stock preset a plugin LM architecture mirrors (``transformer_lm_tied_big`` →
     ``transformer_lm_big``); ``transformer_lm`` for any other."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
     preset = arch.replace("transformer_lm_tied", "transformer_lm", 1)
     return preset if preset in ARCH_MODEL_REGISTRY else "transformer_lm"
 
@@ -275,10 +274,6 @@ def _fit_lm_config(model: dict) -> dict:
     ``base_lm_architecture`` fallback ``base_shuffle=False``, which the dataclass
     (``Optional[int]``) refuses: a bool becomes the int it means; any other mismatch stops
     the export, naming the key."""
-    from fairseq.models.transformer_lm import TransformerLanguageModelConfig
-    from omegaconf import OmegaConf
-    from omegaconf.errors import ValidationError
-
     stock = OmegaConf.structured(TransformerLanguageModelConfig)
     fitted = dict(model)
     for key in stock.keys() & model.keys():
@@ -299,8 +294,6 @@ def export(ckpt: Path, out: Path, config_format: str = "dict") -> dict:
     ``weights_only=True`` with no allowlist; ``namespace`` is fairseq-train's own layout, which
     CTranslate2's ``ct2-fairseq-converter`` needs (it loads with ``--user_dir`` pointing at this
     plugin, whose import allowlists ``argparse.Namespace``)."""
-    import fairseq_tying  # noqa: F401  (registers the archs; allowlists fairseq checkpoints)
-
     if not ckpt.is_file():
         raise ExportError(f"checkpoint {ckpt} does not exist")
     state = checkpoints.load(ckpt)

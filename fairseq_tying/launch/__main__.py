@@ -12,6 +12,7 @@ from fairseq_tying.launch.sweeps import main as sweep
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["study"]:  # a study of slurm/studies.yaml, by name
+        # imported for a study only: its views' plots load matplotlib (1 s), a sweep does not
         from fairseq_tying.launch.studies import main as study
 
         return study(argv[1:])

@@ -13,9 +13,12 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from fairseq.models import ARCH_MODEL_REGISTRY
+
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.scoring import OUTPUT_LAYERS
+from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.launch.sweep import GRID, Batch, Resources, Run, SweepError, section_fields
 from fairseq_tying.launch.sweepfile import check_int, check_keys
 
@@ -56,11 +59,8 @@ def fairseq_flags(raw: Any, where: str = "fairseq") -> list[str]:
 
 
 def known_archs() -> set[str]:
-    """Architectures fairseq knows once the plugin is imported."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    import fairseq_tying  # noqa: F401  (registers the plugin's models)
-
+    """Architectures fairseq knows, the plugin's among them (importing the package registers
+    them)."""
     return set(ARCH_MODEL_REGISTRY)
 
 
@@ -178,8 +178,6 @@ def _update_freq(batch: Batch, res: Resources) -> int:
 def check_eval_args(args: list[str], also: dict[str, list[str]], task: str) -> None:
     """The sweep's evaluation arguments are those of the evaluation of ``task`` (``evaluate``
     or ``evaluate-lm``)."""
-    from fairseq_tying.evaluation.cli import evaluate_options
-
     for where, given in (("evaluation.args", args),
                          *((f"evaluation.also.{t}", a) for t, a in also.items())):
         try:

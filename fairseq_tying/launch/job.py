@@ -24,9 +24,14 @@ from pathlib import Path
 from typing import IO, Any
 
 import submitit
+import torch
+from fairseq import checkpoint_utils
+from fairseq.distributed import utils as dist_utils
+from fairseq.file_io import PathManager
 
-from fairseq_tying.common import EVAL_JSON, LM_TASK, PLUGIN_DIR, TRAIN_DONE, atomic
+from fairseq_tying.common import EVAL_JSON, LM_TASK, PLUGIN_DIR, TRAIN_DONE, atomic, checkpoints
 from fairseq_tying.common.reproducible import cpu_name
+from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.launch import plateau
 
 logger = logging.getLogger("fairseq_tying.launch")
@@ -89,8 +94,6 @@ def master_port(job_id: str) -> int:
 
 def distributed_args(env: submitit.JobEnvironment, gpu: bool, ddp_backend_set: bool) -> list[str]:
     """fairseq flags for this task's rank, from the SLURM/submitit environment."""
-    import torch
-
     gpu = gpu and torch.cuda.is_available()  # backend follows the device: CPU torch has no NCCL
     world = env.num_tasks
     if world == 1:
@@ -151,11 +154,9 @@ def _after_validation(cfg, run_dir: Path, rank: int, epoch_itr, updates: int,
 def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
     """Wrap fairseq's validate_and_save: record progress, apply the plateau rule at the end of
     each epoch, stop and save on a stop request."""
+    # imported by a training job only: the plugin reads an imported fairseq_cli.train as
+    # "running under fairseq-train" (core/models/guards.py), which the launcher is not
     import fairseq_cli.train as fairseq_train
-    import torch
-    from fairseq import checkpoint_utils
-    from fairseq.distributed import utils as dist_utils
-    from fairseq.file_io import PathManager
 
     PathManager.copy = staticmethod(_atomic_copy)
     original = getattr(fairseq_train.validate_and_save, "__wrapped__",
@@ -192,8 +193,6 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
 
 def device_name(device) -> str:
     """What trained the run, for its record: the GPU's name, or "cpu"."""
-    import torch
-
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
@@ -251,6 +250,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         signal.signal(signal.SIGUSR2, _StopFlag.handler)
         _install_fairseq_hook(run_dir, rank)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # imported by a training job only (see _install_fairseq_hook)
         from fairseq_cli.train import cli_main
 
         saved_argv, sys.argv = sys.argv, argv
@@ -276,8 +276,6 @@ class TrainJob(submitit.helpers.Checkpointable):
         last = run_dir / "checkpoints" / "checkpoint_last.pt"
         state = None
         if last.is_file():
-            from fairseq_tying.common import checkpoints
-
             state = checkpoints.load(last)
         _Stopping.history = plateau.resume_history(run_dir, state)
         _Stopping.reason = _Stopping.rule.decide(_Stopping.history)
@@ -336,7 +334,7 @@ def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None,
     language model, runs as a child process) with the sweep's evaluation flags ``args``; the
     data dir comes from RUN/run.json unless ``--data`` is among them. Returns
     ``RUN/eval.json`` (``RUN/eval.TAG.json`` with a tag)."""
-    from fairseq_tying.evaluation.cli import evaluate_options
+    # imported when a run is evaluated: a training job does not load sacremoses (0.7 s)
     from fairseq_tying.evaluation.evaluate import eval_json_name, evaluate_run
     from fairseq_tying.evaluation.perplexity import evaluate_lm_run
 
@@ -362,6 +360,7 @@ class CollectJob:
         self.runs_root, self.out_dir = runs_root, out_dir
 
     def __call__(self) -> str:
+        # imported when it runs: a training job does not load matplotlib (1 s)
         from fairseq_tying.studies.collect import collect
 
         os.environ.setdefault("OMP_NUM_THREADS", "1")

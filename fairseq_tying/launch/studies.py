@@ -26,6 +26,9 @@ from typing import Any
 
 import yaml
 
+from fairseq_tying.data.prepare import main as prepare_main
+from fairseq_tying.launch.config import load_sweep
+from fairseq_tying.launch.sweeps import main as sweeps_main
 from fairseq_tying.studies import report
 from fairseq_tying.studies.report import VIEWS, StudyReport, Summary, Target
 
@@ -136,8 +139,6 @@ def expected_runs(study: Study) -> int:
     """How many runs the study has: its sweep's; its records' when they are frozen."""
     if study.sweep is None:
         return len(list(study.records.glob("*.json")))
-    from fairseq_tying.launch.config import load_sweep
-
     return len(load_sweep(study.sweep, check_data=False).runs)
 
 
@@ -149,11 +150,9 @@ def prepare_data(study: Study, data_dirs: set[Path]) -> None:
     if len(data_dirs) != 1:
         raise ManifestError(f"studies.{study.name}.prepare: the sweep has {len(data_dirs)} "
                             "datasets; give a study one dataset to prepare")
-    from fairseq_tying.data.prepare import main as prepare
-
     argv = [*study.prepare, "--out", str(next(iter(data_dirs)))]
     try:
-        rc = prepare(argv)
+        rc = prepare_main(argv)
     except SystemExit as e:  # argparse's error: the manifest's arguments are wrong
         rc = e.code
     if rc:
@@ -164,8 +163,6 @@ def prepare_data(study: Study, data_dirs: set[Path]) -> None:
 def sweep_of(study: Study, runs: Path | None):
     """The study's sweep (``launch.config.Sweep``), its runs in ``runs``, else in the
     manifest's ``runs``, else in the sweep's output_dir."""
-    from fairseq_tying.launch.config import load_sweep
-
     if study.sweep is None:
         raise ManifestError(f"study {study.name} has no sweep (its records are frozen); "
                             "rebuild its report with --report-only")
@@ -175,8 +172,6 @@ def sweep_of(study: Study, runs: Path | None):
 def train(study: Study, args: argparse.Namespace) -> tuple[int, Path]:
     """Prepare the data, then train and evaluate the runs without a record (the launcher);
     its exit status and the run folders."""
-    from fairseq_tying.launch.sweeps import main as launch
-
     sweep = sweep_of(study, args.runs)
     if args.dry_run:
         if study.prepare:
@@ -190,7 +185,7 @@ def train(study: Study, args: argparse.Namespace) -> tuple[int, Path]:
             *(["--no-start-after", str(args.no_start_after)]
               if args.no_start_after is not None else []),
             *(a for pattern in args.only or [] for a in ("--only", pattern))]
-    return launch(argv), sweep.output_dir
+    return sweeps_main(argv), sweep.output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:

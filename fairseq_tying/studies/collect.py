@@ -17,6 +17,7 @@ from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.evaluation.run import IDENTITY
 from fairseq_tying.studies import engine, verdicts
 from fairseq_tying.studies.formatting import format_delta, format_stat
+from fairseq_tying.studies.plots import plot_methods, points
 from fairseq_tying.studies.records import Record, load_evaluated
 from fairseq_tying.studies.specs import RUN_METRICS, default_baseline, runs_spec, test_set
 
@@ -118,8 +119,6 @@ def collect(root: str | os.PathLike, out: str | os.PathLike, baseline: str | Non
             n_samples: int = 1000) -> dict:
     """``results.md``, ``results.json`` and ``bleu.png`` in ``out`` for the runs under
     ``root``."""
-    from fairseq_tying.studies.plots import plot_methods, points
-
     groups: dict[tuple, list[Record]] = defaultdict(list)
     for rec in load_evaluated(root):
         groups[test_set(rec)].append(rec)

@@ -8,9 +8,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from fairseq_tying.studies.collect import collect
-from fairseq_tying.studies.report import Target, build, references
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -55,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # imported once a command runs: their plots import matplotlib (1 s), kept off --help
+    from fairseq_tying.studies.collect import collect
+    from fairseq_tying.studies.report import Target, build, references
+
     try:
         if args.command == "collect":
             done = collect(args.runs_root, args.out, args.baseline, args.bootstrap_samples)

@@ -19,6 +19,7 @@ import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
 from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.significance import compare, seed_difference
 from fairseq_tying.studies.stats import stat
 
 Key = Hashable  # a cell's key, e.g. (tying, output layer)
@@ -173,8 +174,6 @@ def check_references(records: Sequence[Record], refs: Sequence[str]) -> None:
 
 def paired_bootstrap(metric: str = "bleu") -> Callable[[Runs, Runs, Context], dict | None]:
     """The test of two cells' ``metric``: the paired bootstrap over the seeds they share."""
-    from fairseq_tying.studies.significance import compare
-
     def test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any] | None:
         shared = sorted(set(runs) & set(base))
         if not shared:
@@ -186,8 +185,6 @@ def paired_bootstrap(metric: str = "bleu") -> Callable[[Runs, Runs, Context], di
 
 def seed_differences(metric: str) -> Callable[[Runs, Runs, Context], dict | None]:
     """The test of two cells' ``metric``: the CI of its per-seed differences."""
-    from fairseq_tying.studies.significance import seed_difference
-
     return lambda runs, base, ctx: seed_difference(runs, base, metric)
 
 

@@ -22,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from fairseq_tying.common import CONTINUED_FROM, EVAL_JSON, LM_TASK, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, read_lines, write_json
+from fairseq_tying.evaluation import norms
 from fairseq_tying.evaluation.run import IDENTITY, read_run_json
+from fairseq_tying.studies.significance import metric_stats
 
 EVAL_KEYS = ("bleu", "bleu_signature", "bleu_verbose", "chrf", "chrf_signature", "tok_bleu",
              "tok_bleu_signature", "preset", "beam", "lenpen", "subset", "n_sentences",
@@ -69,8 +72,6 @@ class Record:
 
     def sentence_stats(self, metric: str, refs: list[str]) -> np.ndarray:
         """sacrebleu's per-sentence statistics of ``metric``, computed once per record."""
-        from fairseq_tying.studies.significance import metric_stats
-
         if metric not in self._stats:
             if self.hypotheses is None:
                 raise ValueError(f"{self.name}: no hypotheses to compare sentence by sentence")
@@ -161,8 +162,6 @@ def _evaluations(run_dir: Path, result: dict[str, Any], keys: tuple[str, ...]
 def _row_norms(ckpt: Path, required: bool) -> list[float] | None:
     """The output matrix's row norms in the evaluated checkpoint; None (recorded as null) when
     it is not on this machine and the caller accepted that (``--without-row-norms``)."""
-    from fairseq_tying.evaluation import norms
-
     if not ckpt.is_file():
         if not required:
             return None
@@ -255,8 +254,6 @@ def from_eval_json(path: Path) -> Record:
 def load_evaluated(root: str | os.PathLike) -> list[Record]:
     """The records of every ``eval.json`` under ``root``, named by their folder (relative to
     ``root`` when two folders share a name)."""
-    from tqdm import tqdm
-
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"RUNS_ROOT {root} is not a directory")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fairseq_tying.common.atomic import read_lines, replace_block, write_json
+from fairseq_tying.data.bible import read_split
 from fairseq_tying.studies import engine, records, view_equal, view_grid, view_help, view_lm
 from fairseq_tying.studies.engine import Section, Spec
 from fairseq_tying.studies.records import Record
@@ -142,8 +143,6 @@ def build(records_dir: str | os.PathLike, targets: Sequence[Target],
 def references(path: str | os.PathLike | None) -> list[str]:
     """The test set's references: ``path``, else the embedded Bible's test.en."""
     if path is None:
-        from fairseq_tying.data.bible import read_split
-
         return read_split("test", "en")
     return read_lines(path)
 

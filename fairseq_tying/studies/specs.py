@@ -30,6 +30,7 @@ from fairseq_tying.studies.engine import (
     seed_differences,
 )
 from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.significance import compare
 
 # --- translation: (tying, output layer) cells ------------------------------------------------
 
@@ -182,8 +183,6 @@ def _run_pairs(runs: Runs, base: Runs) -> list[tuple[str, Record, Record]]:
 
 
 def _run_test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any]:
-    from fairseq_tying.studies.significance import compare
-
     pairs = _run_pairs(runs, base)
     return {"pairs": {name: b.name for name, _, b in pairs},
             **{m: compare(pairs, ctx.refs, ctx.n_samples, m) for m in ("bleu", "chrf")}}

@@ -24,6 +24,7 @@ from fairseq_tying.studies.formatting import (
     holm_changes,
     seeds_label,
 )
+from fairseq_tying.studies.plots import plot_bands
 from fairseq_tying.studies.specs import LIU, NGUYEN_SALAZAR, PRESS_WOLF, SHARED
 from fairseq_tying.studies.stats import mean_ci
 
@@ -189,8 +190,6 @@ def plots(sections: list[Section], out: Path) -> list[Path]:
     per cell with its 95 % CI over seeds. ``valid_nll_delta_epochs.png``: the same as paired
     differences (seed by seed) from the cell each claim compares with, so that the epoch at
     which two cells separate shows against the zero line."""
-    from fairseq_tying.studies.plots import plot_bands
-
     panels = {str(s.key): p for s in sections if (p := _panel(s.cells))}
     if not panels:
         return []

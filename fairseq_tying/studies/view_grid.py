@@ -15,6 +15,7 @@ from scipy.stats import pearsonr
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.evaluation.norms import plot_norm_histograms
 from fairseq_tying.studies import specs, verdicts
 from fairseq_tying.studies.engine import Cells, Section, band
 from fairseq_tying.studies.formatting import (
@@ -24,6 +25,13 @@ from fairseq_tying.studies.formatting import (
     format_p,
     format_stat,
     holm_changes,
+)
+from fairseq_tying.studies.plots import (
+    plot_bands,
+    plot_bleu_grid,
+    plot_curves,
+    plot_seed_lines,
+    points,
 )
 
 
@@ -165,15 +173,6 @@ def plots(sections: list[Section], out: Path) -> list[Path]:
 
 
 def section_plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
-    from fairseq_tying.evaluation.norms import plot_norm_histograms
-    from fairseq_tying.studies.plots import (
-        plot_bands,
-        plot_bleu_grid,
-        plot_curves,
-        plot_seed_lines,
-        points,
-    )
-
     groups = {}
     for t in TYINGS:
         marks = [points(la, c["bleu"], baseline=la == "dot")

@@ -12,6 +12,7 @@ from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.studies import verdicts
 from fairseq_tying.studies.engine import Key, Section, band
 from fairseq_tying.studies.formatting import epochs_text, format_stat, holm_changes, seeds_label
+from fairseq_tying.studies.plots import plot_bands, plot_methods, points
 from fairseq_tying.studies.specs import LM_BASELINE, LM_TIED, lm_label
 
 
@@ -91,8 +92,6 @@ def render(sections: list[Section]) -> tuple[str, Any]:
 def plots(sections: list[Section], out: Path) -> list[Path]:
     """Test perplexity per cell (seeds, mean ± CI); validation perplexity against epochs, one
     panel per tying, one line per cell."""
-    from fairseq_tying.studies.plots import plot_bands, plot_methods, points
-
     (section,) = sections
     cells, summary = section.cells, section.summary
     out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fairseq_tying import analysis
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.common.atomic import block_text
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"
@@ -20,9 +20,7 @@ CELLS = {"analysis_equal": {("three_way", layer)
 
 
 def _block(name: str) -> str:
-    begin, end = markers(name)
-    text = (DOCS / "embeddings.md").read_text()
-    return text[text.index(begin) + len(begin) + 1:text.index(end)]
+    return block_text((DOCS / "embeddings.md").read_text(), name)
 
 
 @pytest.mark.parametrize("block", ANALYSES)
@@ -69,7 +67,5 @@ def test_the_retrained_untied_model_is_its_records_command_on_another_machine():
 
 
 def test_the_language_models_block_is_its_analysis_table():
-    begin, end = markers("analysis")
-    text = (DOCS / "language_models.md").read_text()
-    assert text[text.index(begin) + len(begin) + 1:text.index(end)] == \
+    assert block_text((DOCS / "language_models.md").read_text(), "analysis") == \
         (DOCS / "lm" / "analysis" / "analysis.md").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from fairseq_tying import demo
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.common.atomic import block_text
 from tests.helpers import REPO
 
 
@@ -13,8 +13,7 @@ def test_the_readme_demo_block_is_the_committed_record():
     """The README's demo numbers are docs/demo/demo.json's, as --report-only writes them."""
     record = json.loads((REPO / "docs" / "demo" / "demo.json").read_text())
     assert set(record["layers"]) == {"dot", "l2norm"} and record["max_update"] == 600
-    begin, end = markers("demo")
-    block = (REPO / "README.md").read_text().split(begin)[1].split(end)[0]
+    block = block_text((REPO / "README.md").read_text(), "demo")
     assert block.strip() == demo.readme_block(record).strip()
 
 
@@ -29,6 +28,5 @@ def test_the_serving_table_is_the_committed_reports():
     for report, row in zip(reports, record["layers"].values(), strict=True):
         assert row["run"] in report["config"]["checkpoint"]
         assert round(report["results"]["fairseq"]["bleu"], 2) == row["bleu"]
-    begin, end = markers("serving")
-    block = (REPO / "docs" / "serving.md").read_text().split(begin)[1].split(end)[0]
+    block = block_text((REPO / "docs" / "serving.md").read_text(), "serving")
     assert serve.summary_table(reports) in block

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from fairseq_tying.bench import loss
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.bench import loss, loss_report
+from fairseq_tying.common.atomic import block_text
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"
@@ -16,12 +16,11 @@ REPORTS = [json.loads(p.read_text()) for p in PATHS]
 
 
 def _block(path, name: str) -> str:
-    begin, end = markers(name)
-    return path.read_text().split(begin, 1)[1].split(end, 1)[0].strip()
+    return block_text(path.read_text(), name).strip()
 
 
 def test_the_reports_measure_every_model_at_every_vocabulary():
-    entries = [e for r in REPORTS for e in loss.setups(r).values()]
+    entries = [e for r in REPORTS for e in loss_report.setups(r).values()]
     assert [(e["device"], e["dtype"]) for e in entries] == [("cpu", "fp32"), ("cuda", "fp16")]
     for entry in entries:
         assert "4096" in entry["results"] and entry["max_tokens"]["vocab"] == 64000
@@ -35,9 +34,10 @@ def test_the_reports_measure_every_model_at_every_vocabulary():
 
 
 def test_the_tables_are_the_reports():
-    assert _block(DOCS / "performance.md", loss.TABLE_BLOCK) == \
-        loss.tables(list(zip(PATHS, REPORTS, strict=True)), DOCS).strip()
-    assert _block(REPO / "README.md", loss.SUMMARY_BLOCK) == loss.summary(REPORTS).strip()
+    assert _block(DOCS / "performance.md", loss_report.TABLE_BLOCK) == \
+        loss_report.tables(list(zip(PATHS, REPORTS, strict=True)), DOCS).strip()
+    assert _block(REPO / "README.md", loss_report.SUMMARY_BLOCK) == \
+        loss_report.summary(REPORTS).strip()
 
 
 def test_a_second_cuda_run_reproduces_every_loss_and_memory_number():
@@ -56,7 +56,7 @@ def test_the_cpu_report_meets_the_goals_and_names_its_processor():
     ≤ 1/4 of the built-in's (the goals the default rests on), measured on a named CPU."""
     cpu = REPORTS[0]
     assert cpu["machine"]["cpu"] and "kernels" in cpu["machine"]["cpu"]
-    (entry,) = (e for e in loss.setups(cpu).values() if e["device"] == "cpu")
+    (entry,) = (e for e in loss_report.setups(cpu).values() if e["device"] == "cpu")
     for vocab in ("32000", "64000"):
         res = entry["results"]["4096"][vocab]
         assert res["chunked"]["cpu_s"] <= res["builtin"]["cpu_s"], vocab

@@ -17,7 +17,7 @@ import torch
 from fairseq_tying.common.reproducible import has_avx2
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.records import train_facts
-from tests.helpers import REPO, first_stop, launch, write_sweep
+from tests.helpers import REPO, first_stop, launch, run_folders, write_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -48,14 +48,10 @@ def plateau_runs(tiny_data, tmp_path_factory) -> Path:
     return tmp / "runs"
 
 
-def _runs(out: Path) -> list[Path]:
-    return sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
 def test_plateau_run_stops_where_the_rule_says_and_is_scored_twice(plateau_runs):
     import torch
 
-    for run in _runs(plateau_runs):
+    for run in run_folders(plateau_runs):
         history = json.loads((run / "valid_history.json").read_text())
         assert history["metric"] == "nll_loss"
         values = [h["value"] for h in history["epochs"]]
@@ -90,7 +86,7 @@ def test_converged_records_and_report(plateau_runs, tiny_data, tmp_path):
     cpu = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines()
                if line.startswith("Model name:"))
     kernels = "AVX2" if has_avx2() else torch.backends.cpu.get_cpu_capability()
-    for run in _runs(plateau_runs):
+    for run in run_folders(plateau_runs):
         rec = json.loads((records / f"{run.name}.json").read_text())
         done = json.loads((run / "train.done").read_text())
         history = json.loads((run / "valid_history.json").read_text())["epochs"]
@@ -104,7 +100,7 @@ def test_converged_records_and_report(plateau_runs, tiny_data, tmp_path):
     text = report.read_text()
     assert "**Epochs trained**" in text and "BLEU of the best single checkpoint" in text
     common = min(json.loads((run / "train.done").read_text())["stop"]["epoch"]
-                 for run in _runs(plateau_runs))
+                 for run in run_folders(plateau_runs))
     assert f"**Validation NLL after epoch {common}**" in text
     assert text.endswith("Written by hand.\n") and "\nold\n" not in text
     for png in ("valid_nll_epochs.png", "bleu_by_stop_epoch.png"):
@@ -179,14 +175,14 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
     plateau run's checkpoints to the common last epoch, and ends with the model (and history)
     that training to that epoch from epoch 1 gives; only the missing epochs are trained."""
     stops = {run.name: json.loads((run / "train.done").read_text())["stop"]["epoch"]
-             for run in _runs(plateau_runs)}
+             for run in run_folders(plateau_runs)}
     last = max(stops.values()) + 1
     out, scratch = tmp_path / "equal", tmp_path / "scratch"
     proc = launch(str(_equal_sweep(tmp_path / "e.yaml", last, plateau_runs)), "--local",
                   "--workers", "2", "--output-dir", str(out), data=tiny_data)
     launch(str(_equal_sweep(tmp_path / "s.yaml", last, None)), "--local", "--workers", "2",
            "--output-dir", str(scratch), data=tiny_data)
-    for run in _runs(out):
+    for run in run_folders(out):
         source = plateau_runs / run.name
         assert f"{run.name}: continues from epoch {stops[run.name]} of {source}" in proc.stderr
         continued = json.loads((run / "continued_from.json").read_text())

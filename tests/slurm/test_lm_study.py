@@ -15,7 +15,7 @@ from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.evaluation.perplexity import parse_eval_lm
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.verdicts import interval
-from tests.helpers import REPO, first_stop, launch, run_cli
+from tests.helpers import REPO, first_stop, launch, run_cli, run_folders
 
 STOP = {"patience": 1, "min_gain": 0.02, "min_epoch": 1, "max_epoch": 3}
 TINY = {"decoder_layers": 1, "decoder_embed_dim": 16, "decoder_ffn_embed_dim": 32,
@@ -52,17 +52,13 @@ def lm_runs(tiny_lm_data, tmp_path_factory) -> Path:
     return tmp / "runs"
 
 
-def _runs(out: Path) -> list[Path]:
-    return sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
 @pytest.mark.slow
 def test_runs_stop_by_the_rule_and_are_scored_twice(lm_runs):
-    names = [r.name for r in _runs(lm_runs)]
+    names = [r.name for r in run_folders(lm_runs)]
     assert names == ["toy.transformer_lm_tied.decoder.dot.s1", "toy.transformer_lm_tied.decoder."
                      "dot.s2", "toy.transformer_lm_tied.decoder.dot.tiedL.s1",
                      "toy.transformer_lm_tied.none.dot.s1", "toy.transformer_lm_tied.none.dot.s2"]
-    for run in _runs(lm_runs):
+    for run in run_folders(lm_runs):
         history = json.loads((run / "valid_history.json").read_text())
         assert history["metric"] == "loss"
         values = [h["value"] for h in history["epochs"]]
@@ -82,7 +78,7 @@ def test_runs_stop_by_the_rule_and_are_scored_twice(lm_runs):
 
 @pytest.mark.slow
 def test_eval_json_is_what_fairseq_eval_lm_reports(lm_runs, tiny_lm_data):
-    run = _runs(lm_runs)[0]
+    run = run_folders(lm_runs)[0]
     ev = json.loads((run / "eval.json").read_text())
     proc = run_cli("fairseq-eval-lm", str(tiny_lm_data / "bin"), "--path", ev["checkpoint"],
                    "--user-dir", PLUGIN_DIR, "--gen-subset", "test", "--cpu",
@@ -95,7 +91,7 @@ def test_eval_json_is_what_fairseq_eval_lm_reports(lm_runs, tiny_lm_data):
 @pytest.mark.slow
 def test_block_flags_reach_fairseq_train(lm_runs):
     """tied+L: the tied matrix has the block's D = 8 columns under the hidden size H = 16."""
-    for run in _runs(lm_runs):
+    for run in run_folders(lm_runs):
         state = torch.load(run / "checkpoints" / "checkpoint_best.pt", map_location="cpu",
                            weights_only=True)
         dim = state["model"]["decoder.embed_tokens.weight"].shape[1]
@@ -113,8 +109,8 @@ def test_records_and_report(lm_runs, tmp_path):
             "--block", "lm"]
     assert main([*args, "--runs", str(lm_runs)]) == 0
     assert sorted(p.name for p in records.iterdir()) == sorted(
-        f"{r.name}.json" for r in _runs(lm_runs))  # no hypotheses beside LM records
-    for run in _runs(lm_runs):
+        f"{r.name}.json" for r in run_folders(lm_runs))  # no hypotheses beside LM records
+    for run in run_folders(lm_runs):
         rec = json.loads((records / f"{run.name}.json").read_text())
         assert rec["eval"]["perplexity"] == json.loads((run / "eval.json").read_text())[
             "perplexity"]
@@ -127,7 +123,8 @@ def test_records_and_report(lm_runs, tmp_path):
     tied = summary["decoder × dot"]
     assert tied["vs_untied_dot"]["verdict"] == interval(tied["vs_untied_dot"])
     tied_l = summary["decoder × dot + tiedL (D = 8)"]
-    ppl = {r.name: json.loads((r / "eval.json").read_text())["perplexity"] for r in _runs(lm_runs)}
+    ppl = {r.name: json.loads((r / "eval.json").read_text())["perplexity"]
+           for r in run_folders(lm_runs)}
     assert tied_l["vs_tied_dot"]["mean"] == pytest.approx(
         ppl["toy.transformer_lm_tied.decoder.dot.tiedL.s1"]
         - ppl["toy.transformer_lm_tied.decoder.dot.s1"])

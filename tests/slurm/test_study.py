@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.common.atomic import block_text, markers
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.significance import seed_paired_bootstrap
-from tests.helpers import REPO, write_sweep
+from tests.helpers import launch, write_sweep
 
 pytestmark = pytest.mark.slow
 BEGIN, END = markers("study")
@@ -27,11 +25,7 @@ def study(tiny_data, tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("study")
     sweep = write_sweep(tmp / "study.yaml", grid=GRID, fairseq={"log_format": "json"})
     runs = tmp / "runs"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIRSEQ_TYING_TINY_DATA": str(tiny_data)}
-    proc = subprocess.run([sys.executable, "-m", "fairseq_tying.launch", str(sweep), "--local",
-                           "--output-dir", str(runs)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch(str(sweep), "--local", "--output-dir", str(runs), data=tiny_data, timeout=900)
     report = tmp / "results.md"
     report.write_text(f"# Study\n\nWritten by hand.\n\n{BEGIN}\nold tables\n{END}\n\n"
                       "Conclusions.\n")
@@ -174,18 +168,12 @@ def _manifest(tmp: Path, tiny_data: Path) -> Path:
 
 
 def _study_command(manifest: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "fairseq_tying.launch", "study", "tiny",
-                           "--manifest", str(manifest), "--bootstrap-samples", "100", *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return launch("study", "tiny", "--manifest", str(manifest), "--bootstrap-samples", "100",
+                  *args, timeout=1800)
 
 
 def _block(path: Path, name: str) -> str:
-    begin, end = markers(name)
-    text = path.read_text()
-    return text[text.index(begin) + len(begin) + 1:text.index(end)]
+    return block_text(path.read_text(), name)
 
 
 def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(tiny_data, tmp_path):
