@@ -30,7 +30,7 @@ DECODING = {
     # constant -log(1 - p(</s>)) to every hypothesis of a sentence. That leaves raw scores'
     # ranking intact but can flip a length-normalized one when p(</s>) at step 1 is large, as
     # it is in these toy models (0.45 measured); trained models put ~0 there
-    # (docs/performance.md).
+    # (docs/serving.md).
     "lenpen": 0,
     "max_len_b": MAX_LEN,
 }
