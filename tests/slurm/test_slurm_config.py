@@ -173,8 +173,10 @@ def test_a_sweep_states_what_differs_from_its_base(tmp_path, tiny_data, monkeypa
 
 def test_the_equal_training_sweep_is_the_converged_study_with_a_fixed_budget():
     """slurm/bible_equal.yaml: E1 (three-way x every layer), E2 (DynamicConv three-way x
-    {dot, l2norm}), E3 (untied and decoder-tied dot), 3 seeds each, in that order; every run is
-    its converged twin, flag for flag but the length, trained 40 epochs without early stopping."""
+    {dot, l2norm}), E3 (untied and decoder-tied dot), 3 seeds each, in that order, then F1-F5
+    (seeds 4 and 5 of the headline cells, fixnorm, every DynamicConv layer); every run is its
+    converged twin, flag for flag but the length (an F run: its model's three-way dot run of
+    seed 1 but its layer and seed), trained 40 epochs without early stopping."""
     converged = load_sweep(REPO / "slurm" / "bible_converged.yaml", check_data=False)
     equal = load_sweep(REPO / "slurm" / "bible_equal.yaml", check_data=False)
     twin = {r.name: r for r in converged.runs}
@@ -185,9 +187,22 @@ def test_the_equal_training_sweep_is_the_converged_study_with_a_fixed_budget():
                   for la in ("dot", "l2norm", "sqnorm", "distance", "cosine")),
         2: sorted(("dynamicconv_twwt", "three_way", la) for la in ("dot", "l2norm")),
         3: sorted(("transformer_twwt", t, "dot") for t in ("none", "decoder"))}
-    assert len(equal.runs) == 27 and {r.seed for r in equal.runs} == {1, 2, 3}
+    later = {p: sorted({(r.arch, r.output_layer, r.seed) for r in equal.runs if r.priority == p})
+             for p in (4, 5, 6, 7, 8)}
+    tr, dc = "transformer_twwt", "dynamicconv_twwt"
+    assert later == {
+        4: sorted((tr, la, s) for la in ("dot", "l2norm") for s in (4, 5)),
+        5: sorted((tr, "fixnorm", s) for s in (1, 2, 3)),
+        6: sorted((dc, la, s) for la in ("sqnorm", "distance", "cosine") for s in (1, 2, 3)),
+        7: sorted((dc, "fixnorm", s) for s in (1, 2, 3)),
+        8: sorted((dc, la, s) for la in ("dot", "l2norm") for s in (4, 5))}
+    assert len(equal.runs) == 50 and {r.seed for r in equal.runs} == {1, 2, 3, 4, 5}
     for r in equal.runs:
-        assert without_length(r.train_args) == without_length(twin[r.name].train_args)
+        base = twin.get(r.name) or twin[f"bible.{r.arch}.three_way.dot.s1"]
+        want = [a.replace(base.name, r.name) for a in without_length(base.train_args)]
+        want[want.index("--seed") + 1] = str(r.seed)
+        want[want.index("--output-layer") + 1] = r.output_layer
+        assert without_length(r.train_args) == want, r.name
         assert r.stopping["plateau"] is False and r.stopping["max_epoch"] == 40
     assert equal.continue_from is None and equal.output_dir != converged.output_dir
     assert (equal.eval_args, equal.eval_also) == (converged.eval_args, converged.eval_also)
