@@ -60,8 +60,9 @@ study: setup
 	$(STUDY) converged $(STUDY_FLAGS)
 
 # The equal-training study: E1 (three-way x every output layer), E2 (DynamicConv three-way x
-# {dot, l2norm}), E3 (untied and decoder-tied dot), 3 seeds each, every run trained exactly 40
-# epochs (27 runs, about 37 h on 2 cores).
+# {dot, l2norm}), E3 (untied and decoder-tied dot), 3 seeds each, then F1-F5 (seeds 4 and 5 of
+# the headline cells, fixnorm, every DynamicConv layer); every run trained exactly 40 epochs
+# (50 runs; slurm/bible_equal.yaml).
 study-equal: setup
 	$(STUDY) equal $(STUDY_FLAGS)
 
