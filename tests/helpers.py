@@ -3,6 +3,7 @@ SLURM queries. Fixtures live in the conftest files; whatever a test imports come
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -44,6 +45,14 @@ LM_TRAIN = ["--task", "language_modeling", "--user-dir", PLUGIN_DIR, *TINY_LM, "
 
 
 # ---- running the CLIs -----------------------------------------------------------------------
+
+
+def load_script(name: str):
+    """``scripts/NAME.py`` as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def cli_env() -> dict[str, str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tarfile
 from pathlib import Path
@@ -10,18 +9,11 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.data import benchmarks
-from tests.helpers import REPO
+from tests.helpers import REPO, load_script
 
 FIXTURES = REPO / "tests" / "fixtures" / "data"
 IWSLT = FIXTURES / "iwslt14"
 WMT = FIXTURES / "wmt16"
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_train_tags_follow_fairseqs_recipe():
@@ -117,7 +109,7 @@ def test_download_failure_is_clear(tmp_path):
 
 
 def test_iwslt_script_offline_message(tmp_path, monkeypatch, capsys):
-    script = _script("prepare_iwslt14")
+    script = load_script("prepare_iwslt14")
     monkeypatch.setitem(benchmarks.IWSLT_URLS, "es-en", "http://127.0.0.1:9/es-en.tgz")
     assert script.main(["--pair", "es-en", "--out", str(tmp_path / "d")]) == 1
     err = capsys.readouterr().err
@@ -126,7 +118,7 @@ def test_iwslt_script_offline_message(tmp_path, monkeypatch, capsys):
 
 
 def test_wmt_script_offline_message(tmp_path, monkeypatch, capsys):
-    script = _script("prepare_wmt16_en_de")
+    script = load_script("prepare_wmt16_en_de")
     monkeypatch.setitem(benchmarks.WMT16_URLS, "dev.tgz", "http://127.0.0.1:9/dev.tgz")
     for name in benchmarks.WMT16_URLS:  # the others are "already downloaded"
         if name != "dev.tgz":
@@ -147,7 +139,7 @@ def _tgz(path: Path, root: Path, members: list[str]) -> Path:
 def test_iwslt_script_end_to_end_from_archive(tmp_path):
     archive = _tgz(tmp_path / "de-en.tgz", IWSLT, ["de-en"])
     out = tmp_path / "iwslt14-de-en"
-    script = _script("prepare_iwslt14")
+    script = load_script("prepare_iwslt14")
     args = ["--pair", "de-en", "--archive", str(archive), "--out", str(out), "--vocab-size", "60"]
     assert script.main(args) == 0
     prep = json.loads((out / "prep.json").read_text())
@@ -185,7 +177,7 @@ def test_wmt_script_end_to_end_from_downloaded_archives(tmp_path):
         "--vocab-size",
         "20",
     ]
-    assert _script("prepare_wmt16_en_de").main(args) == 0
+    assert load_script("prepare_wmt16_en_de").main(args) == 0
     prep = json.loads((out / "prep.json").read_text())
     assert (prep["src"], prep["tgt"], prep["pairs"]) == (
         "en",
