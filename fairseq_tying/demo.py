@@ -29,7 +29,7 @@ import torch
 
 from fairseq_tying.common import PLUGIN_DIR, RUN_JSON
 from fairseq_tying.common.atomic import replace_block, write_json
-from fairseq_tying.common.reproducible import pinned_env
+from fairseq_tying.common.reproducible import cpu_name_under, pinned_env
 from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
 from fairseq_tying.evaluation.norms import norms_report, row_norms
 from fairseq_tying.studies.collect import collect
@@ -106,11 +106,15 @@ def train_command(
     ]
 
 
+def train_env() -> dict[str, str]:
+    # one thread each whatever the core count: the thread count changes the numbers
+    return {**pinned_env(threads=None), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+
+
 def train_in_parallel(commands: dict[str, list[str]]) -> None:
     """One single-threaded fairseq-train each, their logs interleaved line by line with a
     prefix."""
-    # one thread each whatever the core count: the thread count changes the numbers
-    env = {**pinned_env(threads=None), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env = train_env()
     procs = {
         name: subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -134,7 +138,8 @@ def train_in_parallel(commands: dict[str, list[str]]) -> None:
 
 def demo_record(run_dirs: dict[str, Path], results: list[dict], args: argparse.Namespace,
                 seconds: float) -> dict:
-    """What the README's demo block shows, and how it was made."""
+    """What the README's demo block shows, and how it was made: the machine's processor with
+    the kernels its training processes ran (the numbers move with them)."""
     layers = {}
     for (layer, run), res in zip(run_dirs.items(), results, strict=True):
         norms = row_norms(run / "checkpoints" / "checkpoint_best.pt")[1]
@@ -146,7 +151,8 @@ def demo_record(run_dirs: dict[str, Path], results: list[dict], args: argparse.N
     return {"command": "python -m fairseq_tying.demo " + " ".join(args.argv),
             "minutes": round(seconds / 60, 1), "max_update": args.max_update,
             "seed": args.seed, "layers": layers,
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "machine": {"cpu": cpu_name_under(train_env()), "cpus": os.cpu_count(),
+                        "platform": platform.platform(),
                         "python": platform.python_version(), "torch": torch.__version__}}
 
 
@@ -156,11 +162,13 @@ def readme_block(record: dict) -> str:
     rows += [f"| `{layer}` | {r['bleu']:.2f} | {r['chrf']:.2f} | "
              f"{r['row_norm_mean']:.3f} ± {r['row_norm_std']:.3f} |"
              for layer, r in record["layers"].items()]
-    cpus = record["machine"]["cpus"]
+    cpus, cpu = record["machine"]["cpus"], record["machine"].get("cpu", "not recorded")
+    cpu = "processor not recorded" if cpu == "not recorded" else cpu
+    sentences = next(iter(record["layers"].values()))["sentences"]
     return ("\n".join(rows) + f"\n\n`{record['command']}`: {record['minutes']:g} min on "
-            f"{cpus} CPU core{'s' * (cpus != 1)}, {record['max_update']} updates each, seed "
-            f"{record['seed']}, test set of {next(iter(record['layers'].values()))['sentences']:,} "
-            "verses; from [docs/demo/demo.json](docs/demo/demo.json).\n")
+            f"{cpus} CPU core{'s' * (cpus != 1)} ({cpu}), {record['max_update']} updates each, "
+            f"seed {record['seed']}, test set of {sentences:,} verses; from "
+            "[docs/demo/demo.json](docs/demo/demo.json).\n")
 
 
 def publish(record: dict, path: Path | None, readme: Path | None) -> None:

@@ -40,6 +40,7 @@ from fairseq.data import data_utils
 
 from fairseq_tying import translate
 from fairseq_tying.common import LM_TASK, atomic, checkpoints
+from fairseq_tying.common.reproducible import cpu_name
 from fairseq_tying.export.ct2 import ExportError, Subword, export_ct2, find_subword
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -260,8 +261,11 @@ DECODERS = {"fairseq": "fairseq", "ct2_float32": "CTranslate2 float32",
 def summarize(paths: list[Path], into: Path | None) -> str:
     """The table of the reports at ``paths``, printed, and written into ``into``'s ``serving``
     block."""
-    text = summary_table([json.loads(p.read_text()) for p in paths])
-    text += "\nFrom " + ", ".join(f"[{p.name}]({p.parent.name}/{p.name})" for p in paths) + ".\n"
+    reports = [json.loads(p.read_text()) for p in paths]
+    cpus = sorted({r["machine"].get("cpu", "not recorded") for r in reports})
+    text = summary_table(reports)
+    text += ("\nFrom " + ", ".join(f"[{p.name}]({p.parent.name}/{p.name})" for p in paths)
+             + f"; processor: {'; '.join(cpus)}.\n")
     print(text)
     if into is not None:
         atomic.replace_block(into, "serving", text)
@@ -323,7 +327,8 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="serve-bench.") as tmp:
         report = measure(opts, Path(tmp))
     report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}
-    report["machine"] = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+    report["machine"] = {"cpu": cpu_name(), "platform": platform.platform(),
+                         "cpu_count": os.cpu_count(),
                          "load_avg": os.getloadavg()}
     print(table(report))
     if opts.out is not None:

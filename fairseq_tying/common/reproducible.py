@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -57,3 +59,12 @@ def cpu_name() -> str:
     except OSError:  # not Linux
         pass
     return f"{model}, {torch.backends.cpu.get_cpu_capability()} kernels"
+
+
+def cpu_name_under(env: Mapping[str, str]) -> str:
+    """``cpu_name()`` as a process started with ``env`` reports it: its kernels follow that
+    environment's pin, which this process's torch, imported before it, may not."""
+    code = "from fairseq_tying.common.reproducible import cpu_name; print(cpu_name())"
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(env), capture_output=True,
+                          text=True, check=True)
+    return proc.stdout.strip().splitlines()[-1]
