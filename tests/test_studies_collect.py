@@ -15,11 +15,12 @@ from matplotlib import image as mpimg
 
 from fairseq_tying.evaluation import metrics
 from fairseq_tying.evaluation.cli import main as evaluation
+from fairseq_tying.launch.job import machines
 from fairseq_tying.studies import engine, specs
 from fairseq_tying.studies.collect import collect
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.formatting import format_ci
-from fairseq_tying.studies.records import load_evaluated, training_summary
+from fairseq_tying.studies.records import load_evaluated, train_facts, training_summary
 from fairseq_tying.studies.stats import mean_ci
 from tests.helpers import REPO
 
@@ -207,3 +208,22 @@ def test_exporting_records_needs_no_matplotlib():
             "from fairseq_tying.studies import records\n"
             "assert callable(records.export) and callable(norms.row_norms)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_a_record_names_every_processor_that_trained_its_run(tmp_path):
+    """train.cpu is the training job's rank-0 file's: a run resumed on another processor names
+    both, in order; one resumed on the same keeps one name."""
+    a, b = "AMD EPYC, AVX2 kernels", "Intel(R) Xeon(R) Processor, AVX2 kernels"
+    assert machines(None, a) == machines(a, a) == a
+    assert machines(machines(a, b), b) == f"{a}; then {b}"
+    assert machines(f"{a}; then {b}", a) == f"{a}; then {b}; then {a}"
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "ranks").mkdir()
+    (run / "logs" / "train.rank0.log").write_text(
+        "x | num. shared model params: 10 (num. trained: 10)\n"
+        + _log_line("00:00:01", "valid", {"valid_loss": "6.0", "valid_num_updates": "5"}) + "\n")
+    rank0 = {"device": "cpu", "cpu": f"{a}; then {b}"}
+    (run / "ranks" / "rank0.json").write_text(json.dumps(rank0))
+    facts = train_facts(run)
+    assert (facts["device"], facts["cpu"]) == ("cpu", f"{a}; then {b}")

@@ -177,10 +177,12 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
             write_json(run_dir / "progress.json", {"num_updates": updates})
         if should_stop or end_of_epoch or stop.item() > 0:
             params = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
-            write_json(run_dir / "ranks" / f"rank{rank}.json",
-                       {"rank": rank, "num_updates": updates, "param_sum": params,
-                        "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-                        "device": device_name(device), "cpu": cpu_name(), "pid": os.getpid()})
+            ranks = run_dir / "ranks" / f"rank{rank}.json"
+            before = json.loads(ranks.read_text()).get("cpu") if ranks.is_file() else None
+            write_json(ranks, {"rank": rank, "num_updates": updates, "param_sum": params,
+                               "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+                               "device": device_name(device), "cpu": machines(before, cpu_name()),
+                               "pid": os.getpid()})
         if stop.item() > 0 and not should_stop:
             checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, valid_losses[0])
             logger.warning("stop requested: saved checkpoint_last.pt at update %d", updates)
@@ -189,6 +191,14 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
 
     validate_and_save.__wrapped__ = original
     fairseq_train.validate_and_save = validate_and_save
+
+
+def machines(before: str | None, now: str) -> str:
+    """The processors that trained a run, in order: a run resumed on another machine names
+    both (``"A, AVX2 kernels; then B, AVX2 kernels"``), as its numbers depend on both."""
+    if not before or before.rsplit("; then ", 1)[-1] == now:
+        return before or now
+    return f"{before}; then {now}"
 
 
 def device_name(device) -> str:
