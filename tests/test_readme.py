@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from tests.helpers import REPO, run_module
+from fairseq_tying.common.atomic import block_text
+from tests.helpers import REPO, load_script, run_module
 
 README = REPO / "README.md"
 MAX_LINES = 220
@@ -57,3 +58,11 @@ def test_readme_make_targets_exist(words):
     proc = subprocess.run(["make", "-n", *words[1:]], capture_output=True, text=True, cwd=REPO,
                           timeout=60)
     assert proc.returncode == 0, f"{' '.join(words)}:\n{proc.stderr[-2000:]}"
+
+
+def test_the_test_times_block_is_the_committed_report():
+    """The suite's times in the README are docs/test_times.json's, as scripts/time_tests.py
+    writes them; without that report the block states no number."""
+    tool = load_script("time_tests")
+    block = block_text(README.read_text(), "test-times")
+    assert block.strip() == tool.readme_block(tool.load()).strip()
