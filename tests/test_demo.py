@@ -9,6 +9,7 @@ import pytest
 
 from fairseq_tying import demo
 from fairseq_tying.common.atomic import markers
+from fairseq_tying.common.reproducible import has_avx2
 from fairseq_tying.data import bible
 from tests.helpers import run_module
 
@@ -51,6 +52,13 @@ def test_demo_pipeline_with_a_tiny_budget(tmp_path):
         record = json.loads((out / "runs" / row["run"] / "eval.json").read_text())
         assert row["bleu"] == round(record["bleu"], 2) and row["sentences"] == 12
     assert summary["max_update"] == 6 and "--max-update 6" in summary["command"]
+    # the processor, with the kernels the pinned training processes ran (AVX2 where it can)
+    model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                 if line.startswith("model name"))
+    cpu = summary["machine"]["cpu"]
+    kernels = "AVX2 kernels" if has_avx2() else " kernels"
+    assert cpu.startswith(f"{model}, ") and cpu.endswith(kernels)
+    assert f"({cpu})" in demo.readme_block(summary)
     text = readme.read_text()
     assert "stale" not in text and text.endswith("\nrest\n")
     assert demo.readme_block(summary) in text
