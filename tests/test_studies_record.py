@@ -1,0 +1,107 @@
+"""The typed record: every committed record reads and writes back unchanged (but for the
+schema line), the file layout is checked (unknown keys, other schemas), and the run folder's
+facts are read once (``RunFacts``, ``CheckpointConfig``)."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from dataclasses import replace
+
+import pytest
+
+from fairseq_tying.common.checkpoints import CheckpointConfig
+from fairseq_tying.evaluation.run import RunFacts
+from fairseq_tying.studies.record import SCHEMA, Perplexity, Record, Stop, Translation
+from tests.helpers import REPO
+
+RECORDS = sorted(REPO.glob("docs/*/records/*.json"))
+CONVERGED = REPO / "docs" / "converged" / "records" / "bible.transformer_twwt.none.dot.s1.json"
+
+
+def test_every_committed_record_round_trips_byte_for_byte(tmp_path):
+    assert len(RECORDS) >= 116
+    for path in RECORDS:
+        record = Record.load(path)
+        record.save(tmp_path / path.name)
+        text = path.read_text(encoding="utf-8")
+        assert (tmp_path / path.name).read_text(encoding="utf-8") == text.replace(
+            "{\n", f'{{\n "schema": {SCHEMA},\n', 1), path
+        if not record.is_lm:
+            hyp = path.with_suffix(".hyp.gz")
+            assert (tmp_path / hyp.name).read_bytes() == hyp.read_bytes()
+            assert len(record.hypotheses) == record.eval.n_sentences
+        assert isinstance(record.eval, Perplexity if record.is_lm else Translation)
+
+
+def test_typed_fields_read_the_layout():
+    record = Record.load(CONVERGED)
+    data = json.loads(CONVERGED.read_text())
+    assert record.run.tying == data["tying"] and record.run.seed == data["seed"]
+    assert record.train.stop == Stop(**data["train"]["stop"])
+    assert record.train.valid_nll == data["train"]["valid"]["nll_loss"]
+    assert record.eval_best.bleu == data["eval_best"]["bleu"]
+    assert record.value(("eval_best", "bleu")) == data["eval_best"]["bleu"]
+    assert record.value(("train", "cpu"), optional=True) is None
+    with pytest.raises(KeyError, match=r"no train\.cpu in its record"):
+        record.value(("train", "cpu"))
+
+
+def test_a_new_key_a_newer_schema_and_a_missing_field_are_refused(tmp_path):
+    data = json.loads(CONVERGED.read_text())
+    data["train"]["cpu"] = "Intel(R) Xeon(R) Processor, AVX2 kernels"  # known: read
+    assert Record.from_dict(data).train.cpu == data["train"]["cpu"]
+    for change, message in (({"eval": {**data["eval"], "comet": 0.8}}, r"eval: unknown key"),
+                            ({"schema": SCHEMA + 1}, r"schema 2, this fairseq_tying reads"),
+                            ({"train": {"params": 1}}, r"train: lacks \['params_trained'")):
+        with pytest.raises(ValueError, match=message):
+            Record.from_dict({**data, **change}, "r.json")
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    with pytest.raises(FileNotFoundError, match=r"x\.hyp\.gz: missing"):
+        Record.load(tmp_path / "x.json")
+    assert Record.load(tmp_path / "x.json", hypotheses=False).hypotheses is None
+
+
+def test_a_saved_record_reads_back_equal(tmp_path):
+    record = Record.load(CONVERGED)
+    changed = replace(record, train=replace(record.train, cpu="a processor"),
+                      run=replace(record.run, method="m"))
+    changed.save(tmp_path / "r.json")
+    again = Record.load(tmp_path / "r.json")
+    assert again.to_dict() == changed.to_dict() and again.hypotheses == record.hypotheses
+    assert json.loads((tmp_path / "r.json").read_text())["schema"] == SCHEMA
+
+
+def test_the_checkpoint_config_is_read_once_from_cfg_or_legacy_args():
+    model = Namespace(arch="transformer_twwt", tying="decoder", output_layer="l2norm")
+    state = {"cfg": {"model": model, "common": {"seed": 3},
+                     "task": {"_name": "translation", "data": "/d", "source_lang": "es",
+                              "target_lang": "en"}}}
+    config = CheckpointConfig.of(state)
+    assert (config.arch, config.tying, config.output_layer, config.seed, config.task,
+            config.data, config.source_lang, config.target_lang) == (
+        "transformer_twwt", "decoder", "l2norm", 3, "translation", "/d", "es", "en")
+    assert config.model is model
+    legacy = CheckpointConfig.of({"args": Namespace(arch="transformer", seed=1, task="lm",
+                                                    share_all_embeddings=True,
+                                                    tokens_per_sample=64)})
+    assert (legacy.arch, legacy.tying, legacy.output_layer, legacy.task,
+            legacy.tokens_per_sample) == ("transformer", "three_way", None, "lm", 64)
+
+
+def test_run_json_overrides_the_checkpoint_and_names_the_data(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    config = CheckpointConfig.of({"args": Namespace(arch="a", tying="none", seed=1)})
+    facts = RunFacts.read(run, config)
+    assert (facts.name, facts.method, facts.output_layer, facts.seed) == ("r", "a:none:dot",
+                                                                          "dot", 1)
+    with pytest.raises(ValueError, match=r"--data is required .*run\.json names no data_dir"):
+        facts.data(None)
+    (run / "run.json").write_text(json.dumps({"label": "L", "seed": 2, "data_dir": "/d"}))
+    facts = RunFacts.read(run).with_checkpoint(config)
+    assert facts.identity() == {"name": "r", "method": "L", "arch": "a", "tying": "none",
+                                "output_layer": "dot", "seed": 2}
+    assert facts.data(None) == "/d" and facts.data("/other") == "/other"
+    recorded = RunFacts.read(run, recorded={"arch": "b", "tying": "decoder", "seed": 5})
+    assert (recorded.arch, recorded.tying, recorded.seed) == ("b", "decoder", 2)
