@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 from argparse import Namespace
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from fairseq_tying.common.checkpoints import CheckpointConfig
 from fairseq_tying.evaluation.run import RunFacts
 from fairseq_tying.studies.record import SCHEMA, Perplexity, Record, Stop, Translation
+from fairseq_tying.studies.records import build_record, export
 from tests.helpers import REPO
 
 RECORDS = sorted(REPO.glob("docs/*/records/*.json"))
@@ -105,3 +107,56 @@ def test_run_json_overrides_the_checkpoint_and_names_the_data(tmp_path):
     assert facts.data(None) == "/d" and facts.data("/other") == "/other"
     recorded = RunFacts.read(run, recorded={"arch": "b", "tying": "decoder", "seed": 5})
     assert (recorded.arch, recorded.tying, recorded.seed) == ("b", "decoder", 2)
+
+
+def _run_folder(run: Path) -> None:
+    """A finished, evaluated run as the launcher and ``evaluate`` leave it (no checkpoint)."""
+    (run / "logs").mkdir(parents=True)
+    valid = {"epoch": 2, "valid_loss": "6.5", "valid_nll_loss": "6.1", "valid_num_updates": "20"}
+    (run / "logs" / "train.rank0.log").write_text("\n".join([
+        "x | INFO | fairseq_cli.train | num. shared model params: 1,000 (num. trained: 900)",
+        f"x | INFO | valid | {json.dumps(valid)}",
+        "x | INFO | fairseq_cli.train | done training in 12.5 seconds"]) + "\n")
+    (run / "train.done").write_text(json.dumps({"stop": {"epoch": 2, "update": 20,
+                                                         "reason": "plateau"}}))
+    (run / "valid_history.json").write_text(json.dumps(
+        {"metric": "nll_loss", "epochs": [{"epoch": e, "update": 10 * e, "value": 7.0 - e}
+                                          for e in (1, 2)]}))
+    (run / "run.json").write_text(json.dumps({"name": "toy.s1", "dataset": "toy", "seed": 1,
+                                              "train_args": ["--seed", "1"], "tag": "x"}))
+    (run / "test.hyp.en").write_text("a b\nc\n")
+    common = {"src": "es", "tgt": "en", "subset": "test", "references": "/refs",
+              "references_sha256": "0" * 64, "bleu_signature": "s", "chrf": 40.0,
+              "tok_bleu": 21.0, "run": {"name": "toy.s1", "method": "m", "arch": "a",
+                                        "tying": "none", "output_layer": "dot", "seed": 1}}
+    (run / "eval.json").write_text(json.dumps({**common, "bleu": 20.0, "averaged": ["c1.pt"],
+                                               "checkpoint": str(run / "c.avg.pt"),
+                                               "hypotheses": "test.hyp.en"}))
+    (run / "eval.best.json").write_text(json.dumps({**common, "bleu": 19.0, "tag": "best",
+                                                    "checkpoint": "/x/checkpoint_best.pt",
+                                                    "hypotheses": "test.hyp.en"}))
+
+
+def test_one_builder_makes_the_study_record_and_collects_scores(tmp_path):
+    run = tmp_path / "runs" / "toy.s1"
+    _run_folder(run)
+    with pytest.raises(FileNotFoundError, match="--without-row-norms"):
+        build_record(run)
+    record = build_record(run, row_norms=False)
+    assert (record.name, record.run.method, record.run.dataset, record.run.tag) == (
+        "toy.s1", "m", "toy", None)  # a translation record has no tag
+    assert record.checkpoint == "c.avg.pt" and record.output_row_norms is None
+    assert (record.train.params, record.train.params_trained, record.train.train_seconds) == (
+        1000, 900, 12.5)
+    assert record.train.valid_history == [[20, 6.1]] and record.train.valid_nll == 6.1
+    assert record.train.stop == Stop(epoch=2, reason="plateau", update=20)
+    assert record.train.valid_epochs == [[1, 10, 6.0], [2, 20, 5.0]]
+    assert (record.eval.bleu, record.eval.averaged, record.eval_best.bleu,
+            record.eval_best.checkpoint) == (20.0, ["c1.pt"], 19.0, "checkpoint_best.pt")
+    assert record.hypotheses == ["a b", "c"]
+    assert export(tmp_path / "runs", tmp_path / "records", row_norms=False) == ["toy.s1"]
+    again = Record.load(tmp_path / "records" / "toy.s1.json")
+    assert again.to_dict() == record.to_dict() and again.hypotheses == record.hypotheses
+    scores = build_record(run, scores_only=True)  # collect's: the same record, no training
+    assert scores.train is None
+    assert scores.to_dict() == {k: v for k, v in record.to_dict().items() if k != "train"}

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from fairseq_tying.common import CONTINUED_FROM, EVAL_JSON, LM_TASK, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import read_lines
 from fairseq_tying.evaluation import norms
-from fairseq_tying.evaluation.run import RunFacts
+from fairseq_tying.evaluation.run import IDENTITY, RunFacts
 from fairseq_tying.studies.record import (
     Evaluation,
     Identity,
@@ -169,11 +169,12 @@ def build_record(run_dir: str | os.PathLike, row_norms: bool = True, scores_only
     result = read_evaluation(run_dir / eval_name, checkpoint=not scores_only)
     facts = RunFacts.read(run_dir, recorded=result["run"])
     lm = result.get("task") == LM_TASK
-    identity = Identity(
-        **{k: getattr(facts, k) for k in ("name", "method", "arch", "tying", "output_layer",
-                                          "seed")},
-        dataset=facts.settings.get("dataset"), train_args=facts.settings.get("train_args"),
-        task=LM_TASK if lm else None, tag=facts.settings.get("tag") if lm else None)
+    # the resolved identity, then what run.json says of the rest (a translation model has no
+    # task or tag in its record)
+    run = {f.name: getattr(facts, f.name) if f.name in IDENTITY else facts.settings.get(f.name)
+           for f in fields(Identity)}
+    identity = Identity(**{**run, "task": LM_TASK if lm else None,
+                           "tag": run["tag"] if lm else None})
     tagged = {}
     for extra in sorted(run_dir.glob("eval.*.json")):
         evaluation = read_evaluation(extra)
