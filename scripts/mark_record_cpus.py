@@ -10,7 +10,8 @@ history does not determine the processor, the value is "not recorded". A GPU rec
     python scripts/mark_record_cpus.py          # write the key where it is missing
     python scripts/mark_record_cpus.py --check  # exit 1 if a record lacks it or disagrees
 
-The key is inserted as one line, the first of its object, so each file's diff is that line.
+The key is inserted after ``device`` (the record schema's order) or, in an object without it,
+as its first member; the rest of each file is unchanged.
 A file is in one row only; a record that holds another value is an error, never overwritten;
 ``--check`` also fails on a committed record that is not in the table and names no CPU.
 """
@@ -126,19 +127,41 @@ def object_key(path: str) -> str:
 
 
 def with_cpu(text: str, key: str, cpu: str) -> str:
-    """``text`` with ``"cpu": cpu`` as the first member of its top-level object ``key``, the
-    rest byte for byte (the file's own indentation)."""
+    """``text`` with ``"cpu": cpu`` in its top-level object ``key``, the rest byte for byte (the
+    file's own indentation). In a record's ``train`` the key goes where the record schema puts
+    it (after ``device``, before ``continued_from``), so ``Record.save`` writes the file back
+    unchanged; in the demo's and serving's ``machine`` it goes first."""
     lines = text.split("\n")
     unit = len(lines[1]) - len(lines[1].lstrip(" "))
     opening = f'{" " * unit}"{key}": {{'
     if lines.count(opening) != 1:
         raise SystemExit(f"expected one line {opening!r}")
-    at = lines.index(opening) + 1
-    lines.insert(at, f'{" " * 2 * unit}"cpu": {json.dumps(cpu, ensure_ascii=False)},')
-    new = "\n".join(lines)
     data = json.loads(text)
-    data[key] = {"cpu": cpu, **data[key]}
-    if json.loads(new) != data:
+    names = list(data[key])
+    if key == "train":
+        after = [k for k in names if k != "continued_from"]
+        position = names.index("device") + 1 if "device" in names else len(after)
+    else:
+        position = 0
+    start = lines.index(opening) + 1
+    # the line where each member of the object starts (its indentation is 2 units)
+    starts = [i for i in range(start, len(lines))
+              if lines[i].startswith(" " * 2 * unit + '"') and not lines[i][2 * unit + 1:]
+              .startswith(" ")][:len(names)]
+    member = f'{" " * 2 * unit}"cpu": {json.dumps(cpu, ensure_ascii=False)}'
+    if position < len(names):
+        lines.insert(starts[position], member + ",")
+    else:  # after the last member: its closing line gets the comma
+        close = next((i for i in range(start, len(lines))
+                      if lines[i] in (f'{" " * unit}}}', f'{" " * unit}}},')), None)
+        if close is None:
+            raise SystemExit(f"no closing line of {key!r}")
+        lines[close - 1] += ","
+        lines.insert(close, member)
+    items = list(data[key].items())
+    data[key] = dict(items[:position] + [("cpu", cpu)] + items[position:])
+    new = "\n".join(lines)
+    if json.loads(new) != data or list(json.loads(new)[key]) != list(data[key]):
         raise SystemExit("the inserted line does not parse as the one new member")
     return new
 

@@ -20,7 +20,7 @@ from fairseq_tying.evaluation.evaluate import evaluate_run
 from fairseq_tying.evaluation.generate import parse_hypotheses
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
 from fairseq_tying.studies.formatting import format_ci
-from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.record import Identity, Record
 from fairseq_tying.studies.significance import compare, seed_paired_bootstrap
 from fairseq_tying.studies.stats import mean_ci
 from tests.helpers import run_cli
@@ -145,7 +145,7 @@ def test_compare_bleu_and_chrf_per_seed_are_sacrebleus_test():
     refs, good, bad = _corpus()
     near = list(good)
     near[3] = bad[3]
-    runs = {name: Record({"name": name}, hyps) for name, hyps in
+    runs = {name: Record(Identity(name), hypotheses=hyps) for name, hyps in
             (("good", good), ("bad", bad), ("same", list(good)), ("near", near))}
     pairs = [(name, runs[name], runs["good"]) for name in ("bad", "same", "near")]
     bleu, chrf = (compare(pairs, refs, 300, metric) for metric in ("bleu", "chrf"))

@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from fairseq_tying.studies import engine, specs
 from fairseq_tying.studies.collect import collect
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.formatting import format_ci
+from fairseq_tying.studies.record import Training
 from fairseq_tying.studies.records import load_evaluated, train_facts, training_summary
 from fairseq_tying.studies.stats import mean_ci
 from tests.helpers import REPO
@@ -128,10 +130,10 @@ def test_collect_and_study_agree_on_the_same_runs(runs):
     root, bleus = runs
     res = collect(root / "runs", root / "out", n_samples=200)
     methods = {m["method"]: m for m in res["results"]["groups"][0]["methods"]}
-    records = load_evaluated(root / "runs")
     refs = (root / "data" / "test.en").read_text().splitlines()
-    for r in records:  # the study's records also carry training facts, not compared here
-        r.data["train"] = {"valid": {"nll_loss": 0.0}, "params": 1}
+    # the study's records also carry training facts, not compared here
+    facts = Training(params=1, params_trained=1, valid={"nll_loss": 0.0}, valid_history=[])
+    records = [replace(r, train=facts) for r in load_evaluated(root / "runs")]
     [section] = engine.sections(specs.GRID, records, refs, 200)
     cells = section.summary
     dot, l2 = cells["three_way/dot"], cells["three_way/l2norm"]
@@ -174,10 +176,10 @@ def test_training_time_of_a_resumed_run_counts_every_process(tmp_path):
     log = tmp_path / "train.rank0.log"
     log.write_text("\n".join(first + resumed) + "\n")
     summary = training_summary(log)
-    assert summary["train_seconds"] == 5292.2
-    assert summary["valid_history"] == [[2954, 6.036], [3165, 6.046]]
+    assert summary.train_seconds == 5292.2
+    assert summary.valid_history == [[2954, 6.036], [3165, 6.046]]
     log.write_text("\n".join([params] + resumed[1:]) + "\n")
-    assert training_summary(log)["train_seconds"] == 324.2
+    assert training_summary(log).train_seconds == 324.2
 
 
 def test_training_time_of_a_continued_run_counts_the_finished_process_it_continues(tmp_path):
@@ -197,7 +199,7 @@ def test_training_time_of_a_continued_run_counts_the_finished_process_it_continu
 
     log = tmp_path / "train.rank0.log"
     log.write_text("\n".join(process(1, 0.9) + process(2, 0.4)) + "\n")
-    assert training_summary(log)["train_seconds"] == 1.3
+    assert training_summary(log).train_seconds == 1.3
 
 
 def test_exporting_records_needs_no_matplotlib():
@@ -226,4 +228,4 @@ def test_a_record_names_every_processor_that_trained_its_run(tmp_path):
     rank0 = {"device": "cpu", "cpu": f"{a}; then {b}"}
     (run / "ranks" / "rank0.json").write_text(json.dumps(rank0))
     facts = train_facts(run)
-    assert (facts["device"], facts["cpu"]) == ("cpu", f"{a}; then {b}")
+    assert (facts.device, facts.cpu) == ("cpu", f"{a}; then {b}")

@@ -3,9 +3,9 @@ engine renders from committed records: the equal-training block and README's sho
 
 from __future__ import annotations
 
-import copy
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,7 @@ from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest
 from fairseq_tying.studies import records, verdicts, view_equal, view_help
 from fairseq_tying.studies.engine import Section
-from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.report import (
     Renderer,
     recorded,
@@ -105,7 +105,7 @@ def test_the_short_answer_is_the_study_with_records(manifest, where):
     (summary,) = [s for s in manifest.summaries if s.target.file == Path(where)]
     assert summary.sources == (manifest.study("equal"), manifest.study("converged"))
     source = summary_source(summary)
-    equal = [json.loads(p.read_text()) for p in (DOCS / "equal" / "records").glob("*.json")]
+    equal = records.load(DOCS / "equal" / "records", hypotheses=False)
     assert source == ("equal" if view_help.answers(equal) else "converged")
     folder = manifest.study(source).plots
     cells = json.loads((folder / "summary.json").read_text())
@@ -172,10 +172,9 @@ def test_a_summary_names_studies_of_the_manifest(tmp_path):
 def _dynamicconv(record: Record) -> Record:
     """A three-way tied converged record relabelled as a DynamicConv run (same hypotheses):
     a second architecture for the view, from real scores."""
-    data = copy.deepcopy(record.data)
-    data["arch"] = "dynamicconv_twwt"
-    data["name"] = data["name"].replace("transformer_twwt", "dynamicconv_twwt")
-    return Record(data, record.hypotheses)
+    run = replace(record.run, arch="dynamicconv_twwt",
+                  name=record.name.replace("transformer_twwt", "dynamicconv_twwt"))
+    return replace(record, run=run, stats_cache={})
 
 
 @pytest.mark.slow
@@ -185,14 +184,14 @@ def test_the_equal_view_of_real_records(tmp_path):
     records' per-seed BLEU differences, each verdict the bootstrap rule's, and the plot."""
     recs = records.load(DOCS / "converged" / "records")
     e2 = [_dynamicconv(r) for r in recs
-          if r["tying"] == "three_way" and r["output_layer"] in ("dot", "l2norm")]
+          if r.run.tying == "three_way" and r.run.output_layer in ("dot", "l2norm")]
     renderer = Renderer(recs + e2, references(None), n_samples=200, expected=27)
     text, summary = renderer.block("equal")
     assert text.startswith("27 of 27 runs are recorded.\n\n")
     assert not any(word in text.lower() for word in FORBIDDEN)
     for r in recs:
-        assert f"{r['eval']['bleu']:.2f}" in text
-    bleu = {(r["tying"], r["output_layer"], r["seed"]): r["eval"]["bleu"] for r in recs}
+        assert f"{r.eval.bleu:.2f}" in text
+    bleu = {(r.run.tying, r.run.output_layer, r.run.seed): r.eval.bleu for r in recs}
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
              if " vs " in line]
     rows = {(c[0], c[1]): c for c in cells}
@@ -218,7 +217,7 @@ def test_the_equal_view_of_real_records(tmp_path):
 
 
 def _nll(record: Record, epoch: int) -> float | None:
-    return next((v for e, _, v in record["train"]["valid_epochs"] if e == epoch), None)
+    return next((v for e, _, v in record.train.valid_epochs if e == epoch), None)
 
 
 def test_the_equal_views_differences_are_paired_by_seed():
@@ -228,7 +227,7 @@ def test_the_equal_views_differences_are_paired_by_seed():
     recs = records.load(DOCS / "converged" / "records")
     cells: dict = {}
     for r in recs:
-        cells.setdefault((r["tying"], r["output_layer"]), {})[r["seed"]] = r
+        cells.setdefault((r.run.tying, r.run.output_layer), {})[r.run.seed] = r
     panels = view_equal._delta_panels("T", cells)
     assert list(panels) == ["T: layer − dot (three-way)", "T: tying − untied (dot)"]
     assert list(panels["T: layer − dot (three-way)"]) == [
@@ -249,7 +248,7 @@ def test_the_equal_views_differences_are_paired_by_seed():
                 assert (lo[i], hi[i]) == pytest.approx((mean[i] - half, mean[i] + half))
             else:
                 assert lo[i] == hi[i] == mean[i]
-        assert xs[-1] == max(min(len(cells[c][s]["train"]["valid_epochs"]) for c in (cell, base))
+        assert xs[-1] == max(min(len(cells[c][s].train.valid_epochs) for c in (cell, base))
                              for s in (1, 2, 3))
     without_untied = {k: v for k, v in cells.items() if k[0] != "none"}
     assert list(view_equal._delta_panels("T", without_untied)) == ["T: layer − dot (three-way)"]
@@ -260,14 +259,14 @@ def test_only_a_study_with_every_cell_and_seed_answers():
     every layer under three-way tying, all seeds, for one architecture: the converged study's
     do; without one seed of one cell, with one seed of every cell, without the baseline, or
     spread over two architectures they do not."""
-    records = [json.loads(p.read_text()) for p in (DOCS / "converged" / "records").glob("*.json")]
-    assert len(records) == 21 and view_help.answers(records)
-    assert not view_help.answers([r for r in records if r["name"] != records[0]["name"]])
-    assert not view_help.answers([r for r in records if r["tying"] != "none"])
-    other = [{**r, "arch": "dynamicconv_twwt"} if r["output_layer"] == "cosine" else r
-             for r in records]
+    recs = records.load(DOCS / "converged" / "records", hypotheses=False)
+    assert len(recs) == 21 and view_help.answers(recs)
+    assert not view_help.answers([r for r in recs if r.name != recs[0].name])
+    assert not view_help.answers([r for r in recs if r.run.tying != "none"])
+    other = [replace(r, run=replace(r.run, arch="dynamicconv_twwt"))
+             if r.run.output_layer == "cosine" else r for r in recs]
     assert not view_help.answers(other) and not view_help.answers([])
-    assert not view_help.answers([r for r in records if r["seed"] == 1])  # whole, but 1 of 3 seeds
+    assert not view_help.answers([r for r in recs if r.run.seed == 1])  # whole, but 1 of 3 seeds
 
 
 def test_the_short_answer_of_an_architecture_without_untied_runs_starts_at_three_way_dot():

@@ -105,14 +105,14 @@ def _side(dict_path: Path, prefix: Path, label: str) -> Side:
 def sides(state: dict, data: str | None) -> dict[str, Side]:
     """Dictionaries and per-side token counts of the checkpoint's training data (a language
     model's one text is its decoder's, the target side)."""
-    folder = Path(data or checkpoints.config_value(state, "data", "task") or "")
-    if checkpoints.task_of(state) == LM_TASK:
+    config = checkpoints.CheckpointConfig.of(state)
+    folder = Path(data or config.data or "")
+    if config.task == LM_TASK:
         if not (folder / "dict.txt").is_file():
             raise SystemExit(f"dictionary {folder / 'dict.txt'} not found: pass --data, the "
                              "fairseq-preprocess output the language model was trained on")
         return {"target": _side(folder / "dict.txt", folder / "train", "LM text")}
-    src = checkpoints.config_value(state, "source_lang", "task")
-    tgt = checkpoints.config_value(state, "target_lang", "task")
+    src, tgt = config.source_lang, config.target_lang
     if src is None or tgt is None:  # fairseq-train infers them from the binarized files
         src, tgt = infer_language_pair(str(folder))
     paths = {"source": folder / f"dict.{src}.txt", "target": folder / f"dict.{tgt}.txt"}
@@ -128,7 +128,7 @@ def subword_model(path: str | None, state: dict, data: str | None):
     """(path, processor) of the sentencepiece model: --spm, or ``spm.model`` beside the
     binarized data; (None, None) for a word-level vocabulary (``--spm none``, or ``prep.json``
     beside the data saying ``"subword": "word"``)."""
-    folder = Path(data or checkpoints.config_value(state, "data", "task") or ".")
+    folder = Path(data or checkpoints.CheckpointConfig.of(state).data or ".")
     prep = folder.parent / "prep.json"
     if path == WORDS or (path is None and prep.is_file()
                          and json.loads(prep.read_text()).get("subword") == "word"):
@@ -253,9 +253,10 @@ def _same_matrix(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> ModelReport:
-    args = checkpoints.model_args(state)
+    config = checkpoints.CheckpointConfig.of(state)
+    args = config.model
     history = (state.get("optimizer_history") or [{}])[-1]
-    report = ModelReport(str(path), label, checkpoints.arch_of(state) or "?",
+    report = ModelReport(str(path), label, config.arch or "?",
                          getattr(args, "tying", "?"), getattr(args, "output_layer", "?"),
                          int(history.get("num_updates", 0)))
     words = {w.lower() for name in BENCHMARKS for pair in benchmark_pairs(name)[1] for w in pair}
@@ -277,7 +278,7 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
 
 
 def default_label(path: str, state: dict) -> str:
-    args = checkpoints.model_args(state)
+    args = checkpoints.CheckpointConfig.of(state).model
     tying, output_layer = getattr(args, "tying", "?"), getattr(args, "output_layer", "?")
     extras = [f for f in ("tied_projection", "output_bias") if getattr(args, f, False)]
     return " ".join([f"{tying}·{output_layer}", *(f"+{e}" for e in extras)])

@@ -313,7 +313,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not opts.checkpoint.is_file():
         p.error(f"--checkpoint {opts.checkpoint} does not exist")
     if opts.data is None:
-        data = checkpoints.task_data(checkpoints.load(opts.checkpoint))
+        data = checkpoints.CheckpointConfig.of(checkpoints.load(opts.checkpoint)).data
         if data is None:
             p.error(f"--checkpoint {opts.checkpoint} names no data folder: pass --data")
         opts.data = Path(data)

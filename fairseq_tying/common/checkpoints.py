@@ -2,12 +2,15 @@
 ``weights_only=True``; the plugin core allowlists what fairseq pickles).
 
 A checkpoint written by fairseq-train holds its config as ``cfg`` (sections ``model``,
-``task``, ``common``, … as dicts or ``argparse.Namespace``), an older one as ``args``."""
+``task``, ``common``, … as dicts or ``argparse.Namespace``), an older one as ``args``;
+:class:`CheckpointConfig` reads what the tools use of it."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,50 +38,58 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
     return default
 
 
-def model_args(state: dict[str, Any]) -> Any:
-    """The model section of a checkpoint's config (a dict or an argparse.Namespace)."""
-    cfg = state.get("cfg")
-    if cfg is not None and _get(cfg, "model") is not None:
-        return _get(cfg, "model")
-    return state.get("args")
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """What the tools read of a checkpoint's configuration, read once (:meth:`of`): the model
+    section as saved (``model``, for a tool that rewrites it), then the values looked up in the
+    model section, the named section of ``cfg`` and the legacy ``args``, in that order."""
+
+    model: Any  # cfg["model"] (a dict or an argparse.Namespace), else the legacy args
+    arch: str | None
+    tying: str  # the plugin's --tying, or what fairseq's sharing flags amount to
+    output_layer: str | None  # None: a stock fairseq model (its output layer is ``dot``)
+    seed: int | None
+    task: str | None  # fairseq's --task
+    data: str | None  # the fairseq-preprocess folder it was trained on (cfg.task.data)
+    source_lang: str | None
+    target_lang: str | None
+    tokens_per_sample: int | None  # a language model's blocks
+    sample_break_mode: str | None
+
+    @classmethod
+    def of(cls, state: dict[str, Any]) -> CheckpointConfig:
+        cfg, args = state.get("cfg"), state.get("args")
+        model = _get(cfg, "model") if _get(cfg, "model") is not None else args
+
+        def value(key: str, section: str | None = None) -> Any:
+            found = _get(model, key)
+            if found is None and section is not None:
+                found = _get(_get(cfg, section), key)
+            return _get(args, key) if found is None else found
+
+        def text(key: str, section: str | None = None) -> str | None:
+            found = value(key, section)
+            return None if found is None else str(found)
+
+        seed, tokens = value("seed", "common"), value("tokens_per_sample", "task")
+        return cls(model=model, arch=_get(model, "arch") or _get(model, "_name"),
+                   tying=_tying(value), output_layer=text("output_layer"),
+                   seed=None if seed is None else int(seed),
+                   task=_get(_get(cfg, "task"), "_name") or _get(args, "task"),
+                   data=text("data", "task"), source_lang=text("source_lang", "task"),
+                   target_lang=text("target_lang", "task"),
+                   tokens_per_sample=None if tokens is None else int(tokens),
+                   sample_break_mode=text("sample_break_mode", "task"))
 
 
-def config_value(state: dict[str, Any], key: str, section: str | None = None) -> Any:
-    """Look ``key`` up in the model config, then in ``cfg[section]``, then in legacy ``args``."""
-    value = _get(model_args(state), key)
-    if value is None and section is not None:
-        value = _get(_get(state.get("cfg"), section), key)
-    if value is None:
-        value = _get(state.get("args"), key)
-    return value
-
-
-def tying_of(state: dict[str, Any]) -> str:
-    """The plugin's ``--tying``, or what fairseq's sharing flags amount to for a stock model."""
-    tying = config_value(state, "tying")
-    if tying:
+def _tying(value: Callable[[str], Any]) -> str:
+    if tying := value("tying"):
         return str(tying)
-    if config_value(state, "share_all_embeddings"):
+    if value("share_all_embeddings"):
         return "three_way"
-    if config_value(state, "share_decoder_input_output_embed"):
+    if value("share_decoder_input_output_embed"):
         return "decoder"
     return "none"
-
-
-def task_data(state: dict[str, Any]) -> str | None:
-    """The fairseq-preprocess folder the model was trained on (``cfg.task.data``)."""
-    value = config_value(state, "data", section="task")
-    return None if value is None else str(value)
-
-
-def task_of(state: dict[str, Any]) -> str | None:
-    """fairseq's ``--task`` the model was trained with (``cfg.task._name``)."""
-    return _get(_get(state.get("cfg"), "task"), "_name") or _get(state.get("args"), "task")
-
-
-def arch_of(state: dict[str, Any]) -> str | None:
-    model = model_args(state)
-    return _get(model, "arch") or _get(model, "_name")
 
 
 def epoch_checkpoints(run_dir: str | os.PathLike) -> list[Path]:

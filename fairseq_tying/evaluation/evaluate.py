@@ -14,7 +14,7 @@ from fairseq_tying.common.atomic import read_lines, write_json, write_lines, wri
 from fairseq_tying.evaluation import average, metrics
 from fairseq_tying.evaluation.generate import generate
 from fairseq_tying.evaluation.presets import resolve_preset
-from fairseq_tying.evaluation.run import read_run_json, run_identity
+from fairseq_tying.evaluation.run import RunFacts
 
 PREP_KEYS = ("src", "tgt", "post_process")
 
@@ -77,13 +77,6 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return sub if sub.is_dir() else run_dir
 
 
-def data_from_run_json(run_dir: Path) -> str:
-    data = read_run_json(run_dir).get("data_dir")
-    if not data:
-        raise ValueError(f"--data is required ({run_dir}/run.json names no data_dir)")
-    return str(data)
-
-
 def pick_checkpoint(run_dir: Path, checkpoint: str | None, average_last: int | None) -> tuple[
     Path, list[str]
 ]:
@@ -114,11 +107,11 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def decoding(state: dict[str, Any], preset: str, beam: int | None, lenpen: float | None
-             ) -> tuple[str, int, float]:
+def decoding(config: checkpoints.CheckpointConfig, preset: str, beam: int | None,
+             lenpen: float | None) -> tuple[str, int, float]:
     """(preset name, beam, lenpen): the preset for the checkpoint's arch unless given;
     ``custom`` when ``beam``/``lenpen`` override it."""
-    chosen = resolve_preset(preset, checkpoints.arch_of(state))
+    chosen = resolve_preset(preset, config.arch)
     beam = beam if beam is not None else chosen.beam
     lenpen = lenpen if lenpen is not None else chosen.lenpen
     name = chosen.name if (beam, lenpen) == (chosen.beam, chosen.lenpen) else "custom"
@@ -166,18 +159,17 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Translate ``subset`` with the run's checkpoint, score it, write ``eval[-SUBSET][.TAG].json``
     and the hypotheses into the run folder; returns what the JSON holds."""
-    run_dir = existing_run_dir(run_dir)
-    data_dir = load_data_dir(data if data is not None else data_from_run_json(run_dir))
+    facts = RunFacts.read(existing_run_dir(run_dir))
+    run_dir = facts.run_dir
+    data_dir = load_data_dir(facts.data(data))
     ref_path = data_dir.reference(subset)
     if not ref_path.is_file():
         raise FileNotFoundError(f"reference {ref_path} missing (--data/--subset)")
     refs = read_lines(ref_path)
 
     ckpt, averaged = pick_checkpoint(run_dir, checkpoint, average_last)
-    state = checkpoints.load(ckpt)
-    preset_name, beam, lenpen = decoding(state, preset, beam, lenpen)
-    run = run_identity(run_dir, state)
-    del state
+    facts = facts.with_checkpoint(checkpoints.CheckpointConfig.of(checkpoints.load(ckpt)))
+    preset_name, beam, lenpen = decoding(facts.config, preset, beam, lenpen)
     hyps, raw, cmd = translate(data_dir, ckpt, subset, beam, lenpen, len(refs),
                                batch_size=batch_size, max_tokens=max_tokens, cpu=cpu,
                                user_dir=user_dir)
@@ -185,7 +177,7 @@ def evaluate_run(
     hyp_name = write_outputs(run_dir, f"{subset}.{tag}" if tag else subset, data_dir.tgt, hyps,
                              raw)
     result = {
-        "run": run, "run_dir": str(run_dir), "checkpoint": str(ckpt),
+        "run": facts.identity(), "run_dir": str(run_dir), "checkpoint": str(ckpt),
         "averaged": averaged, "data": str(data_dir.root), "corpus": data_dir.prep.get("corpus"),
         "src": data_dir.src, "tgt": data_dir.tgt, "subset": subset, "tag": tag,
         "preset": preset_name, "beam": beam, "lenpen": lenpen, "hypotheses": hyp_name,

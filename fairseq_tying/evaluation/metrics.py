@@ -83,21 +83,14 @@ def score(hyps: Sequence[str], refs: Sequence[str], src: str, tgt: str) -> Score
 class Metric:
     """One value of each run that a view reports per cell (mean ± 95 % CI over its seeds)."""
 
-    path: tuple[str, ...]  # where a record holds it, e.g. ("eval", "bleu")
+    path: tuple[str, ...]  # where a study record holds it, e.g. ("eval", "bleu")
     optional: bool = False  # reported only where every run of the cell has it
     scorer: type | None = None  # sacrebleu's metric: paired bootstraps over sentences
 
     def of(self, record: Any) -> float | None:
-        """The run's value; None when an optional value is missing."""
-        value = record
-        for i, key in enumerate(self.path):
-            if key not in value:
-                if self.optional:
-                    return None
-                raise KeyError(f"{record['name']}: no {'.'.join(self.path[:i + 1])} in its "
-                               "record")
-            value = value[key]
-        return value
+        """The run's value (``studies.record.Record.value``); None when an optional value is
+        missing."""
+        return record.value(self.path, self.optional)
 
 
 # A new metric is one entry: the views report each metric their spec names.

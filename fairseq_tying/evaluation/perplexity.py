@@ -20,14 +20,13 @@ from fairseq_tying.common import LM_TASK, PLUGIN_DIR, checkpoints
 from fairseq_tying.common.atomic import write_json, write_text
 from fairseq_tying.common.reproducible import pinned_env
 from fairseq_tying.evaluation.evaluate import (
-    data_from_run_json,
     eval_json_name,
     existing_run_dir,
     pick_checkpoint,
     run_lines,
 )
 from fairseq_tying.evaluation.generate import fairseq_exe
-from fairseq_tying.evaluation.run import run_identity
+from fairseq_tying.evaluation.run import RunFacts
 
 _LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+|inf|nan), Perplexity: ([0-9.]+|inf|nan)")
 _TOKENS = re.compile(r"Evaluated ([\d,]+) tokens in")
@@ -48,14 +47,13 @@ def parse_eval_lm(output: str, run: str) -> dict[str, Any]:
     return {"loss": float(loss), "perplexity": float(ppl), "n_tokens": n_tokens}
 
 
-def blocks_as_trained(state: dict[str, Any]) -> dict[str, Any]:
+def blocks_as_trained(config: checkpoints.CheckpointConfig) -> dict[str, Any]:
     """The training task's block settings: ``tokens_per_sample``, ``sample_break_mode``."""
-    tps = checkpoints.config_value(state, "tokens_per_sample", section="task")
-    mode = checkpoints.config_value(state, "sample_break_mode", section="task")
-    if tps is None:
+    if config.tokens_per_sample is None:
         raise ValueError("the checkpoint names no --tokens-per-sample (not a language model of "
                          "fairseq's language_modeling task?)")
-    return {"tokens_per_sample": int(tps), "sample_break_mode": str(mode or "none")}
+    return {"tokens_per_sample": config.tokens_per_sample,
+            "sample_break_mode": config.sample_break_mode or "none"}
 
 
 def eval_lm_command(bin_dir: Path, ckpt: Path, subset: str, blocks: dict[str, Any],
@@ -94,20 +92,19 @@ def evaluate_lm_run(run_dir: str | os.PathLike, data: str | os.PathLike | None, 
                     user_dir: str | None = None, tag: str | None = None) -> dict[str, Any]:
     """Score ``subset`` with the run's checkpoint; write and return ``eval[-SUBSET][.TAG].json``
     (loss in base 2 per token, perplexity = 2^loss, the token count and the checkpoint(s))."""
-    run_dir = existing_run_dir(run_dir)
-    bin_dir = data_bin(data if data is not None else data_from_run_json(run_dir))
+    facts = RunFacts.read(existing_run_dir(run_dir))
+    run_dir = facts.run_dir
+    bin_dir = data_bin(facts.data(data))
     ckpt, averaged = pick_checkpoint(run_dir, checkpoint, average_last)
-    state = checkpoints.load(ckpt)
-    blocks = blocks_as_trained(state)
-    record = run_identity(run_dir, state, extra=("tag",))
-    del state
+    facts = facts.with_checkpoint(checkpoints.CheckpointConfig.of(checkpoints.load(ckpt)))
+    blocks = blocks_as_trained(facts.config)
     cmd = eval_lm_command(bin_dir, ckpt, subset, blocks, max_tokens, cpu, user_dir)
     scores, output = run_eval_lm(cmd, run_dir.name)
     stem = eval_json_name(subset, tag).removesuffix(".json")
     write_text(run_dir / f"{stem}.log", output)  # fairseq-eval-lm's whole output
-    result = {"task": LM_TASK, "run": record, "run_dir": str(run_dir), "checkpoint": str(ckpt),
-              "averaged": averaged, "data": str(bin_dir), "subset": subset, "tag": tag,
-              **blocks, **scores, "eval_lm_command": cmd}
+    result = {"task": LM_TASK, "run": facts.identity(extra=("tag",)), "run_dir": str(run_dir),
+              "checkpoint": str(ckpt), "averaged": averaged, "data": str(bin_dir),
+              "subset": subset, "tag": tag, **blocks, **scores, "eval_lm_command": cmd}
     write_json(run_dir / eval_json_name(subset, tag), result)
     return result
 

@@ -70,7 +70,7 @@ class ExportError(ValueError):
 
 
 def _model_args(state: dict) -> Namespace:
-    args = checkpoints.model_args(state)
+    args = checkpoints.CheckpointConfig.of(state).model
     if not isinstance(args, Namespace):
         raise ExportError("the checkpoint has no model configuration (cfg['model']); is it a "
                           "fairseq checkpoint written by fairseq-train?")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from fairseq_tying.launch.config import Run, SweepError, load_sweep
 from fairseq_tying.launch.continuation import check_sources
 from fairseq_tying.launch.job import RunBusy
 from fairseq_tying.launch.submit import Stopped, dry_run, record, run_local, submit_slurm
+from fairseq_tying.studies.record import Record
 
 
 def recorded_stops(records: Path, runs: list[Run]) -> list[int]:
@@ -23,9 +23,9 @@ def recorded_stops(records: Path, runs: list[Run]) -> list[int]:
     for run in runs:
         path = records / f"{run.name}.json"
         if path.is_file():
-            stop = json.loads(path.read_text()).get("train", {}).get("stop")
-            if stop:
-                stops.append(stop["epoch"])
+            train = Record.load(path, hypotheses=False).train
+            if train is not None and train.stop is not None:
+                stops.append(train.stop.epoch)
     return stops
 
 

@@ -18,12 +18,13 @@ from fairseq_tying.evaluation.run import IDENTITY
 from fairseq_tying.studies import engine, verdicts
 from fairseq_tying.studies.formatting import format_delta, format_stat
 from fairseq_tying.studies.plots import plot_methods, points
-from fairseq_tying.studies.records import Record, load_evaluated
+from fairseq_tying.studies.record import Record, Translation
+from fairseq_tying.studies.records import load_evaluated
 from fairseq_tying.studies.specs import RUN_METRICS, default_baseline, runs_spec, test_set
 
 
 def choose_baseline(records: list[Record], baseline: str | None) -> str:
-    methods = sorted({r["method"] for r in records})
+    methods = sorted({r.run.method for r in records})
     if baseline is not None and baseline not in methods:
         raise ValueError(f"--baseline {baseline!r} is not a method here; methods: {methods}")
     return baseline or default_baseline(records)
@@ -49,7 +50,8 @@ def method_row(cell: dict[str, Any]) -> dict[str, Any]:
 
 def run_rows(runs: engine.Runs, cell: dict[str, Any]) -> list[dict[str, Any]]:
     tests = cell.get("vs_baseline")
-    return [{**{k: r[k] for k in IDENTITY}, **{k: r["eval"][k] for k in RUN_METRICS},
+    return [{**{k: getattr(r.run, k) for k in IDENTITY},
+             **{k: getattr(r.eval, k) for k in RUN_METRICS},
              "bleu_p": tests["bleu"]["per_seed_p"][r.name] if tests else None,
              "chrf_p": tests["chrf"]["per_seed_p"][r.name] if tests else None,
              "baseline_run": tests["pairs"][r.name] if tests else None,
@@ -59,21 +61,21 @@ def run_rows(runs: engine.Runs, cell: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summarize_group(records: list[Record], baseline: str | None, n_samples: int) -> dict:
     base = choose_baseline(records, baseline)
-    refs = read_lines(records[0]["eval"]["references"])
+    refs = read_lines(records[0].eval.references)
     (section,) = engine.sections(runs_spec(base), records, refs, n_samples)
     cells = list(section.summary.values())
-    first = records[0]["eval"]
+    first = records[0].eval
     return {
         "title": group_title(first), "baseline": base, "n_bootstrap": n_samples,
-        "signatures": {k: first.get(f"{k}_signature") for k in RUN_METRICS},
+        "signatures": {k: getattr(first, f"{k}_signature") for k in RUN_METRICS},
         "methods": [method_row(c) for c in cells],
         "runs": [row for runs, c in zip(section.cells.values(), cells, strict=True)
                  for row in run_rows(runs, c)],
     }
 
 
-def group_title(result: dict[str, Any]) -> str:
-    return f"{result.get('corpus') or 'data'} {result['src']}→{result['tgt']} ({result['subset']})"
+def group_title(ev: Translation) -> str:
+    return f"{ev.corpus or 'data'} {ev.src}→{ev.tgt} ({ev.subset})"
 
 
 def _fmt_p(p: float | None) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
-from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.significance import compare, seed_difference
 from fairseq_tying.studies.stats import stat
 
@@ -53,7 +53,7 @@ class Spec:
     values: tuple[str, ...]  # names in METRICS or FACTS, in the summary's order
     comparisons: tuple[Comparison, ...] = ()
     order: Callable[[Key], Any] = lambda key: key  # cells sort by this
-    member: Callable[[Record], Any] = lambda r: r["seed"]  # a run's key within its cell
+    member: Callable[[Record], Any] = lambda r: r.run.seed  # a run's key within its cell
     section: Callable[[Record], Hashable] | None = None  # records split into sections by this
     # the study's family of comparisons, once every section is summarized (verdicts.adjust)
     family: Callable[[list[Section]], None] | None = None
@@ -69,15 +69,17 @@ class Section:
 
 
 def _stop(records: list[Record], ctx: Context) -> dict[str, list] | None:
-    if not all("stop" in r["train"] for r in records):  # not trained under a stopping rule
+    stops = [r.train.stop for r in records]
+    if None in stops:  # not trained under a stopping rule
         return None
-    return {"epochs": [r["train"]["stop"]["epoch"] for r in records],
-            "reasons": [r["train"]["stop"]["reason"] for r in records]}
+    return {"epochs": [s.epoch for s in stops], "reasons": [s.reason for s in stops]}
 
 
 def valid_at(record: Record, epoch: int) -> float:
     """The run's validation value (the rule's metric) after ``epoch``."""
-    return next(v for e, _update, v in record["train"]["valid_epochs"] if e == epoch)
+    if (value := record.train.valid_at(epoch)) is None:
+        raise ValueError(f"{record.name}: no validation after epoch {epoch} in its record")
+    return value
 
 
 def _valid_common(records: list[Record], ctx: Context) -> dict[str, Any] | None:
@@ -88,8 +90,8 @@ def _valid_common(records: list[Record], ctx: Context) -> dict[str, Any] | None:
 
 # Cell facts: what a cell reports besides the metrics' mean ± CI (None: the cell has none).
 FACTS: dict[str, Callable[[list[Record], Context], Any]] = {
-    "seeds": lambda records, ctx: [r["seed"] for r in records],
-    "params": lambda records, ctx: sorted({r["train"]["params"] for r in records}),
+    "seeds": lambda records, ctx: [r.run.seed for r in records],
+    "params": lambda records, ctx: sorted({r.train.params for r in records}),
     "stop": _stop,
     "valid_nll_common": _valid_common,
 }
@@ -107,10 +109,10 @@ def cell_value(name: str, records: list[Record], ctx: Context) -> Any:
 def common_epoch(records: list[Record]) -> int | None:
     """The last epoch that every run trained under a stopping rule reached (None unless all
     were, with their per-epoch validation): where the runs compare at equal training."""
-    if not records or not all("stop" in r["train"] and "valid_epochs" in r["train"]
+    if not records or not all(r.train.stop is not None and r.train.valid_epochs is not None
                               for r in records):
         return None
-    return min(r["train"]["stop"]["epoch"] for r in records)
+    return min(r.train.stop.epoch for r in records)
 
 
 def group(spec: Spec, records: Sequence[Record]) -> Cells:
@@ -119,7 +121,7 @@ def group(spec: Spec, records: Sequence[Record]) -> Cells:
     for r in records:
         key, member = spec.cell(r), spec.member(r)
         if member in cells[key]:
-            raise ValueError(f"two records for {key} seed {r['seed']} ({r.name})")
+            raise ValueError(f"two records for {key} seed {r.run.seed} ({r.name})")
         cells[key][member] = r
     return {k: dict(sorted(cells[k].items())) for k in sorted(cells, key=spec.order)}
 
@@ -163,9 +165,9 @@ def check_references(records: Sequence[Record], refs: Sequence[str]) -> None:
     """Every record was scored against ``refs`` and has one hypothesis per reference."""
     digest = hashlib.sha256(("\n".join(refs) + "\n").encode("utf-8")).hexdigest()
     for r in records:
-        if r["eval"]["references_sha256"] != digest:
+        if r.eval.references_sha256 != digest:
             raise ValueError(f"{r.name} was scored against other references than --references"
-                             f" (sha256 {r['eval']['references_sha256'][:12]}…, "
+                             f" (sha256 {r.eval.references_sha256[:12]}…, "
                              f"given {digest[:12]}…)")
         if len(r.hypotheses) != len(refs):
             raise ValueError(f"{r.name}: {len(r.hypotheses)} hypotheses for "
@@ -194,7 +196,7 @@ def band(records: Sequence[Record], transform: Callable[[float], float] = float
     that reached it."""
     points: dict[int, list[float]] = defaultdict(list)
     for r in records:
-        for epoch, _update, value in r["train"]["valid_epochs"]:
+        for epoch, _update, value in r.train.valid_epochs:
             points[epoch].append(transform(value))
     xs = sorted(points)
     return (xs, [float(np.mean(points[x])) for x in xs], [min(points[x]) for x in xs],

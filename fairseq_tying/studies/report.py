@@ -22,7 +22,7 @@ from fairseq_tying.common.atomic import read_lines, replace_block, write_json
 from fairseq_tying.data.bible import read_split
 from fairseq_tying.studies import engine, records, view_equal, view_grid, view_help, view_lm
 from fairseq_tying.studies.engine import Section, Spec
-from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.specs import GRID, LM
 
 
@@ -179,7 +179,7 @@ def summary_source(summary: Summary) -> str | None:
     """The first study of ``summary.sources`` whose records answer the summary's question
     (``does_it_help``: every cell of the answer with all its seeds; other views: any record);
     when none does yet, the first with records."""
-    with_records = {study.name: [r.data for r in records.load(study.records, allow_empty=True)]
+    with_records = {study.name: records.load(study.records, allow_empty=True, hypotheses=False)
                     for study in summary.sources}
     for name, found in with_records.items():
         if found and (summary.target.view != "does_it_help" or view_help.answers(found)):

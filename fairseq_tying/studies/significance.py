@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
+from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.stats import mean_ci, stat, t_test_p
 
 
@@ -74,13 +75,23 @@ def _scorer(metric: str):
     return scorer()
 
 
+def sentence_stats(record: Record, metric: str, refs: Sequence[str]) -> np.ndarray:
+    """sacrebleu's per-sentence statistics of ``metric`` for a record's hypotheses, computed
+    once per record."""
+    if metric not in record.stats_cache:
+        if record.hypotheses is None:
+            raise ValueError(f"{record.name}: no hypotheses to compare sentence by sentence")
+        record.stats_cache[metric] = metric_stats(record.hypotheses, refs, metric)
+    return record.stats_cache[metric]
+
+
 def compare(pairs: Sequence[tuple[Hashable, Any, Any]], refs: Sequence[str], n_samples: int,
             metric: str = "bleu") -> dict[str, Any]:
     """Paired bootstrap of ``metric`` over ``(key, run, baseline run)`` pairs of records (one
     per seed): pooled over the pairs (``delta_bleu``/``p``; ``delta_ci95`` over the pairs'
     differences: training variance) and per pair (``per_seed_p``, ``per_seed_delta``, keyed
     by ``key``)."""
-    stats = [(run.sentence_stats(metric, refs), base.sentence_stats(metric, refs))
+    stats = [(sentence_stats(run, metric, refs), sentence_stats(base, metric, refs))
              for _, run, base in pairs]
     test = stats_paired_bootstrap(stats, n_samples, metric=metric)
     singles = {key: stats_paired_bootstrap([s], n_samples, metric=metric)

@@ -29,7 +29,7 @@ from fairseq_tying.studies.engine import (
     paired_bootstrap,
     seed_differences,
 )
-from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.significance import compare
 
 # --- translation: (tying, output layer) cells ------------------------------------------------
@@ -51,14 +51,14 @@ def claim_family(sections: list[Section]) -> None:
 
 
 GRID = Spec(
-    cell=lambda r: (r["tying"], r["output_layer"]),
+    cell=lambda r: (r.run.tying, r.run.output_layer),
     label=lambda key, records: f"{key[0]}/{key[1]}",
     head=lambda key, records: {"tying": key[0], "output_layer": key[1]},
     values=("seeds", "bleu", "chrf", "valid_nll", "params", "stop", "bleu_best",
             "valid_nll_common"),
     comparisons=(Comparison("vs_dot", _vs_dot, paired_bootstrap("bleu")),
                  Comparison("vs_untied", _vs_untied, paired_bootstrap("bleu"))),
-    section=lambda r: r["arch"],
+    section=lambda r: r.run.arch,
     family=claim_family,
 )
 
@@ -118,7 +118,7 @@ def lm_label(key: Key, records: list[Record]) -> str:
     tying, layer, tag = key
     text = f"{tying} × {layer}"
     if tag:
-        dims = sorted({_flag(r["train_args"], "--tied-embed-dim") for r in records} - {None})
+        dims = sorted({_flag(r.run.train_args, "--tied-embed-dim") for r in records} - {None})
         text += f" + {tag}" + (f" (D = {', '.join(dims)})" if dims else "")
     return text
 
@@ -143,7 +143,7 @@ def lm_family(sections: list[Section]) -> None:
 
 
 LM = Spec(
-    cell=lambda r: (r["tying"], r["output_layer"], r.get("tag") or ""),
+    cell=lambda r: (r.run.tying, r.run.output_layer, r.run.tag or ""),
     label=lm_label,
     head=lambda key, records: {"label": lm_label(key, records), "tying": key[0],
                                "output_layer": key[1], "tag": key[2] or None},
@@ -164,22 +164,22 @@ RUN_METRICS = ("bleu", "tok_bleu", "chrf")
 
 def test_set(r: Record) -> tuple:
     """The section of a run folder's record: the test set it was scored on."""
-    ev = r["eval"]
-    return ev.get("corpus"), ev["src"], ev["tgt"], ev["subset"], ev["references_sha256"]
+    ev = r.eval
+    return ev.corpus, ev.src, ev.tgt, ev.subset, ev.references_sha256
 
 
 def default_baseline(records: Collection[Record]) -> str:
     """The first method (by name) with a dot-product output layer, else the first method."""
-    methods = {r["method"] for r in records}
-    dot = sorted({r["method"] for r in records if r["output_layer"] == "dot"})
+    methods = {r.run.method for r in records}
+    dot = sorted({r.run.method for r in records if r.run.output_layer == "dot"})
     return dot[0] if dot else sorted(methods)[0]
 
 
 def _run_pairs(runs: Runs, base: Runs) -> list[tuple[str, Record, Record]]:
     """Each run with the baseline run of the same seed (else the first baseline run)."""
-    by_seed = {r["seed"]: r for r in base.values()}
+    by_seed = {r.run.seed: r for r in base.values()}
     first = next(iter(base.values()))
-    return [(r.name, r, by_seed.get(r["seed"], first)) for r in runs.values()]
+    return [(r.name, r, by_seed.get(r.run.seed, first)) for r in runs.values()]
 
 
 def _run_test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any]:
@@ -191,14 +191,14 @@ def _run_test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any]:
 def runs_spec(baseline: str) -> Spec:
     """``collect``'s spec with ``baseline`` the method every other one is compared with."""
     return Spec(
-        cell=lambda r: r["method"],
+        cell=lambda r: r.run.method,
         label=lambda key, records: key,
         head=lambda key, records: {"method": key, "baseline": key == baseline,
-                                   **{k: records[0][k] for k in ("arch", "tying",
-                                                                 "output_layer")}},
+                                   **{k: getattr(records[0].run, k)
+                                      for k in ("arch", "tying", "output_layer")}},
         values=("seeds", *RUN_METRICS),
         comparisons=(Comparison("vs_baseline", lambda key, cells: None if key == baseline
                                 else baseline, _run_test),),
         order=lambda key: (key != baseline, key),
-        member=lambda r: (r["seed"] is None, r["seed"] or 0, r.name),
+        member=lambda r: (r.run.seed is None, r.run.seed or 0, r.name),
     )

@@ -25,6 +25,7 @@ from fairseq_tying.studies.formatting import (
     seeds_label,
 )
 from fairseq_tying.studies.plots import plot_bands
+from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.specs import LIU, NGUYEN_SALAZAR, PRESS_WOLF, SHARED
 from fairseq_tying.studies.stats import mean_ci
 
@@ -48,7 +49,7 @@ def _budget(sections: list[Section]) -> str:
 def _scored(sections: list[Section]) -> str:
     """Which checkpoint a run's score comes from: ``the average of its last 5 epoch
     checkpoints`` when every run averaged as many."""
-    counts = {len(r["eval"].get("averaged") or ()) for s in sections for runs in s.cells.values()
+    counts = {len(r.eval.averaged or ()) for s in sections for runs in s.cells.values()
               for r in runs.values()}
     if len(counts) == 1 and (n := counts.pop()) > 0:
         return f"the average of its last {n} epoch checkpoint{'s' * (n != 1)}"
@@ -133,8 +134,8 @@ def _band(points: dict[int, list[float]]) -> tuple[list, list, list, list]:
             [m + h for m, h in zip(mean, half, strict=True)])
 
 
-def _epochs(run: Any) -> dict[int, float]:
-    return {epoch: value for epoch, _update, value in run["train"]["valid_epochs"]}
+def _epochs(run: Record) -> dict[int, float]:
+    return {epoch: value for epoch, _update, value in run.train.valid_epochs}
 
 
 def _ci_band(runs: list) -> tuple[list, list, list, list]:
@@ -159,7 +160,8 @@ def _delta_band(runs: dict, baseline: dict) -> tuple[list, list, list, list] | N
 
 def _with_epochs(cells: Cells) -> list[tuple[str, str]]:
     keys = sorted(cells, key=lambda k: (TYINGS.index(k[0]), LAYERS.index(k[1])))
-    return [k for k in keys if all("valid_epochs" in r["train"] for r in cells[k].values())]
+    return [k for k in keys
+            if all(r.train.valid_epochs is not None for r in cells[k].values())]
 
 
 def _panel(cells: Cells) -> dict[str, tuple]:

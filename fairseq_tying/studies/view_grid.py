@@ -184,13 +184,13 @@ def section_plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path
     written.append(out / "valid_nll.png")
     plot_curves(_per_tying(cells, _mean_curve), written[-1], "updates",
                 "validation NLL (base 2)", "Validation NLL during training, mean over seeds")
-    if all("valid_epochs" in r["train"] for runs in cells.values() for r in runs.values()):
+    if all(r.train.valid_epochs is not None for runs in cells.values() for r in runs.values()):
         written.append(out / "valid_nll_epochs.png")
         plot_bands(_per_tying(cells, band), written[-1], "epoch", "validation NLL (base 2)",
                    "Validation NLL per epoch: mean over seeds, band from min to max")
     if all("stop" in c for c in summary.values()):  # trained to a plateau
         written.append(out / "bleu_by_stop_epoch.png")
-        plot_seed_lines({f"{t} × {la}": [(r["train"]["stop"]["epoch"], r["eval"]["bleu"])
+        plot_seed_lines({f"{t} × {la}": [(r.train.stop.epoch, r.eval.bleu)
                                          for r in cells[(t, la)].values()]
                          for t in TYINGS for la in LAYERS if (t, la) in cells},
                         written[-1], "epoch at which the run stopped", "BLEU (sacrebleu)",
@@ -200,11 +200,11 @@ def section_plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path
         if runs:
             seed = min(min(r) for _, r in runs)
             chosen = [(la, r[seed]) for la, r in runs
-                      if seed in r and r[seed]["output_row_norms"] is not None]
+                      if seed in r and r[seed].output_row_norms is not None]
             if not chosen:  # exported with --without-row-norms
                 continue
             path = out / f"norms_{t}.png"
-            plot_norm_histograms([np.asarray(r["output_row_norms"]) for _, r in chosen],
+            plot_norm_histograms([np.asarray(r.output_row_norms) for _, r in chosen],
                                  [f"{la} (seed {seed})" for la, _ in chosen], path,
                                  title=f"Row norms of the output matrix, tying: {t}")
             written.append(path)
@@ -222,7 +222,7 @@ def _mean_curve(records) -> tuple[list[float], list[float]]:
     """The validation NLL at each update count, averaged over the runs that have it."""
     points: dict[int, list[float]] = defaultdict(list)
     for r in records:
-        for updates, nll in r["train"]["valid_history"]:
+        for updates, nll in r.train.valid_history:
             points[updates].append(nll)
     xs = sorted(points)
     return xs, [sum(points[x]) / len(points[x]) for x in xs]

@@ -11,6 +11,7 @@ from fairseq_tying.core.scoring import PAPER_LAYERS
 from fairseq_tying.studies import specs, verdicts
 from fairseq_tying.studies.engine import Section
 from fairseq_tying.studies.formatting import format_ps, format_seed_delta, seeds_label
+from fairseq_tying.studies.record import Record
 
 
 def _order(cell: dict[str, Any]) -> tuple:
@@ -84,14 +85,14 @@ def in_words(summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def answers(records: list[dict[str, Any]]) -> bool:
+def answers(records: list[Record]) -> bool:
     """Whether a study's records can give the short answer: for one architecture, every tying
     mode with ``dot`` and every output layer of the paper under three-way tying, each cell with
     at least the verdict rule's ``SEEDS`` (a study part-way through them, even one seed of every
     cell, is not the front page's answer; cells with more seeds, the headline's, use them)."""
     seeds: dict[tuple[str, str, str], set[int]] = {}
     for r in records:
-        seeds.setdefault((r["arch"], r["tying"], r["output_layer"]), set()).add(r["seed"])
+        seeds.setdefault((r.run.arch, r.run.tying, r.run.output_layer), set()).add(r.run.seed)
     if not seeds:
         return False
     needed = {(t, "dot") for t in TYINGS} | {("three_way", layer) for layer in PAPER_LAYERS}

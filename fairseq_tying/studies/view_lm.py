@@ -100,7 +100,8 @@ def plots(sections: list[Section], out: Path) -> list[Path]:
         points(name, c["test_ppl"], baseline=key == LM_BASELINE)
         for key, (name, c) in zip(cells, summary.items(), strict=True)]}, test,
         metric="test perplexity (fairseq-eval-lm)")
-    if not all("valid_epochs" in r["train"] for runs in cells.values() for r in runs.values()):
+    if not all(r.train.valid_epochs is not None for runs in cells.values()
+               for r in runs.values()):
         return [test]
     panels: dict[str, dict[str, tuple]] = defaultdict(dict)
     for (key, runs), name in zip(cells.items(), summary, strict=True):

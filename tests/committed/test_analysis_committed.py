@@ -9,6 +9,7 @@ import pytest
 
 from fairseq_tying import analysis
 from fairseq_tying.common.atomic import block_text
+from fairseq_tying.studies.record import Record
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"
@@ -56,14 +57,14 @@ def test_the_retrained_untied_model_is_its_records_command_on_another_machine():
     validation NLL differs from the record's from the first epoch on, and its BLEU by less
     than the cell's seeds differ (docs/embeddings.md)."""
     name = "bible.transformer_twwt.none.dot.s1.json"
-    record = json.loads((DOCS / "equal" / "records" / name).read_text())
-    again = json.loads((ANALYSES["analysis_equal_e3"] / "retrained" / name).read_text())
-    assert again["train_args"] == record["train_args"]
-    a, b = ([v for _, v in r["train"]["valid_history"]] for r in (record, again))
+    record = Record.load(DOCS / "equal" / "records" / name, hypotheses=False)
+    again = Record.load(ANALYSES["analysis_equal_e3"] / "retrained" / name, hypotheses=False)
+    assert again.run.train_args == record.run.train_args
+    a, b = ([v for _, v in r.train.valid_history] for r in (record, again))
     assert len(a) == len(b) == 40 and a[0] != b[0]
-    seeds = [json.loads(p.read_text())["eval"]["bleu"]
+    seeds = [Record.load(p, hypotheses=False).eval.bleu
              for p in (DOCS / "equal" / "records").glob("bible.transformer_twwt.none.dot.s*.json")]
-    assert abs(again["eval"]["bleu"] - record["eval"]["bleu"]) < max(seeds) - min(seeds)
+    assert abs(again.eval.bleu - record.eval.bleu) < max(seeds) - min(seeds)
 
 
 def test_the_language_models_block_is_its_analysis_table():

@@ -6,6 +6,7 @@ study has records."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from fairseq_tying.common.atomic import markers
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import main as study
 from fairseq_tying.launch.sweeps import recorded_stops
+from fairseq_tying.studies import records as study_records
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.stats import stat, t_test_p
 from fairseq_tying.studies.verdicts import interval as verdict
@@ -70,8 +72,7 @@ def test_the_verdict_follows_the_ci_of_the_paired_differences(diffs, want):
 def test_decoder_tied_cells_are_compared_with_tied_dot_seed_by_seed(tmp_path):
     _rebuild(FIXTURE / "records", tmp_path / "report.md", tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    ppl = {p.stem: json.loads(p.read_text())["eval"]["perplexity"]
-           for p in (FIXTURE / "records").glob("*.json")}
+    ppl = {r.name: r.eval.perplexity for r in study_records.load(FIXTURE / "records")}
     tied_l = summary["decoder × dot + tiedL (D = 8)"]["vs_tied_dot"]
     assert tied_l["seeds"] == [1]
     assert tied_l["mean"] == pytest.approx(ppl["toy.transformer_lm_tied.decoder.dot.tiedL.s1"]
@@ -83,9 +84,11 @@ def test_decoder_tied_cells_are_compared_with_tied_dot_seed_by_seed(tmp_path):
 def test_recorded_runs_tell_the_forecast_their_stop_epochs(tmp_path):
     sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
     runs = sweep.runs[:3]
-    (tmp_path / f"{runs[0].name}.json").write_text('{"train": {"stop": {"epoch": 12}}}')
-    (tmp_path / f"{runs[2].name}.json").write_text('{"train": {"stop": {"epoch": 15}}}')
-    (tmp_path / "bible_en.other.json").write_text('{"train": {"stop": {"epoch": 30}}}')
+    (record,) = [r for r in study_records.load(FIXTURE / "records") if r.train.stop is not None][:1]
+    for name, epoch in ((runs[0].name, 12), (runs[2].name, 15), ("bible_en.other", 30)):
+        stop = replace(record.train.stop, epoch=epoch)
+        replace(record.renamed(name), train=replace(record.train, stop=stop)).save(
+            tmp_path / f"{name}.json")
     assert recorded_stops(tmp_path, runs) == [12, 15]
     seed1 = [r for r in sweep.runs if r.name.endswith((".none.dot.s1", ".decoder.dot.s1"))]
     assert recorded_stops(REPO / "docs" / "lm" / "records", seed1) == [12, 15]  # committed
@@ -97,7 +100,7 @@ def test_every_record_replays_the_command_that_built_its_model():
     preset gave then and the sweep states now)."""
     sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
     commands = {r.name: r.train_args for r in sweep.runs}
-    records = [json.loads(p.read_text()) for p in (DOCS / "lm" / "records").glob("*.json")]
-    assert len(records) == 21
-    for r in records:
-        assert r["train_args"] == commands[r["name"]], r["name"]
+    recorded = study_records.load(DOCS / "lm" / "records")
+    assert len(recorded) == 21
+    for r in recorded:
+        assert r.run.train_args == commands[r.name], r.name

@@ -18,6 +18,8 @@ from fairseq_tying.core.scoring import PAPER_LAYERS as LAYERS  # the studies' gr
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.plateau import Plateau
 from fairseq_tying.launch.studies import main as study
+from fairseq_tying.studies import records as study_records
+from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.records import training_summary
 from fairseq_tying.studies.verdicts import holm
 from fairseq_tying.studies.view_grid import TYINGS
@@ -34,16 +36,16 @@ BLOCKS = {  # study: (page, block, folder of its records and summary.json)
 }
 
 
-def _records(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in (folder / "records").glob("*.json")]
+def _records(folder: Path) -> list[Record]:
+    return study_records.load(folder / "records", hypotheses=False)
 
 
 def _sweep_rule(name: str) -> Plateau:
     return Plateau(**yaml.safe_load((REPO / "slurm" / name).read_text())["stopping"])
 
 
-def _valid_by_epoch(record: dict) -> dict[int, float]:
-    return {e: v for e, _, v in record["train"]["valid_epochs"]}
+def _valid_by_epoch(record: Record) -> dict[int, float]:
+    return {e: v for e, _, v in record.train.valid_epochs}
 
 
 @pytest.mark.slow
@@ -72,7 +74,7 @@ def test_each_paired_test_is_the_records_scores_and_holm_over_the_claims(name):
     folder = BLOCKS[name][2]
     summary = json.loads((folder / "summary.json").read_text())
     sections = summary if name == "equal" else {"transformer_twwt": summary}
-    bleu = {(r["arch"], r["tying"], r["output_layer"], r["seed"]): r["eval"]["bleu"]
+    bleu = {(r.run.arch, r.run.tying, r.run.output_layer, r.run.seed): r.eval.bleu
             for r in _records(folder)}
     family = []
     for arch, cells in sections.items():
@@ -92,11 +94,11 @@ def test_each_paired_test_is_the_records_scores_and_holm_over_the_claims(name):
 
 def test_the_one_epoch_study_covers_its_grid_after_600_updates():
     records = _records(DOCS / "study")
-    cells = {(r["tying"], r["output_layer"], r["seed"]) for r in records}
+    cells = {(r.run.tying, r.run.output_layer, r.run.seed) for r in records}
     assert cells == {(t, la, s) for t in TYINGS for la in LAYERS for s in (1, 2, 3)}
     for r in records:
-        assert r["train"]["valid"]["num_updates"] == 600 and r["checkpoint"] == "checkpoint_last.pt"
-        assert (r["eval"]["beam"], r["eval"]["lenpen"], r["eval"]["n_sentences"]) == (5, 1.0, 1434)
+        assert r.train.valid["num_updates"] == 600 and r.checkpoint == "checkpoint_last.pt"
+        assert (r.eval.beam, r.eval.lenpen, r.eval.n_sentences) == (5, 1.0, 1434)
 
 
 def test_converged_records_follow_the_protocol():
@@ -105,23 +107,22 @@ def test_converged_records_follow_the_protocol():
     equal training is each run's validation NLL after the last epoch every run reached."""
     rule, records = _sweep_rule("bible_converged.yaml"), _records(DOCS / "converged")
     for r in records:
-        stop, epochs = r["train"]["stop"], r["train"]["valid_epochs"]
+        stop, epochs = r.train.stop, r.train.valid_epochs
         history = [{"epoch": e, "value": v} for e, _, v in epochs]
         assert all(rule.decide(history[:i]) is None for i in range(1, len(history)))
-        assert rule.decide(history) == stop["reason"]
-        assert epochs[-1][:2] == [stop["epoch"], stop["update"]]
-        assert r["train"]["device"] == "cpu" and "--fp16" not in r["train_args"]
-        last5 = [f"checkpoint{e}.pt" for e in range(stop["epoch"] - 4, stop["epoch"] + 1)]
-        assert r["checkpoint"] == "checkpoint.avg5.pt" and r["eval"]["averaged"] == last5
-        for ev in (r["eval"], r["eval_best"]):
-            assert (ev["beam"], ev["lenpen"], ev["n_sentences"]) == (5, 1.0, 1434)
-    epoch = min(r["train"]["stop"]["epoch"] for r in records)
+        assert rule.decide(history) == stop.reason
+        assert epochs[-1][:2] == [stop.epoch, stop.update]
+        assert r.train.device == "cpu" and "--fp16" not in r.run.train_args
+        last5 = [f"checkpoint{e}.pt" for e in range(stop.epoch - 4, stop.epoch + 1)]
+        assert r.checkpoint == "checkpoint.avg5.pt" and r.eval.averaged == last5
+        for ev in (r.eval, r.eval_best):
+            assert (ev.beam, ev.lenpen, ev.n_sentences) == (5, 1.0, 1434)
+    epoch = min(r.train.stop.epoch for r in records)
     summary = json.loads((DOCS / "converged" / "summary.json").read_text())
     for r in records:
-        common = summary[f"{r['tying']}/{r['output_layer']}"]["valid_nll_common"]
+        common = summary[f"{r.run.tying}/{r.run.output_layer}"]["valid_nll_common"]
         assert common["epoch"] == epoch and _valid_by_epoch(r)[epoch] in common["values"]
-    r = np.corrcoef([x["train"]["stop"]["epoch"] for x in records],
-                    [x["eval"]["bleu"] for x in records])[0, 1]
+    r = np.corrcoef([x.train.stop.epoch for x in records], [x.eval.bleu for x in records])[0, 1]
     assert (f"over the {len(records)} runs, test BLEU against the epoch at which the run stopped "
             f"has Pearson r = {r:.2f}") in (DOCS / "results.md").read_text()
 
@@ -131,13 +132,13 @@ def test_equal_training_records_trained_the_longest_plateau_run_of_p1():
     every epoch once, and is scored on its last 5 epoch checkpoints."""
     last = yaml.safe_load((REPO / "slurm" / "bible_equal.yaml").read_text())["stopping"]
     last = last["max_epoch"]
-    stops = [r["train"]["stop"]["epoch"] for r in _records(DOCS / "converged")]
+    stops = [r.train.stop.epoch for r in _records(DOCS / "converged")]
     assert len(stops) == 21 and last == max(stops) == 40
     for r in _records(DOCS / "equal"):
-        assert r["train"]["stop"]["epoch"] == last and r["train"]["stop"]["reason"] == "budget"
-        assert [e for e, _, _ in r["train"]["valid_epochs"]] == list(range(1, last + 1))
+        assert r.train.stop.epoch == last and r.train.stop.reason == "budget"
+        assert [e for e, _, _ in r.train.valid_epochs] == list(range(1, last + 1))
         last5 = [f"checkpoint{e}.pt" for e in range(last - 4, last + 1)]
-        assert r["checkpoint"] == "checkpoint.avg5.pt" and r["eval"]["averaged"] == last5
+        assert r.checkpoint == "checkpoint.avg5.pt" and r.eval.averaged == last5
 
 
 def test_the_gpu_records_say_where_and_how_they_were_trained(tmp_path):
@@ -145,24 +146,23 @@ def test_the_gpu_records_say_where_and_how_they_were_trained(tmp_path):
     rule, exported from their committed logs; and (results_gpu.md) both overfit: validation NLL
     rose from its best epoch to the stop while training NLL fell."""
     for r in _records(GPU_PATIENCE3):
-        assert r["train"]["device"] == "NVIDIA H100 80GB HBM3" and "--fp16" in r["train_args"]
-        assert r["arch"] == "transformer_twwt_iwslt_de_en" and r["tying"] == "three_way"
-        assert r["train"]["stop"]["reason"] in ("plateau", "cap")
+        assert r.train.device == "NVIDIA H100 80GB HBM3" and "--fp16" in r.run.train_args
+        assert r.run.arch == "transformer_twwt_iwslt_de_en" and r.run.tying == "three_way"
+        assert r.train.stop.reason in ("plateau", "cap")
     assert len(_records(GPU_PATIENCE3)) == 7
     rule, records = _sweep_rule("bible_converged_gpu.yaml"), _records(GPU)
-    assert sorted((r["tying"], r["output_layer"], r["seed"]) for r in records) == \
+    assert sorted((r.run.tying, r.run.output_layer, r.run.seed) for r in records) == \
         [("decoder", "dot", 1), ("none", "dot", 1)]
     for r in records:
-        assert r["train"]["device"] == "NVIDIA H200" and "--fp16" in r["train_args"]
-        assert r["arch"] == "transformer_twwt_iwslt_de_en" and r["output_row_norms"] is None
-        epochs = r["train"]["valid_epochs"]
+        assert r.train.device == "NVIDIA H200" and "--fp16" in r.run.train_args
+        assert r.run.arch == "transformer_twwt_iwslt_de_en" and r.output_row_norms is None
+        epochs = r.train.valid_epochs
         history = [{"epoch": e, "value": v} for e, _, v in epochs]
-        assert rule.decide(history) == r["train"]["stop"]["reason"] == "plateau"
+        assert rule.decide(history) == r.train.stop.reason == "plateau"
         assert all(rule.decide(history[:i]) is None for i in range(1, len(history)))
-        log = gzip.decompress((GPU / "logs" / f"{r['name']}.train.log.gz").read_bytes()).decode()
+        log = gzip.decompress((GPU / "logs" / f"{r.name}.train.log.gz").read_bytes()).decode()
         (tmp_path / "train.log").write_text(log)
-        assert training_summary(tmp_path / "train.log")["valid_history"] == \
-            r["train"]["valid_history"]
+        assert training_summary(tmp_path / "train.log").valid_history == r.train.valid_history
         train = {int(s["epoch"]): float(s["train_nll_loss"]) for s in
                  (json.loads(line[line.index("{"):]) for line in log.splitlines()
                   if "| train |" in line)}
@@ -176,7 +176,7 @@ def test_the_fp16_runs_are_their_logs_and_rank_as_results_gpu_says(tmp_path):
     devices (mean of seeds 1 and 2), `l2norm` leads the three-way-tied layers and untied is
     last; the CPU rule had stopped most of the CPU twins by epoch 24."""
     rule = _sweep_rule("bible_converged.yaml")
-    cpu = {(r["tying"], r["output_layer"], r["seed"]): r for r in _records(DOCS / "converged")}
+    cpu = {(r.run.tying, r.run.output_layer, r.run.seed): r for r in _records(DOCS / "converged")}
     sweep = load_sweep(REPO / "slurm" / "bible_converged.yaml", check_data=False)
     cells = list(dict.fromkeys((r.tying, r.output_layer) for r in sweep.runs if r.priority == 1))
     fp16, ref = {}, {}
@@ -191,12 +191,12 @@ def test_the_fp16_runs_are_their_logs_and_rank_as_results_gpu_says(tmp_path):
                                   .read_bytes()).decode()
             assert '"loss_scale"' in log and "'fp16': True" in log
             (tmp_path / "train.log").write_text(log)
-            logged = training_summary(tmp_path / "train.log")["valid_history"]
+            logged = training_summary(tmp_path / "train.log").valid_history
             assert [[h["update"], h["value"]] for h in history] == logged
             fp16.setdefault((tying, layer), []).append(history[17]["value"])
             ref.setdefault((tying, layer), []).append(_valid_by_epoch(cpu[tying, layer, seed])[18])
     for means in ({c: np.mean(v) for c, v in d.items()} for d in (fp16, ref)):
         assert max(means, key=means.get) == ("none", "dot")
         assert min((c for c in means if c[0] == "three_way"), key=means.get)[1] == "l2norm"
-    stopped = [cpu[c + (s,)]["train"]["stop"]["epoch"] <= 24 for c in cells for s in (1, 2)]
+    stopped = [cpu[c + (s,)].train.stop.epoch <= 24 for c in cells for s in (1, 2)]
     assert sum(stopped) > len(stopped) / 2

@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from fairseq_tying.common.reproducible import has_avx2
+from fairseq_tying.studies import records as study_records
 from fairseq_tying.studies.commands import main
-from fairseq_tying.studies.records import train_facts
+from fairseq_tying.studies.record import Record
+from fairseq_tying.studies.records import read_stop, train_facts
 from tests.helpers import REPO, first_stop, launch, run_folders, write_sweep
 
 pytestmark = pytest.mark.slow
@@ -57,9 +59,9 @@ def test_plateau_run_stops_where_the_rule_says_and_is_scored_twice(plateau_runs)
         values = [h["value"] for h in history["epochs"]]
         assert [h["epoch"] for h in history["epochs"]] == list(range(1, len(values) + 1))
         epoch, reason = first_stop(values, patience=1, gain=0.05, cap=8)
-        stop = json.loads((run / "train.done").read_text())["stop"]
-        assert (stop["epoch"], stop["reason"]) == (epoch, reason)
-        assert stop["update"] == history["epochs"][-1]["update"]
+        stop = read_stop(run)
+        assert (stop.epoch, stop.reason) == (epoch, reason)
+        assert stop.update == history["epochs"][-1]["update"]
         ckpts = run / "checkpoints"
         kept = sorted(int(p.stem[len("checkpoint"):]) for p in ckpts.glob("checkpoint[0-9]*.pt"))
         assert kept == list(range(max(1, epoch - 2), epoch + 1))  # keep_last_epochs 3
@@ -87,20 +89,18 @@ def test_converged_records_and_report(plateau_runs, tiny_data, tmp_path):
                if line.startswith("Model name:"))
     kernels = "AVX2" if has_avx2() else torch.backends.cpu.get_cpu_capability()
     for run in run_folders(plateau_runs):
-        rec = json.loads((records / f"{run.name}.json").read_text())
-        done = json.loads((run / "train.done").read_text())
+        rec = Record.load(records / f"{run.name}.json")
         history = json.loads((run / "valid_history.json").read_text())["epochs"]
-        assert rec["train"]["stop"] == done["stop"]
-        assert rec["train"]["device"] == "cpu"  # what trained it (a GPU's name on a GPU)
-        assert rec["train"]["cpu"] == f"{cpu}, {kernels} kernels"  # the launcher's pin
-        assert rec["train"]["valid_epochs"] == [[h["epoch"], h["update"], h["value"]]
-                                               for h in history]
-        assert rec["eval_best"]["bleu"] == json.loads((run / "eval.best.json").read_text())["bleu"]
-        assert rec["eval"]["averaged"] == json.loads((run / "eval.json").read_text())["averaged"]
+        assert rec.train.stop == read_stop(run)
+        assert rec.train.device == "cpu"  # what trained it (a GPU's name on a GPU)
+        assert rec.train.cpu == f"{cpu}, {kernels} kernels"  # the launcher's pin
+        assert rec.train.valid_epochs == [[h["epoch"], h["update"], h["value"]]
+                                          for h in history]
+        assert rec.eval_best.bleu == json.loads((run / "eval.best.json").read_text())["bleu"]
+        assert rec.eval.averaged == json.loads((run / "eval.json").read_text())["averaged"]
     text = report.read_text()
     assert "**Epochs trained**" in text and "BLEU of the best single checkpoint" in text
-    common = min(json.loads((run / "train.done").read_text())["stop"]["epoch"]
-                 for run in run_folders(plateau_runs))
+    common = min(read_stop(run).epoch for run in run_folders(plateau_runs))
     assert f"**Validation NLL after epoch {common}**" in text
     assert text.endswith("Written by hand.\n") and "\nold\n" not in text
     for png in ("valid_nll_epochs.png", "bleu_by_stop_epoch.png"):
@@ -141,8 +141,8 @@ def test_killed_run_resumes_to_the_same_model(tiny_data, tmp_path):
     assert _param_sum(run) == _param_sum(ref_run)
     for name in ("valid_history.json",):
         assert json.loads((run / name).read_text()) == json.loads((ref_run / name).read_text())
-    stop = json.loads((run / "train.done").read_text())["stop"]
-    assert stop["reason"] == "cap" and stop["epoch"] == 4
+    stop = read_stop(run)
+    assert stop.reason == "cap" and stop.epoch == 4
 
 
 def test_plateau_reached_before_a_kill_is_not_trained_again(tiny_data, tmp_path):
@@ -151,14 +151,14 @@ def test_plateau_reached_before_a_kill_is_not_trained_again(tiny_data, tmp_path)
     out = tmp_path / "runs"
     launch(str(sweep), "--local", "--output-dir", str(out), data=tiny_data)
     run = only_run(out)
-    done = json.loads((run / "train.done").read_text())
-    assert done["stop"]["reason"] == "plateau" and done["stop"]["epoch"] == 3
+    done, stop = json.loads((run / "train.done").read_text()), read_stop(run)
+    assert stop.reason == "plateau" and stop.epoch == 3
     last = run / "checkpoints" / "checkpoint_last.pt"
     before = last.stat().st_mtime_ns
     (run / "train.done").unlink()  # as if killed between the last save and train.done
     launch(str(sweep), "--local", "--output-dir", str(out), data=tiny_data)
     again = json.loads((run / "train.done").read_text())
-    assert again["stop"] == done["stop"] and again["param_sum"] == done["param_sum"]
+    assert read_stop(run) == stop and again["param_sum"] == done["param_sum"]
     assert last.stat().st_mtime_ns == before
 
 
@@ -174,8 +174,7 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
     """``continue_from`` the plateau runs and ``plateau: false``: each run trains on from its
     plateau run's checkpoints to the common last epoch, and ends with the model (and history)
     that training to that epoch from epoch 1 gives; only the missing epochs are trained."""
-    stops = {run.name: json.loads((run / "train.done").read_text())["stop"]["epoch"]
-             for run in run_folders(plateau_runs)}
+    stops = {run.name: read_stop(run).epoch for run in run_folders(plateau_runs)}
     last = max(stops.values()) + 1
     out, scratch = tmp_path / "equal", tmp_path / "scratch"
     proc = launch(str(_equal_sweep(tmp_path / "e.yaml", last, plateau_runs)), "--local",
@@ -188,8 +187,8 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
         continued = json.loads((run / "continued_from.json").read_text())
         assert continued == {"output_dir": str(plateau_runs), "run": run.name,
                              "epochs": stops[run.name]}
-        done = json.loads((run / "train.done").read_text())
-        assert done["stop"] == {**done["stop"], "epoch": last, "reason": "budget"}
+        done, stop = json.loads((run / "train.done").read_text()), read_stop(run)
+        assert (stop.epoch, stop.reason) == (last, "budget")
         assert done["param_sum"] == _param_sum(scratch / run.name)
         history = json.loads((run / "valid_history.json").read_text())
         assert history == json.loads((scratch / run.name / "valid_history.json").read_text())
@@ -201,9 +200,9 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
                  for line in log.splitlines() if "| valid | " in line]
         assert valid == list(range(1, last + 1))
         train = train_facts(run)
-        assert train["continued_from"] == {"run": run.name, "epochs": stops[run.name]}
-        assert len(train["valid_history"]) == last
-        assert train["train_seconds"] > train_facts(source)["train_seconds"]
+        assert train.continued_from == {"run": run.name, "epochs": stops[run.name]}
+        assert len(train.valid_history) == last
+        assert train.train_seconds > train_facts(source).train_seconds
         assert json.loads((run / "eval.json").read_text())["averaged"] == [
             f"checkpoint{e}.pt" for e in range(last - 2, last + 1)]
     # the equal-training view of these runs: every run trained `last` epochs
@@ -216,8 +215,8 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
     assert f"2 of 2 runs are recorded.\n\nEvery run trained {last} epochs;" in text
     row = next(line for line in text.splitlines() if line.startswith("| `l2norm` vs `dot`"))
     assert row.rstrip(" |").endswith("unresolved (1 of 3 seeds)")
-    for rec in map(json.loads, map(Path.read_text, records.glob("*.json"))):
-        assert rec["train"]["stop"]["reason"] == "budget" and f"{rec['eval']['bleu']:.2f}" in text
+    for rec in study_records.load(records):
+        assert rec.train.stop.reason == "budget" and f"{rec.eval.bleu:.2f}" in text
     for png in ("valid_nll_epochs.png", "valid_nll_delta_epochs.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 10_000
 
@@ -241,13 +240,13 @@ def test_dynamicconv_runs_to_a_budget_are_recorded_and_compared_as_e2(tiny_data,
                  "--plots", str(tmp_path / "plots"), "--references",
                  str(tiny_data / "raw" / "test.en"), "--bootstrap-samples", "100",
                  "--block", "equal", "--view", "equal", "--expected-runs", "6"]) == 0
-    recs = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
-    assert [(r["arch"], r["output_layer"]) for r in recs] == [
+    recs = study_records.load(records)
+    assert [(r.run.arch, r.run.output_layer) for r in recs] == [
         ("dynamicconv_twwt", "dot"), ("dynamicconv_twwt", "l2norm")]
     for rec in recs:
-        assert rec["train"]["stop"]["epoch"] == last and rec["train"]["stop"]["reason"] == "budget"
-        assert rec["eval"]["averaged"] == [f"checkpoint{e}.pt" for e in range(1, last + 1)]
-        assert len(rec["output_row_norms"]) > 0
+        assert (rec.train.stop.epoch, rec.train.stop.reason) == (last, "budget")
+        assert rec.eval.averaged == [f"checkpoint{e}.pt" for e in range(1, last + 1)]
+        assert len(rec.output_row_norms) > 0
     text = report.read_text()
     assert text.startswith("# Results\n\n<!-- equal:begin -->\n2 of 6 runs are recorded.\n\n"
                            f"Every run trained {last} epochs; its score is the average of its "

@@ -14,6 +14,8 @@ import yaml
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.evaluation.perplexity import parse_eval_lm
 from fairseq_tying.studies.commands import main
+from fairseq_tying.studies.record import Record
+from fairseq_tying.studies.records import read_stop
 from fairseq_tying.studies.verdicts import interval
 from tests.helpers import REPO, first_stop, launch, run_cli, run_folders
 
@@ -63,8 +65,7 @@ def test_runs_stop_by_the_rule_and_are_scored_twice(lm_runs):
         assert history["metric"] == "loss"
         values = [h["value"] for h in history["epochs"]]
         epoch, reason = first_stop(values, STOP["patience"], STOP["min_gain"], STOP["max_epoch"])
-        assert json.loads((run / "train.done").read_text())["stop"]["epoch"] == epoch
-        assert json.loads((run / "train.done").read_text())["stop"]["reason"] == reason
+        assert (read_stop(run).epoch, read_stop(run).reason) == (epoch, reason)
         main_eval = json.loads((run / "eval.json").read_text())
         best = json.loads((run / "eval.best.json").read_text())
         assert main_eval["averaged"] == [f"checkpoint{e}.pt" for e in (epoch - 1, epoch)]
@@ -111,11 +112,10 @@ def test_records_and_report(lm_runs, tmp_path):
     assert sorted(p.name for p in records.iterdir()) == sorted(
         f"{r.name}.json" for r in run_folders(lm_runs))  # no hypotheses beside LM records
     for run in run_folders(lm_runs):
-        rec = json.loads((records / f"{run.name}.json").read_text())
-        assert rec["eval"]["perplexity"] == json.loads((run / "eval.json").read_text())[
-            "perplexity"]
-        assert rec["eval_best"]["checkpoint"] == "checkpoint_best.pt"
-        assert rec["train"]["stop"] == json.loads((run / "train.done").read_text())["stop"]
+        rec = Record.load(records / f"{run.name}.json")
+        assert rec.eval.perplexity == json.loads((run / "eval.json").read_text())["perplexity"]
+        assert rec.eval_best.checkpoint == "checkpoint_best.pt"
+        assert rec.train.stop == read_stop(run)
     text = report.read_text()
     assert "none × dot" in text and "decoder × dot + tiedL (D = 8)" in text
     assert "Press & Wolf" in text and text.endswith("Written by hand.\n")

@@ -5,12 +5,15 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from fairseq_tying.common.atomic import block_text, markers
+from fairseq_tying.studies import records
 from fairseq_tying.studies.commands import main
+from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.significance import seed_paired_bootstrap
 from tests.helpers import launch, write_sweep
 
@@ -41,28 +44,29 @@ def _study(p: dict[str, Path], *extra: str) -> int:
                  "--bootstrap-samples", "200", *extra])
 
 
-def _records(p: dict[str, Path]) -> dict[str, dict]:
-    return {f.stem: json.loads(f.read_text()) for f in sorted(p["records"].glob("*.json"))}
+def _records(p: dict[str, Path]) -> dict[str, Record]:
+    return {r.name: r for r in records.load(p["records"])}
 
 
 def test_records_hold_what_the_runs_produced(study):
-    records = _records(study)
-    assert len(records) == 8
-    for name, rec in records.items():
+    recorded = _records(study)
+    assert len(recorded) == 8
+    for name, rec in recorded.items():
         run = study["runs"] / name
-        assert rec["tying"] in ("none", "three_way") and rec["seed"] in (1, 2)
+        assert rec.run.tying in ("none", "three_way") and rec.run.seed in (1, 2)
         hyps = gzip.decompress((study["records"] / f"{name}.hyp.gz").read_bytes()).decode()
         assert hyps == (run / "test.hyp.en").read_text()
-        assert rec["eval"]["bleu"] == json.loads((run / "eval.json").read_text())["bleu"]
-        assert rec["train"]["valid"]["num_updates"] == 12
-        assert rec["train"]["valid_history"][-1] == [12, rec["train"]["valid"]["nll_loss"]]
-        assert len(rec["output_row_norms"]) > 0
+        assert rec.hypotheses == hyps.splitlines()
+        assert rec.eval.bleu == json.loads((run / "eval.json").read_text())["bleu"]
+        assert rec.train.valid["num_updates"] == 12
+        assert rec.train.valid_history[-1] == [12, rec.train.valid_nll]
+        assert len(rec.output_row_norms) > 0
 
 
 def test_three_way_tying_saves_exactly_two_embedding_matrices(study):
-    records = _records(study)
-    params = {r["tying"]: r["train"]["params"] for r in records.values()}
-    norms = next(iter(records.values()))["output_row_norms"]
+    recorded = _records(study)
+    params = {r.run.tying: r.train.params for r in recorded.values()}
+    norms = next(iter(recorded.values())).output_row_norms
     vocab, dim = len(norms) + 4, 16  # the 4 special rows are left out of the norms
     assert params["none"] - params["three_way"] == 2 * vocab * dim
     table = study["report"].read_text()
@@ -135,11 +139,10 @@ def test_runs_brought_back_without_checkpoints_export_only_when_asked(study, tmp
     assert "--without-row-norms" in capsys.readouterr().err
     assert not list(away["records"].glob("*.json"))
     assert _study(away, "--runs", str(runs), "--without-row-norms") == 0
-    record = json.loads((away["records"] / f"{name}.json").read_text())
-    full = json.loads((study["records"] / f"{name}.json").read_text())
-    assert record["output_row_norms"] is None and full["output_row_norms"]
-    assert {k: v for k, v in record.items() if k != "output_row_norms"} == \
-        {k: v for k, v in full.items() if k != "output_row_norms"}
+    record = Record.load(away["records"] / f"{name}.json")
+    full = Record.load(study["records"] / f"{name}.json")
+    assert record.output_row_norms is None and full.output_row_norms
+    assert record.to_dict() == replace(full, output_row_norms=None).to_dict()
     assert (away["plots"] / "bleu.png").is_file()
     assert not (away["plots"] / "norms_none.png").exists()
 
