@@ -128,7 +128,8 @@ def test_every_study_with_a_sweep_dry_runs_its_data_and_unrecorded_runs(manifest
     assert launch(["study", name, "--dry-run"]) == 0
     out = capsys.readouterr().out
     (data,) = {r.data_dir for r in load_sweep(study.sweep, check_data=False).runs}
-    assert f"# python -m fairseq_tying.data.prepare {' '.join(study.prepare)} --out {data}" in out
+    command = f"python -m fairseq_tying.data.prepare {' '.join(study.prepare.argv())}"
+    assert f"# {command} --out {data}" in out
     todo = expected_runs(study) - len(list(study.records.glob("*.json")))
     assert f": {todo} training job(s)" in out
 
