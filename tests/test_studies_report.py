@@ -66,7 +66,10 @@ def test_the_makefile_study_targets_are_one_line_each_over_the_study_command():
     for target, name in {"study": "converged", "study-equal": "equal",
                          "study-one-epoch": "one_epoch", "lm-study": "lm"}.items():
         recipe = text.split(f"\n{target}: setup\n")[1].split("\n\n")[0].splitlines()
-        assert recipe == [f"\t$(STUDY) {name} $(STUDY_FLAGS)"]
+        assert recipe == [f"\t$(RUN_STUDY) {name} $(STUDY_FLAGS)"]
+    recipe = text.split("\nreproduce: setup\n")[1].split("\n\n")[0].splitlines()
+    assert recipe == ["\t$(RUN_STUDY) $(STUDY) --reproduce $(REPRO) --workers $(WORKERS) "
+                      "$(if $(ONLY),--only '$(ONLY)')"]
     assert "FAIRSEQ_TYING_" not in text
 
 

@@ -5,14 +5,19 @@ report blocks, ``summary.json`` and plots from its records alone.
 
     python -m fairseq_tying.launch study converged --workers 2
     python -m fairseq_tying.launch study converged --report-only   # from the committed records
+    python -m fairseq_tying.launch study equal --reproduce work/reproduce/equal --only '*.s1'
+
+``--reproduce DIR`` trains recorded runs afresh into DIR and compares each with its committed
+record (``studies.reproduction``); the records and reports are only read.
 
 Paths in the manifest are relative to the working directory (the repository's root), as in the
 sweep files. A study's run folders are its sweep's ``output_dir`` (``--runs`` for another), its
 data the sweep's dataset folder, which ``prepare`` (the arguments of ``python -m
-fairseq_tying.data.prepare`` but ``--out``) fills. A study without a sweep has frozen records:
-only its report is rebuilt. ``summaries`` are blocks rendered from the first of several studies
-whose records answer them (README's short answer: every cell of it with all seeds), else from
-the first with records.
+fairseq_tying.data.prepare`` but ``--out``, read as its options) fills. The manifest's keys are
+the fields of :class:`Study` and :class:`ReportTarget`, checked as the sweep files' are. A
+study without a sweep has frozen records: only its report is rebuilt. ``summaries`` are blocks
+rendered from the first of several studies whose records answer them (README's short answer:
+every cell of it with all seeds), else from the first with records.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from fairseq_tying.data import prepare as data_prepare
 from fairseq_tying.launch.config import Sweep, check_data, load_sweep
 from fairseq_tying.launch.sweep import SweepError, section_fields, setting
 from fairseq_tying.launch.sweepfile import CHECKS, check_keys, read_section
-from fairseq_tying.launch.sweeps import Launch, launch
-from fairseq_tying.studies import report
+from fairseq_tying.launch.sweeps import Launch, launch, selected
+from fairseq_tying.studies import records, report, reproduction
 from fairseq_tying.studies.report import VIEWS, StudyReport, Summary, Target
 
 MANIFEST = Path("slurm/studies.yaml")
@@ -200,6 +205,45 @@ def train(study: Study, sweep: Sweep, args: argparse.Namespace) -> int:
     return launch(sweep, how)
 
 
+def reproduction_dir(path: Path, study: Study) -> Path:
+    """``--reproduce DIR``, refused inside docs/ or the study's records or plots: a reproduction
+    never writes beside what is committed."""
+    out = path.resolve()
+    for guarded in (Path("docs"), study.records, study.plots):
+        if out == guarded.resolve() or guarded.resolve() in out.parents:
+            raise ManifestError(f"--reproduce {path}: inside {guarded}, which holds committed "
+                                "records and reports; give a folder outside it, e.g. "
+                                "work/reproduce")
+    return out
+
+
+def reproduce(study: Study, sweep: Sweep, args: argparse.Namespace) -> int:
+    """Train the recorded runs of ``--only`` (all without it) afresh into DIR/runs (``sweep``:
+    its output_dir there), evaluate them as the study does, export their records into
+    DIR/records and compare them with the committed ones: DIR/comparison.{json,md}, the table
+    printed. The committed records and reports are only read."""
+    out = reproduction_dir(args.reproduce, study)
+    committed = records.load(study.records)
+    recorded = {r.name for r in committed}
+    todo = [r.name for r in selected(sweep, args.only or ()) if r.name in recorded]
+    if not todo:
+        raise ManifestError(f"--only {args.only}: no run with a record in {study.records} "
+                            "matches; recorded runs: " + ", ".join(sorted(recorded)))
+    prepare_data(study, sweep)
+    check_data(sweep)
+    rc = launch(sweep, Launch("local", tuple(todo), args.workers, None, args.no_start_after))
+    if rc:
+        return rc
+    records.export(sweep.output_dir, out / "records")
+    fresh = [r for r in records.load(out / "records") if r.name in todo]
+    if missing := sorted(set(todo) - {r.name for r in fresh}):
+        print(f"not reproduced yet (the same command trains them): {', '.join(missing)}",
+              file=sys.stderr)
+    print(reproduction.write(reproduction.compare(study.name, fresh, committed), out))
+    print(f"wrote {out / 'comparison.md'}, {out / 'comparison.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fairseq_tying.launch study",
                                      description=__doc__.split("\n\n")[0],
@@ -229,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="write the reports and plots under DIR (same relative paths, each "
                         "report a copy of the committed one) instead of in place")
+    parser.add_argument("--reproduce", type=Path, metavar="DIR",
+                        help="train the recorded runs (of --only) afresh into DIR, evaluate "
+                        "them as the study does and compare each with its committed record "
+                        "(DIR/comparison.md and .json); the records and reports are only read")
     parser.add_argument("--bootstrap-samples", type=int, default=1000)
     return parser
 
@@ -243,6 +291,14 @@ def run(args: argparse.Namespace) -> int:
                                 "--runs, --dry-run and --no-train")
         if args.no_train and (args.only or args.dry_run):
             raise ManifestError("--no-train trains nothing: leave out --only and --dry-run")
+        if args.reproduce and (args.report_only or args.no_train or args.dry_run or args.runs
+                               or args.out):
+            raise ManifestError("--reproduce trains into its own folder and writes no report: "
+                                "leave out --report-only, --no-train, --dry-run, --runs and "
+                                "--out")
+        if args.reproduce:
+            reproduction_dir(args.reproduce, study)
+            return reproduce(study, sweep_of(study, args.reproduce / "runs"), args)
         sweep = None if args.report_only else sweep_of(study, args.runs)
         if sweep is not None and not args.no_train:
             rc = train(study, sweep, args)
