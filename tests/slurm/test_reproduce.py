@@ -41,6 +41,12 @@ def _committed(tmp: Path) -> dict[str, bytes]:
             for folder in ("records", "plots") for p in sorted((tmp / folder).iterdir())}
 
 
+def _row(table: str, metric: str) -> list[str]:
+    """The cells of the comparison table's row of S1's ``metric``."""
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
+    return next(r for r in rows if r[:2] == [S1, metric])
+
+
 def test_a_run_reproduced_beside_its_record(tiny_data, tmp_path):
     """The record made by the study command and its reproduction by the same command agree
     to the digit, within the cell's seed range; a doctored record is outside it; the committed
@@ -71,8 +77,9 @@ def test_a_run_reproduced_beside_its_record(tiny_data, tmp_path):
     assert machine["record"]["torch"] == "not recorded"
     assert "kernels" in machine["reproduction"]["cpu"] and machine["reproduction"]["torch"]
     table = (out / "comparison.md").read_text()
-    row = next(line for line in table.splitlines() if line.startswith(f"| {S1} | BLEU "))
-    assert "| +0.00 |" in row and row.endswith("| within |") and table in proc.stdout
+    assert _row(table, "BLEU")[4:] == ["+0.00", f"{min(seeds):.2f}–{max(seeds):.2f} (2 seeds)",
+                                       "within"]
+    assert _row(table, "valid NLL")[4] == "+0.000" and table in proc.stdout
     assert _committed(tmp_path) == committed  # records and plots untouched
     assert (tmp_path / "results.md").read_text() == report
     assert (out / "runs" / S1 / "eval.json").is_file()
@@ -88,8 +95,8 @@ def test_a_run_reproduced_beside_its_record(tiny_data, tmp_path):
     bleu = next(s for s in json.loads((out / "comparison.json").read_text())["runs"][0]["scores"]
                 if s["metric"] == "BLEU")
     assert bleu["difference"] == pytest.approx(-30) and not bleu["within"]
-    assert "| -30.00 |" in (out / "comparison.md").read_text()
-    assert "| outside |" in (out / "comparison.md").read_text()
+    row = _row((out / "comparison.md").read_text(), "BLEU")
+    assert (row[4], row[6]) == ("-30.00", "outside")
 
     bad = _study(manifest, "--reproduce", str(out), "--only", "nope*", check=False)
     assert bad.returncode == 2 and "--only ['nope*']: no run matches" in bad.stderr
