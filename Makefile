@@ -11,7 +11,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/fairseq_tying/wheels
 PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 WHEEL_DIR := $(WHEEL_CACHE)/$(PY_TAG)-torch$(TORCH_VERSION)-numpy1-fairseq$(FAIRSEQ_VERSION)
 
-.PHONY: setup test test-fast lint demo study study-equal study-one-epoch lm-study gpu-check clean
+.PHONY: setup test test-fast lint demo study study-equal study-one-epoch lm-study reproduce gpu-check clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -49,7 +49,7 @@ demo: setup
 # Runs live outside git (the sweep's output_dir, or RUNS=DIR); the records are committed.
 # REPORT_ONLY=1 rebuilds the reports from the committed records alone.
 WORKERS ?= 2
-STUDY = PYTHONWARNINGS=ignore $(PY) -m fairseq_tying.launch study
+RUN_STUDY = PYTHONWARNINGS=ignore $(PY) -m fairseq_tying.launch study
 STUDY_FLAGS = $(if $(REPORT_ONLY),--report-only,--workers $(WORKERS) \
   $(if $(NO_START_AFTER),--no-start-after $(NO_START_AFTER)) $(if $(ONLY),--only '$(ONLY)') \
   $(if $(RUNS),--runs $(RUNS)))
@@ -57,24 +57,31 @@ STUDY_FLAGS = $(if $(REPORT_ONLY),--report-only,--workers $(WORKERS) \
 # The converged study: every run trained to a validation plateau, grids in priority order
 # (P1: 21 runs, 18 h of the 2 cores as run; its records are committed, so it trains P2, P3).
 study: setup
-	$(STUDY) converged $(STUDY_FLAGS)
+	$(RUN_STUDY) converged $(STUDY_FLAGS)
 
 # The equal-training study: E1 (three-way x every output layer), E2 (DynamicConv three-way x
 # {dot, l2norm}), E3 (untied and decoder-tied dot), 3 seeds each, then F1-F5 (seeds 4 and 5 of
 # the headline cells, fixnorm, every DynamicConv layer); every run trained exactly 40 epochs
 # (50 runs; slurm/bible_equal.yaml).
 study-equal: setup
-	$(STUDY) equal $(STUDY_FLAGS)
+	$(RUN_STUDY) equal $(STUDY_FLAGS)
 
 # The one-epoch study (600 updates a run, 45 runs, about 2 h on 2 cores).
 study-one-epoch: setup
-	$(STUDY) one_epoch $(STUDY_FLAGS)
+	$(RUN_STUDY) one_epoch $(STUDY_FLAGS)
 
 # The perplexity study (docs/language_models.md): a word-level Transformer LM of the Bible's
 # English side, untied vs decoder-tied x every output layer and tied+L, 3 seeds (21 runs), each
 # trained to a validation plateau.
 lm-study: setup
-	$(STUDY) lm $(STUDY_FLAGS)
+	$(RUN_STUDY) lm $(STUDY_FLAGS)
+
+# One run (or all of a study's: ONLY left out) trained afresh beside its committed record:
+# make reproduce STUDY=equal ONLY='bible.transformer_twwt.three_way.dot.s1' trains it into
+# work/reproduce/equal (REPRO=DIR for another folder) and writes comparison.md and .json there.
+REPRO ?= work/reproduce/$(STUDY)
+reproduce: setup
+	$(RUN_STUDY) $(STUDY) --reproduce $(REPRO) --workers $(WORKERS) $(if $(ONLY),--only '$(ONLY)')
 
 # GPU acceptance on one CUDA GPU (docs/performance.md): per output layer, --fp16 training of
 # transformer_twwt_iwslt_de_en on the Bible corpus (300 updates), fairseq-generate --fp16,

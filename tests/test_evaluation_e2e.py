@@ -22,6 +22,7 @@ from matplotlib import image as mpimg
 
 import fairseq_tying
 from fairseq_tying.evaluation.average import average_checkpoints
+from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.launch import job
 from tests.helpers import run_cli, run_module
 
@@ -209,16 +210,15 @@ def test_bad_inputs_give_clear_errors(world, tmp_path):
 
 
 def test_launcher_evaluates_in_process_with_the_sweep_flags(world, eval_b):
-    """The evaluation job calls ``evaluate_run`` with the sweep's ``evaluation.args``."""
+    """The evaluation job calls ``evaluate_run`` with the options of the sweep's
+    ``evaluation.args``."""
     run = world["b"]
-    out = job.evaluate(run, ["--checkpoint", "checkpoint_last.pt", "--batch-size", "8"],
-                       cpu=True, tag="last")
+    out = job.evaluate(run, evaluate_options(["--checkpoint", "checkpoint_last.pt",
+                                              "--batch-size", "8"]), cpu=True, tag="last")
     assert out == run / "eval.last.json"
     result = json.loads(out.read_text())
     assert result["checkpoint"] == str(run / "checkpoints" / "checkpoint_last.pt")
     assert result["tag"] == "last" and (run / result["hypotheses"]).is_file()
     with pytest.raises(ValueError, match="--subset valid would write eval-valid.json, not "
                        "the eval.json"):
-        job.evaluate(run, ["--subset", "valid"], cpu=True)
-    with pytest.raises(ValueError, match="evaluation.args: unrecognized arguments: --bogus"):
-        job.evaluate(run, ["--bogus"], cpu=True)
+        job.evaluate(run, evaluate_options(["--subset", "valid"]), cpu=True)

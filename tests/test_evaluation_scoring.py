@@ -18,6 +18,7 @@ from fairseq_tying.evaluation import metrics
 from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.evaluation.evaluate import evaluate_run
 from fairseq_tying.evaluation.generate import parse_hypotheses
+from fairseq_tying.evaluation.perplexity import evaluate_lm_run
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
 from fairseq_tying.studies.formatting import format_ci
 from fairseq_tying.studies.record import Identity, Record
@@ -224,11 +225,16 @@ def test_seed_paired_bootstrap_pools_seeds():
 
 
 def test_sweep_evaluation_args_are_evaluate_run_keywords():
-    """A sweep's ``evaluation.args`` parse into ``evaluate_run``'s keyword arguments."""
+    """A sweep's ``evaluation.args`` parse into options whose keywords are ``evaluate_run``'s
+    (a language model's: ``evaluate_lm_run``'s); a flag the evaluation lacks is named."""
     opts = evaluate_options(["--average-last", "5", "--beam", "4", "--tag", "avg"])
-    assert (opts["average_last"], opts["beam"], opts["tag"], opts["subset"]) == (5, 4, "avg",
-                                                                                 "test")
-    params = inspect.signature(evaluate_run).parameters
-    assert set(opts) == {"data"} | {k for k, p in params.items() if p.kind == p.KEYWORD_ONLY}
+    assert (opts.average_last, opts.beam, opts.tag, opts.subset) == (5, 4, "avg", "test")
+    for fn, task in ((evaluate_run, "translation"), (evaluate_lm_run, "language_modeling")):
+        params = inspect.signature(fn).parameters
+        assert set(evaluate_options([], task).keywords()) == {
+            k for k, p in params.items() if p.kind == p.KEYWORD_ONLY}
+    assert evaluate_options(["--max-tokens", "99"], "language_modeling").max_tokens == 99
     with pytest.raises(ValueError, match="--tag"):
         evaluate_options(["--tag", "Best"])
+    with pytest.raises(ValueError, match="evaluation.args: unrecognized arguments: --bogus"):
+        evaluate_options(["--bogus"])

@@ -66,7 +66,10 @@ def test_the_makefile_study_targets_are_one_line_each_over_the_study_command():
     for target, name in {"study": "converged", "study-equal": "equal",
                          "study-one-epoch": "one_epoch", "lm-study": "lm"}.items():
         recipe = text.split(f"\n{target}: setup\n")[1].split("\n\n")[0].splitlines()
-        assert recipe == [f"\t$(STUDY) {name} $(STUDY_FLAGS)"]
+        assert recipe == [f"\t$(RUN_STUDY) {name} $(STUDY_FLAGS)"]
+    recipe = text.split("\nreproduce: setup\n")[1].split("\n\n")[0].splitlines()
+    assert recipe == ["\t$(RUN_STUDY) $(STUDY) --reproduce $(REPRO) --workers $(WORKERS) "
+                      "$(if $(ONLY),--only '$(ONLY)')"]
     assert "FAIRSEQ_TYING_" not in text
 
 
@@ -128,7 +131,8 @@ def test_every_study_with_a_sweep_dry_runs_its_data_and_unrecorded_runs(manifest
     assert launch(["study", name, "--dry-run"]) == 0
     out = capsys.readouterr().out
     (data,) = {r.data_dir for r in load_sweep(study.sweep, check_data=False).runs}
-    assert f"# python -m fairseq_tying.data.prepare {' '.join(study.prepare)} --out {data}" in out
+    command = f"python -m fairseq_tying.data.prepare {' '.join(study.prepare.argv())}"
+    assert f"# {command} --out {data}" in out
     todo = expected_runs(study) - len(list(study.records.glob("*.json")))
     assert f": {todo} training job(s)" in out
 

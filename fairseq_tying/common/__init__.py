@@ -1,6 +1,6 @@
 """What the tools share: atomic file writes, pinned CPU kernels, Moses tokenization, the
-checkpoint reader, Markdown tables, the plugin's location and the names of the files in a run
-folder."""
+checkpoint reader, Markdown tables, a run's evaluation options, the plugin's location and the
+names of the files in a run folder."""
 
 from pathlib import Path
 

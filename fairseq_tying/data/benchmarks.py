@@ -234,7 +234,7 @@ def write_pairs(pairs: Pairs, out: Path, src: str, tgt: str) -> Path:
 
 def add_prepare_args(p: argparse.ArgumentParser, subword: str, spm_type: str, vocab_size: int,
                      vocab_help: str) -> None:
-    """The flags a benchmark script passes on to :func:`prepare.run`, with its defaults."""
+    """The flags a benchmark script passes on to :func:`prepare.prepare`, with its defaults."""
     p.add_argument("--out", type=Path, required=True, help="the prepared data dir to create")
     p.add_argument("--work", type=Path, help="downloads and plain-text corpus (default OUT.orig)")
     p.add_argument("--subword", choices=SUBWORDS, default=subword)
@@ -251,8 +251,6 @@ def prepare_pairs(pairs: Pairs, args: argparse.Namespace, src: str, tgt: str) ->
     """Write the corpus under the work dir, then segment and binarize it into ``--out``."""
     corpus = write_pairs(pairs, work_dir(args) / "corpus", src, tgt)
     print(", ".join(f"{k} {len(s):,}" for k, (s, _) in pairs.items()) + f" pairs -> {corpus}")
-    # prepare's own parser fills every setting these scripts do not choose
-    return prepare.run(prepare.parser().parse_args([
-        "--corpus", str(corpus), "--src", src, "--tgt", tgt, "--subword", args.subword,
-        "--spm-type", args.spm_type, "--vocab-size", str(args.vocab_size), "--out", str(args.out),
-        *(["--force"] if args.force else [])]))
+    return prepare.prepare(prepare.Prepare(
+        corpus=str(corpus), src=src, tgt=tgt, subword=args.subword, spm_type=args.spm_type,
+        vocab_size=args.vocab_size, out=str(args.out), force=args.force))

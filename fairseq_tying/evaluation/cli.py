@@ -8,9 +8,9 @@ import re
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from fairseq_tying.common import LM_TASK
+from fairseq_tying.common.eval_options import EvalOptions, LMEvalOptions, TranslationEvalOptions
 from fairseq_tying.evaluation.average import average_checkpoints
 from fairseq_tying.evaluation.norms import norms_report
 from fairseq_tying.evaluation.presets import PRESET_CHOICES
@@ -67,7 +67,8 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="beam/lenpen preset; auto picks it from the checkpoint's arch")
     parser.add_argument("--beam", type=int, help="override the preset's beam size")
     parser.add_argument("--lenpen", type=float, help="override the preset's length penalty")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--batch-size", type=int, default=TranslationEvalOptions.batch_size,
+                        help="sentences per batch")
     parser.add_argument("--max-tokens", type=int, help="tokens per batch (instead of sentences)")
 
 
@@ -75,8 +76,8 @@ def add_evaluate_lm_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``evaluate-lm`` (also what a language-model sweep's ``evaluation.args``
     may hold)."""
     _add_run_arguments(parser, "data dir made by `prepare --lm` (or its bin/)")
-    parser.add_argument("--max-tokens", type=int, default=4096,
-                        help="tokens per batch (default 4096)")
+    parser.add_argument("--max-tokens", type=int, default=LMEvalOptions.max_tokens,
+                        help=f"tokens per batch (default {LMEvalOptions.max_tokens})")
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -84,18 +85,23 @@ class _RaisingParser(argparse.ArgumentParser):
         raise ValueError(f"{self.prog}: {message}")
 
 
-def evaluate_options(args: Sequence[str], task: str = "translation") -> dict[str, Any]:
-    """``evaluate_run``'s (for ``task`` language_modeling: ``evaluate_lm_run``'s) keyword
-    arguments (and ``data``) from the flags without RUN_DIR, e.g. a sweep's
-    ``evaluation.args`` such as ``["--average-last", "5"]``."""
+def options(args: argparse.Namespace) -> tuple[str, EvalOptions]:
+    """RUN_DIR and the options of a parsed ``evaluate`` or ``evaluate-lm`` command line."""
+    given = {k: v for k, v in vars(args).items() if k not in ("command", "run_dir")}
+    lm = getattr(args, "command", None) == "evaluate-lm" or "preset" not in given
+    return args.run_dir, (LMEvalOptions if lm else TranslationEvalOptions)(**given)
+
+
+def evaluate_options(args: Sequence[str], task: str = "translation") -> EvalOptions:
+    """The options of a translation run's evaluation (for ``task`` language_modeling: a
+    language model's) from its flags without RUN_DIR, e.g. a sweep's ``evaluation.args`` such
+    as ``["--average-last", "5"]``; a ValueError names a flag it does not take."""
     parser = _RaisingParser(prog="evaluation.args", add_help=False)
     if task == LM_TASK:
         add_evaluate_lm_arguments(parser)
     else:
         add_evaluate_arguments(parser)
-    opts = vars(parser.parse_args(["RUN_DIR", *args]))
-    del opts["run_dir"]
-    return opts
+    return options(parser.parse_args(["RUN_DIR", *args]))[1]
 
 
 def _tag(value: str) -> str:
@@ -123,17 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             # imported when it runs: sacremoses (0.7 s) is kept off --help
             from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
 
-            opts = {k: v for k, v in vars(args).items() if k != "command"}
-            run_dir, data = opts.pop("run_dir"), opts.pop("data")
-            result = evaluate_run(run_dir, data, **opts)
-            print("\n".join(summary_lines(result)))
+            run_dir, opts = options(args)
+            print("\n".join(summary_lines(evaluate_run(run_dir, opts.data, **opts.keywords()))))
         elif args.command == "evaluate-lm":
             # imported when it runs: sacremoses (0.7 s, through evaluate) is kept off --help
             from fairseq_tying.evaluation.perplexity import evaluate_lm_run, summary_lines
 
-            opts = {k: v for k, v in vars(args).items() if k != "command"}
-            run_dir, data = opts.pop("run_dir"), opts.pop("data")
-            print("\n".join(summary_lines(evaluate_lm_run(run_dir, data, **opts))))
+            run_dir, opts = options(args)
+            print("\n".join(summary_lines(evaluate_lm_run(run_dir, opts.data,
+                                                           **opts.keywords()))))
         elif args.command == "norms":
             print(norms_report(args.checkpoints, args.out, args.labels, args.key,
                                args.keep_special, args.bins))

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import sys
 
-from fairseq_tying.launch.sweeps import main as sweep
+from fairseq_tying.launch import sweeps
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["study"]:  # a study of slurm/studies.yaml, by name
         # imported for a study only: its views' plots load matplotlib (1 s), a sweep does not
-        from fairseq_tying.launch.studies import main as study
+        from fairseq_tying.launch import studies
 
-        return study(argv[1:])
-    return sweep(argv)
+        return studies.run(studies.build_parser().parse_args(argv[1:]))
+    parser = sweeps.build_parser()
+    return sweeps.run(parser.parse_args(argv), parser)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,14 @@ from pathlib import Path
 from fairseq_tying.launch import grid, sweepfile
 from fairseq_tying.launch.sweep import Resources, Run, Sweep, SweepError, data_bin
 
-__all__ = ["Resources", "Run", "Sweep", "SweepError", "data_bin", "load_sweep"]
+__all__ = ["Resources", "Run", "Sweep", "SweepError", "check_data", "data_bin", "load_sweep"]
+
+
+def check_data(sweep: Sweep) -> None:
+    """Every dataset of the sweep's runs holds binarized data (a sweep loaded without the check,
+    e.g. before a study prepares its data)."""
+    for dname, d in sorted({(r.dataset, r.data_dir) for r in sweep.runs}):
+        sweepfile.check_data_dir(dname, d)
 
 
 def load_sweep(path: str | Path, output_dir: str | Path | None = None,
@@ -34,6 +41,7 @@ def load_sweep(path: str | Path, output_dir: str | Path | None = None,
                   update_freq=update_freq, task=task,
                   **sweepfile.parse_evaluation(raw.get("evaluation"), res),
                   continue_from=sweepfile.continue_from(raw.get("continue_from"), stopping, out))
-    grid.check_eval_args(sweep.eval_args, sweep.eval_also, task)
+    sweep.evaluation, sweep.evaluation_also = grid.eval_options(sweep.eval_args,
+                                                                sweep.eval_also, task)
     sweep.runs = grid.make_runs(points, data_dirs, out, common, res, stopping, task)
     return sweep

@@ -16,6 +16,7 @@ from typing import Any
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_tying.common import LM_TASK
+from fairseq_tying.common.eval_options import EvalOptions
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.scoring import OUTPUT_LAYERS
 from fairseq_tying.evaluation.cli import evaluate_options
@@ -175,17 +176,20 @@ def _update_freq(batch: Batch, res: Resources) -> int:
     return batch.target_gpus // world
 
 
-def check_eval_args(args: list[str], also: dict[str, list[str]], task: str) -> None:
-    """The sweep's evaluation arguments are those of the evaluation of ``task`` (``evaluate``
-    or ``evaluate-lm``)."""
-    for where, given in (("evaluation.args", args),
-                         *((f"evaluation.also.{t}", a) for t, a in also.items())):
+def eval_options(args: list[str], also: dict[str, list[str]], task: str
+                 ) -> tuple[EvalOptions, dict[str, EvalOptions]]:
+    """The sweep's evaluation arguments as the options of the evaluation of ``task``
+    (``evaluate`` or ``evaluate-lm``): the main one's and each tagged one's."""
+    def parsed(where: str, given: list[str]) -> EvalOptions:
         try:
-            evaluate_options(given, task)
+            return evaluate_options(given, task)
         except ValueError as err:
             tool = "evaluate-lm" if task == LM_TASK else "evaluate"
             raise SweepError(f"{where}: {err} (the flags of `python -m fairseq_tying.evaluation "
                              f"{tool}`, for fairseq's --task {task})") from err
+
+    return (parsed("evaluation.args", args),
+            {t: parsed(f"evaluation.also.{t}", a) for t, a in also.items()})
 
 
 def make_runs(points: list[Point], data_dirs: dict[str, Path], out: Path, common: list[str],

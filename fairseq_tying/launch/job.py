@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,9 +30,9 @@ from fairseq import checkpoint_utils
 from fairseq.distributed import utils as dist_utils
 from fairseq.file_io import PathManager
 
-from fairseq_tying.common import EVAL_JSON, LM_TASK, PLUGIN_DIR, TRAIN_DONE, atomic, checkpoints
+from fairseq_tying.common import EVAL_JSON, PLUGIN_DIR, TRAIN_DONE, atomic, checkpoints
+from fairseq_tying.common.eval_options import EvalOptions, LMEvalOptions
 from fairseq_tying.common.reproducible import cpu_name
-from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.launch import plateau
 
 logger = logging.getLogger("fairseq_tying.launch")
@@ -322,44 +323,41 @@ class EvalJob:
     """Evaluate one run: ``RUN/eval.TAG.json`` for each extra evaluation, then the main
     ``RUN/eval.json`` (written last: it marks the run as evaluated)."""
 
-    def __init__(self, run: dict, extra_args: list[str],
-                 also: dict[str, list[str]] | None = None) -> None:
+    def __init__(self, run: dict, options: EvalOptions,
+                 also: dict[str, EvalOptions] | None = None) -> None:
         self.run = run
-        self.extra_args = extra_args
+        self.options = options
         self.also = also or {}
 
     def __call__(self) -> str:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         run_dir, cpu = Path(self.run["run_dir"]), not self.run["gpu"]
-        task = self.run.get("task", "translation")
-        for tag, args in self.also.items():
+        for tag, options in self.also.items():
             if not (run_dir / f"eval.{tag}.json").exists():
-                evaluate(run_dir, args, cpu=cpu, tag=tag, task=task)
-        return str(evaluate(run_dir, self.extra_args, cpu=cpu, task=task))
+                evaluate(run_dir, options, cpu=cpu, tag=tag)
+        return str(evaluate(run_dir, self.options, cpu=cpu))
 
 
-def evaluate(run_dir: Path, args: list[str], cpu: bool, tag: str | None = None,
-             task: str = "translation") -> Path:
+def evaluate(run_dir: Path, options: EvalOptions, cpu: bool, tag: str | None = None) -> Path:
     """Evaluate ``run_dir`` in this process (fairseq-generate, or fairseq-eval-lm for a
-    language model, runs as a child process) with the sweep's evaluation flags ``args``; the
-    data dir comes from RUN/run.json unless ``--data`` is among them. Returns
+    language model's :class:`LMEvalOptions`, runs as a child process) with the sweep's
+    evaluation ``options``; the data dir comes from RUN/run.json unless they name one. Returns
     ``RUN/eval.json`` (``RUN/eval.TAG.json`` with a tag)."""
     # imported when a run is evaluated: a training job does not load sacremoses (0.7 s)
     from fairseq_tying.evaluation.evaluate import eval_json_name, evaluate_run
     from fairseq_tying.evaluation.perplexity import evaluate_lm_run
 
-    opts = evaluate_options(args, task)
-    opts["cpu"] = opts["cpu"] or cpu
-    opts["user_dir"] = opts["user_dir"] or PLUGIN_DIR
-    opts["tag"] = tag or opts["tag"]
-    out = run_dir / (f"eval.{opts['tag']}.json" if opts["tag"] else EVAL_JSON)
-    if eval_json_name(opts["subset"], opts["tag"]) != out.name:
-        raise ValueError(f"evaluation.args: --subset {opts['subset']} would write "
-                         f"{eval_json_name(opts['subset'], opts['tag'])}, not the {out.name} "
-                         "that marks a run evaluated; leave --subset out of the sweep")
-    (evaluate_lm_run if task == LM_TASK else evaluate_run)(run_dir, opts.pop("data"), **opts)
+    options = replace(options, cpu=options.cpu or cpu, user_dir=options.user_dir or PLUGIN_DIR,
+                      tag=tag or options.tag)
+    out = run_dir / (f"eval.{options.tag}.json" if options.tag else EVAL_JSON)
+    if (name := eval_json_name(options.subset, options.tag)) != out.name:
+        raise ValueError(f"evaluation.args: --subset {options.subset} would write {name}, not "
+                         f"the {out.name} that marks a run evaluated; leave --subset out of the "
+                         "sweep")
+    lm = isinstance(options, LMEvalOptions)
+    (evaluate_lm_run if lm else evaluate_run)(run_dir, options.data, **options.keywords())
     if not out.exists():
-        raise RuntimeError(f"evaluation of {run_dir} with {args} wrote no {out.name}")
+        raise RuntimeError(f"evaluation of {run_dir} with {options} wrote no {out.name}")
     return out
 
 

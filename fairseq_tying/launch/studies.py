@@ -5,14 +5,19 @@ report blocks, ``summary.json`` and plots from its records alone.
 
     python -m fairseq_tying.launch study converged --workers 2
     python -m fairseq_tying.launch study converged --report-only   # from the committed records
+    python -m fairseq_tying.launch study equal --reproduce work/reproduce/equal --only '*.s1'
+
+``--reproduce DIR`` trains recorded runs afresh into DIR and compares each with its committed
+record (``studies.reproduction``); the records and reports are only read.
 
 Paths in the manifest are relative to the working directory (the repository's root), as in the
 sweep files. A study's run folders are its sweep's ``output_dir`` (``--runs`` for another), its
 data the sweep's dataset folder, which ``prepare`` (the arguments of ``python -m
-fairseq_tying.data.prepare`` but ``--out``) fills. A study without a sweep has frozen records:
-only its report is rebuilt. ``summaries`` are blocks rendered from the first of several studies
-whose records answer them (README's short answer: every cell of it with all seeds), else from
-the first with records.
+fairseq_tying.data.prepare`` but ``--out``, read as its options) fills. The manifest's keys are
+the fields of :class:`Study` and :class:`ReportTarget`, checked as the sweep files' are. A
+study without a sweep has frozen records: only its report is rebuilt. ``summaries`` are blocks
+rendered from the first of several studies whose records answer them (README's short answer:
+every cell of it with all seeds), else from the first with records.
 """
 
 from __future__ import annotations
@@ -20,21 +25,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fairseq_tying.data.prepare import main as prepare_main
-from fairseq_tying.launch.config import load_sweep
-from fairseq_tying.launch.sweeps import main as sweeps_main
-from fairseq_tying.studies import report
+from fairseq_tying.data import prepare as data_prepare
+from fairseq_tying.launch.config import Sweep, check_data, load_sweep
+from fairseq_tying.launch.sweep import SweepError, section_fields, setting
+from fairseq_tying.launch.sweepfile import CHECKS, check_keys, read_section
+from fairseq_tying.launch.sweeps import Launch, launch, selected
+from fairseq_tying.studies import records, report, reproduction
 from fairseq_tying.studies.report import VIEWS, StudyReport, Summary, Target
 
 MANIFEST = Path("slurm/studies.yaml")
-STUDY_KEYS = {"prepare", "sweep", "runs", "records", "plots", "reports", "references"}
-TARGET_KEYS = {"file", "block", "view"}
+STUDY, TARGET = "study", "target"  # the manifest's sections: a study, a report target
 
 
 class ManifestError(ValueError):
@@ -42,12 +48,63 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
-class Study(StudyReport):
-    """A study of the manifest: its report (``StudyReport``) and how its runs are made."""
+class ReportTarget(Target):
+    """A report target of the manifest: ``{file, block, view}``."""
 
-    sweep: Path | None = None  # None: frozen records, a report only
-    prepare: tuple[str, ...] = ()
-    runs: Path | None = None  # None: the sweep's output_dir
+    file: Path = setting(section=TARGET, kind="path")
+    block: str = setting(section=TARGET, kind="block")
+    view: str = setting(section=TARGET, kind="view")
+
+
+@dataclass(frozen=True)
+class Study(StudyReport):
+    """A study of the manifest: its report (``StudyReport``) and how its runs are made; each
+    field with a section is a key of its entry."""
+
+    records: Path = setting(section=STUDY, kind="path")
+    plots: Path = setting(section=STUDY, kind="path")
+    reports: tuple[Target, ...] = setting(section=STUDY, kind="targets")
+    references: Path | None = setting(None, section=STUDY, kind="path")
+    sweep: Path | None = setting(None, section=STUDY, kind="path")  # None: frozen records
+    # the arguments of python -m fairseq_tying.data.prepare but --out, as its options
+    prepare: data_prepare.Prepare | None = setting(None, section=STUDY, kind="prepare")
+    runs: Path | None = setting(None, section=STUDY, kind="path")  # None: the sweep's output_dir
+
+
+def _block(value: Any, key: str, meta: dict) -> str:
+    if not isinstance(value, str) or not value.replace("_", "").isalnum():
+        raise SweepError(f"{key}: expected a block name (letters, digits, _), got {value!r}")
+    return value
+
+
+def _view(value: Any, key: str, meta: dict) -> str:
+    if value not in VIEWS:
+        raise SweepError(f"{key}: {value!r} is not a view; views: {', '.join(VIEWS)}")
+    return value
+
+
+def _targets(value: Any, key: str, meta: dict) -> tuple[Target, ...]:
+    if not isinstance(value, list) or not value:
+        raise SweepError(f"{key}: expected a list of {{file, block, view}}")
+    return tuple(_target(t, f"{key}[{i}]") for i, t in enumerate(value))
+
+
+def _prepare(value: Any, key: str, meta: dict) -> data_prepare.Prepare:
+    if not isinstance(value, list) or "--out" in value:
+        raise SweepError(f"{key}: expected the arguments of python -m fairseq_tying.data.prepare "
+                         "as a list, without --out (the data goes to the sweep's dataset folder)")
+    try:
+        return data_prepare.options([str(a) for a in value], out_required=False)
+    except ValueError as err:
+        raise SweepError(f"{key}: {err}") from None
+
+
+MANIFEST_CHECKS = {**CHECKS, "block": _block, "view": _view, "targets": _targets,
+                   "prepare": _prepare}
+
+
+def _target(raw: Any, where: str) -> ReportTarget:
+    return ReportTarget(**read_section(raw, ReportTarget, where, TARGET, MANIFEST_CHECKS))
 
 
 @dataclass(frozen=True)
@@ -63,54 +120,23 @@ class Manifest:
         return self.studies[name]
 
 
-def _mapping(raw: Any, allowed: set[str], where: str) -> dict:
-    if not isinstance(raw, dict):
-        raise ManifestError(f"{where}: expected a mapping, got {raw!r}")
-    if unknown := sorted(set(raw) - allowed):
-        raise ManifestError(f"{where}.{unknown[0]}: unknown key (allowed: "
-                            f"{', '.join(sorted(allowed))})")
-    return raw
-
-
-def _path(raw: dict, key: str, where: str, required: bool = True) -> Path | None:
-    value = raw.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ManifestError(f"{where}.{key}: expected a path, got {value!r}")
-    return Path(value)
-
-
-def _target(raw: Any, where: str) -> Target:
-    raw = _mapping(raw, TARGET_KEYS | ({"from"} if where.startswith("summaries") else set()),
-                   where)
-    block, view = raw.get("block"), raw.get("view")
-    if not isinstance(block, str) or not block.replace("_", "").isalnum():
-        raise ManifestError(f"{where}.block: expected a block name (letters, digits, _), got "
-                            f"{block!r}")
-    if view not in VIEWS:
-        raise ManifestError(f"{where}.view: {view!r} is not a view; views: {', '.join(VIEWS)}")
-    return Target(_path(raw, "file", where), block, view)
-
-
 def _study(name: str, raw: Any) -> Study:
     where = f"studies.{name}"
-    raw = _mapping(raw, STUDY_KEYS, where)
-    reports = raw.get("reports")
-    if not isinstance(reports, list) or not reports:
-        raise ManifestError(f"{where}.reports: expected a list of {{file, block, view}}")
-    prepare = raw.get("prepare") or []
-    if not isinstance(prepare, list) or "--out" in prepare:
-        raise ManifestError(f"{where}.prepare: expected the arguments of python -m "
-                            "fairseq_tying.data.prepare as a list, without --out (the data goes "
-                            "to the sweep's dataset folder)")
-    sweep = _path(raw, "sweep", where, required=False)
-    if prepare and sweep is None:
+    study = Study(name, **read_section(raw, Study, where, STUDY, MANIFEST_CHECKS))
+    if study.prepare and study.sweep is None:
         raise ManifestError(f"{where}.prepare: a study without a sweep trains nothing")
-    return Study(name, _path(raw, "records", where), _path(raw, "plots", where),
-                 tuple(_target(t, f"{where}.reports[{i}]") for i, t in enumerate(reports)),
-                 _path(raw, "references", where, False), sweep=sweep,
-                 prepare=tuple(str(a) for a in prepare), runs=_path(raw, "runs", where, False))
+    return study
+
+
+def _summary(raw: Any, where: str, studies: dict[str, Study]) -> Summary:
+    """``{file, block, view, from}``: a block rendered from the first of ``from`` that
+    answers it."""
+    given = dict(check_keys(raw, {*section_fields(ReportTarget, TARGET), "from"}, where))
+    sources = given.pop("from", None)
+    if not isinstance(sources, list) or not sources or any(n not in studies for n in sources):
+        raise ManifestError(f"{where}.from: expected a list of the manifest's studies "
+                            f"({', '.join(studies)}), got {sources!r}")
+    return Summary(_target(given, where), tuple(studies[n] for n in sources))
 
 
 def load_manifest(path: str | Path = MANIFEST) -> Manifest:
@@ -119,45 +145,44 @@ def load_manifest(path: str | Path = MANIFEST) -> Manifest:
     if not path.is_file():
         raise ManifestError(f"--manifest {path}: no such file")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = check_keys(yaml.safe_load(path.read_text()), {"studies", "summaries"}, str(path))
+        studies = check_keys(raw.get("studies"), set(raw.get("studies") or {}), "studies")
+        if not studies:
+            raise ManifestError(f"{path}: studies: expected a mapping of study names to studies")
+        out = {str(name): _study(str(name), s) for name, s in studies.items()}
+        summaries = tuple(_summary(s, f"summaries[{i}]", out)
+                          for i, s in enumerate(raw.get("summaries") or []))
     except yaml.YAMLError as err:
         raise ManifestError(f"{path}: not valid YAML: {err}") from err
-    raw = _mapping(raw, {"studies", "summaries"}, str(path))
-    studies = _mapping(raw.get("studies"), set(raw.get("studies") or {}), "studies")
-    out = {str(name): _study(str(name), s) for name, s in studies.items()}
-    summaries = []
-    for i, s in enumerate(raw.get("summaries") or []):
-        target, sources = _target(s, f"summaries[{i}]"), s.get("from")
-        if not isinstance(sources, list) or not sources or any(n not in out for n in sources):
-            raise ManifestError(f"summaries[{i}].from: expected a list of the manifest's "
-                                f"studies ({', '.join(out)}), got {sources!r}")
-        summaries.append(Summary(target, tuple(out[n] for n in sources)))
-    return Manifest(path, out, tuple(summaries))
+    except SweepError as err:  # the field checks the sweep files share name the key
+        raise ManifestError(str(err)) from None
+    return Manifest(path, out, summaries)
 
 
-def expected_runs(study: Study) -> int:
-    """How many runs the study has: its sweep's; its records' when they are frozen."""
+def expected_runs(study: Study, sweep: Sweep | None = None) -> int:
+    """How many runs the study has: its sweep's (``sweep``, loaded if not given); its
+    records' when they are frozen."""
     if study.sweep is None:
         return len(list(study.records.glob("*.json")))
-    return len(load_sweep(study.sweep, check_data=False).runs)
+    return len((sweep or load_sweep(study.sweep, check_data=False)).runs)
 
 
-def prepare_data(study: Study, data_dirs: set[Path]) -> None:
-    """``python -m fairseq_tying.data.prepare`` with the study's arguments into the sweep's
-    dataset folder (a folder already prepared with them is kept)."""
+def prepare_data(study: Study, sweep: Sweep, dry_run: bool = False) -> None:
+    """The study's data preparation (:func:`fairseq_tying.data.prepare.prepare`) into the
+    sweep's dataset folder (a folder already prepared with the same options is kept); printed
+    as its command with ``dry_run``."""
     if not study.prepare:
         return
+    data_dirs = sorted({str(r.data_dir) for r in sweep.runs})
     if len(data_dirs) != 1:
         raise ManifestError(f"studies.{study.name}.prepare: the sweep has {len(data_dirs)} "
                             "datasets; give a study one dataset to prepare")
-    argv = [*study.prepare, "--out", str(next(iter(data_dirs)))]
-    try:
-        rc = prepare_main(argv)
-    except SystemExit as e:  # argparse's error: the manifest's arguments are wrong
-        rc = e.code
-    if rc:
-        raise ManifestError(f"studies.{study.name}.prepare: python -m fairseq_tying.data.prepare "
-                            f"{' '.join(argv)} failed ({rc}); see its message above")
+    command = f"python -m fairseq_tying.data.prepare {' '.join(study.prepare.argv())}"
+    if dry_run:
+        print(f"# {command} --out {data_dirs[0]}")
+    elif rc := data_prepare.prepare(replace(study.prepare, out=data_dirs[0])):
+        raise ManifestError(f"studies.{study.name}.prepare: {command} --out {data_dirs[0]} "
+                            f"failed ({rc}); see its message above")
 
 
 def sweep_of(study: Study, runs: Path | None):
@@ -169,23 +194,54 @@ def sweep_of(study: Study, runs: Path | None):
     return load_sweep(study.sweep, runs or study.runs, check_data=False)
 
 
-def train(study: Study, args: argparse.Namespace) -> tuple[int, Path]:
+def train(study: Study, sweep: Sweep, args: argparse.Namespace) -> int:
     """Prepare the data, then train and evaluate the runs without a record (the launcher);
-    its exit status and the run folders."""
-    sweep = sweep_of(study, args.runs)
-    if args.dry_run:
-        if study.prepare:
-            print(f"# python -m fairseq_tying.data.prepare {' '.join(study.prepare)} --out "
-                  f"{' '.join(sorted({str(r.data_dir) for r in sweep.runs}))}")
-    else:
-        prepare_data(study, {r.data_dir for r in sweep.runs})
-    argv = [str(study.sweep), "--output-dir", str(sweep.output_dir),
-            "--skip-recorded", str(study.records),
-            *(["--dry-run"] if args.dry_run else ["--local", "--workers", str(args.workers)]),
-            *(["--no-start-after", str(args.no_start_after)]
-              if args.no_start_after is not None else []),
-            *(a for pattern in args.only or [] for a in ("--only", pattern))]
-    return sweeps_main(argv), sweep.output_dir
+    its exit status."""
+    prepare_data(study, sweep, args.dry_run)
+    if not args.dry_run:
+        check_data(sweep)
+    how = Launch("dry_run" if args.dry_run else "local", tuple(args.only or ()),
+                 1 if args.dry_run else args.workers, study.records, args.no_start_after)
+    return launch(sweep, how)
+
+
+def reproduction_dir(path: Path, study: Study) -> Path:
+    """``--reproduce DIR``, refused inside docs/ or the study's records or plots: a reproduction
+    never writes beside what is committed."""
+    out = path.resolve()
+    for guarded in (Path("docs"), study.records, study.plots):
+        if out == guarded.resolve() or guarded.resolve() in out.parents:
+            raise ManifestError(f"--reproduce {path}: inside {guarded}, which holds committed "
+                                "records and reports; give a folder outside it, e.g. "
+                                "work/reproduce")
+    return out
+
+
+def reproduce(study: Study, sweep: Sweep, args: argparse.Namespace) -> int:
+    """Train the recorded runs of ``--only`` (all without it) afresh into DIR/runs (``sweep``:
+    its output_dir there), evaluate them as the study does, export their records into
+    DIR/records and compare them with the committed ones: DIR/comparison.{json,md}, the table
+    printed. The committed records and reports are only read."""
+    out = reproduction_dir(args.reproduce, study)
+    committed = records.load(study.records)
+    recorded = {r.name for r in committed}
+    todo = [r.name for r in selected(sweep, args.only or ()) if r.name in recorded]
+    if not todo:
+        raise ManifestError(f"--only {args.only}: no run with a record in {study.records} "
+                            "matches; recorded runs: " + ", ".join(sorted(recorded)))
+    prepare_data(study, sweep)
+    check_data(sweep)
+    rc = launch(sweep, Launch("local", tuple(todo), args.workers, None, args.no_start_after))
+    if rc:
+        return rc
+    records.export(sweep.output_dir, out / "records")
+    fresh = [r for r in records.load(out / "records") if r.name in todo]
+    if missing := sorted(set(todo) - {r.name for r in fresh}):
+        print(f"not reproduced yet (the same command trains them): {', '.join(missing)}",
+              file=sys.stderr)
+    print(reproduction.write(reproduction.compare(study.name, fresh, committed), out))
+    print(f"wrote {out / 'comparison.md'}, {out / 'comparison.json'}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,12 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="write the reports and plots under DIR (same relative paths, each "
                         "report a copy of the committed one) instead of in place")
+    parser.add_argument("--reproduce", type=Path, metavar="DIR",
+                        help="train the recorded runs (of --only) afresh into DIR, evaluate "
+                        "them as the study does and compare each with its committed record "
+                        "(DIR/comparison.md and .json); the records and reports are only read")
     parser.add_argument("--bootstrap-samples", type=int, default=1000)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """The parsed command line: train the study's runs as asked, then rebuild its reports."""
     try:
         manifest = load_manifest(args.manifest)
         study = manifest.study(args.name)
@@ -231,18 +291,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "--runs, --dry-run and --no-train")
         if args.no_train and (args.only or args.dry_run):
             raise ManifestError("--no-train trains nothing: leave out --only and --dry-run")
-        runs = None
-        if args.no_train:
-            runs = sweep_of(study, args.runs).output_dir
-        elif not args.report_only:
-            rc, runs = train(study, args)
+        if args.reproduce and (args.report_only or args.no_train or args.dry_run or args.runs
+                               or args.out):
+            raise ManifestError("--reproduce trains into its own folder and writes no report: "
+                                "leave out --report-only, --no-train, --dry-run, --runs and "
+                                "--out")
+        if args.reproduce:
+            reproduction_dir(args.reproduce, study)
+            return reproduce(study, sweep_of(study, args.reproduce / "runs"), args)
+        sweep = None if args.report_only else sweep_of(study, args.runs)
+        if sweep is not None and not args.no_train:
+            rc = train(study, sweep, args)
             if rc or args.dry_run:
                 return rc
-        done = report.rebuild(study, expected_runs(study), manifest.summaries, runs,
-                              not args.without_row_norms, args.bootstrap_samples, args.out)
+        done = report.rebuild(study, expected_runs(study, sweep), manifest.summaries,
+                              sweep.output_dir if sweep else None, not args.without_row_norms,
+                              args.bootstrap_samples, args.out)
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as err:
         print(f"error: study {args.name}: {err}", file=sys.stderr)
         return 2
     print(f"study {args.name}: {len(done['exported'])} new record(s), {done['records']} of "
           f"{done['expected']} runs recorded; wrote {', '.join(done['written'])}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -155,7 +155,7 @@ def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
         ex.update_parameters(**params)
         with ex.batch():
             for run in to_eval:
-                job = EvalJob(run.describe(), sweep.eval_args, sweep.eval_also)
+                job = EvalJob(run.describe(), sweep.evaluation, sweep.evaluation_also)
                 out.evaluate.append(ex.submit(job))
     if sweep.task == LM_TASK:  # collect compares BLEU; `study` reports an LM sweep
         return out
@@ -241,7 +241,7 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | Non
                                    file=sys.stderr))
     if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
         ex = _local_executor(sweep, 1, min(res.gpus_per_node, 1))
-        jobs.run(ex, EvalJob(run.describe(), sweep.eval_args, sweep.eval_also), run.name)
+        jobs.run(ex, EvalJob(run.describe(), sweep.evaluation, sweep.evaluation_also), run.name)
     return True
 
 

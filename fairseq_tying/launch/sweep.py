@@ -11,6 +11,8 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fairseq_tying.common.eval_options import EvalOptions, TranslationEvalOptions
+
 
 class SweepError(ValueError):
     """A sweep file is invalid; the message names the key."""
@@ -127,6 +129,9 @@ class Sweep:
     # default: the training job's
     eval_cpus: int = setting(1, key="cpus_per_task", section=EVALUATION, minimum=1)
     eval_mem_gb: float = setting(4, key="mem_gb", section=EVALUATION, unit="GB")
+    # what `args` and each of `also` say, parsed once (launch.config.load_sweep)
+    evaluation: EvalOptions = field(default_factory=TranslationEvalOptions)
+    evaluation_also: dict[str, EvalOptions] = field(default_factory=dict)
     update_freq: int = 1
     task: str = "translation"
     continue_from: Path | None = None  # another sweep's runs to start from (launch/continuation)

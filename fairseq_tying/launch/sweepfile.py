@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import Field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,12 @@ def _bool(value: Any, key: str, meta: dict) -> bool:
     return value
 
 
+def _path(value: Any, key: str, meta: dict) -> Path:
+    if not isinstance(value, str) or not value:
+        raise SweepError(f"{key}: expected a path, got {value!r}")
+    return Path(value)
+
+
 def _args(value: Any, key: str, meta: dict) -> list[str]:
     if not isinstance(value, list):
         raise SweepError(f"{key}: expected a list of command-line arguments")
@@ -126,28 +133,37 @@ def _tagged_args(value: Any, key: str, meta: dict) -> dict[str, list[str]]:
     return {t: [str(a) for a in args] for t, args in section.items()}
 
 
+Check = Callable[[Any, str, dict], Any]  # (value, its key, the setting's metadata) -> value
 # how a value is checked: a setting's `kind`, else its type (without `| None`)
-CHECKS = {"int": lambda v, key, meta: check_int(v, key, meta.get("minimum")),
-          "float": _positive, "str": _string, "bool": _bool,
+CHECKS: dict[str, Check] = {"int": lambda v, key, meta: check_int(v, key, meta.get("minimum")),
+          "float": _positive, "str": _string, "bool": _bool, "path": _path,
           "time": lambda v, key, meta: parse_time(v, key),
           "args": _args, "tagged_args": _tagged_args}
 
 
-def check_value(f: Field, value: Any, key: str) -> Any:
+def check_value(f: Field, value: Any, key: str, checks: Mapping[str, Check] = CHECKS) -> Any:
     """``value`` of the setting ``f``, checked as its kind or type says."""
     annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if value is None and annotation.endswith(" | None"):
         return None
     kind = f.metadata.get("kind") or annotation.removesuffix(" | None")
-    return CHECKS[kind](value, key, f.metadata)
+    return checks[kind](value, key, f.metadata)
 
 
-def read_section(raw: Any, cls: type, where: str, section: str | None = None) -> dict[str, Any]:
+def read_section(raw: Any, cls: type, where: str, section: str | None = None,
+                 checks: Mapping[str, Check] = CHECKS) -> dict[str, Any]:
     """``{field name: checked value}`` of the keys ``raw`` gives, for the fields of ``cls`` that
-    ``section`` sets; a key that is no such field is refused, naming the allowed ones."""
+    ``section`` sets; a key that is no such field is refused, naming the allowed ones, and a
+    field without a default must be given (its check names what it expects). ``checks``: the
+    checks by kind, for a file whose kinds are its own (the study manifest's)."""
     settings = section_fields(cls, section)
     given = check_keys(raw, settings, where)
-    return {settings[k].name: check_value(settings[k], v, f"{where}.{k}") for k, v in given.items()}
+    for key, f in settings.items():
+        if key not in given and f.default is MISSING and f.default_factory is MISSING:
+            check_value(f, None, f"{where}.{key}", checks)  # refused: names what it expects
+            raise SweepError(f"{where}.{key}: missing")
+    return {settings[k].name: check_value(settings[k], v, f"{where}.{k}", checks)
+            for k, v in given.items()}
 
 
 def parse_resources(raw: Any) -> Resources:
@@ -268,11 +284,17 @@ def data_dirs(datasets: Any, check_data: bool) -> dict[str, Path]:
         if not isinstance(dpath, str):
             raise SweepError(f"datasets.{dname}: expected a directory path")
         d = Path(expand_vars(dpath, f"datasets.{dname}")).expanduser().resolve()
-        if check_data and not any(data_bin(d).glob("dict*.txt")):
-            raise SweepError(f"datasets.{dname}: data dir {d} does not exist or holds no "
-                             "binarized data (expected D/bin/dict*.txt from fairseq-preprocess)")
+        if check_data:
+            check_data_dir(dname, d)
         dirs[dname] = d
     return dirs
+
+
+def check_data_dir(dname: str, d: Path) -> None:
+    """The dataset ``dname``'s folder ``d`` holds binarized data."""
+    if not any(data_bin(d).glob("dict*.txt")):
+        raise SweepError(f"datasets.{dname}: data dir {d} does not exist or holds no "
+                         "binarized data (expected D/bin/dict*.txt from fairseq-preprocess)")
 
 
 def continue_from(raw: Any, stopping: dict[str, Any] | None, out: Path) -> Path | None:

@@ -1,5 +1,8 @@
 """``python -m fairseq_tying.launch slurm/SWEEP.yaml [--dry-run | --local [--workers N]
-[--no-start-after MIN]] [--only PATTERN] [--skip-recorded DIR]``: one sweep file."""
+[--no-start-after MIN]] [--only PATTERN] [--skip-recorded DIR]``: one sweep file.
+
+A program (a study, ``launch.studies``) calls :func:`launch` with the loaded sweep and a
+:class:`Launch`; the command line is a parser over it."""
 
 from __future__ import annotations
 
@@ -7,14 +10,41 @@ import argparse
 import fnmatch
 import os
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from fairseq_tying.common.reproducible import pinned_env
-from fairseq_tying.launch.config import Run, SweepError, load_sweep
+from fairseq_tying.launch.config import Run, Sweep, SweepError, check_data, load_sweep
 from fairseq_tying.launch.continuation import check_sources
 from fairseq_tying.launch.job import RunBusy
 from fairseq_tying.launch.submit import Stopped, dry_run, record, run_local, submit_slurm
 from fairseq_tying.studies.record import Record
+
+MODES = ("slurm", "local", "dry_run")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a sweep's runs are launched: ``mode`` (SLURM arrays, ``local`` jobs on this machine,
+    or a ``dry_run`` that prints them), ``only`` the runs whose names match one of these globs,
+    ``workers`` local runs side by side, none started after ``no_start_after`` minutes (local),
+    and those with a study record in ``skip_recorded`` left out."""
+
+    mode: str = "slurm"
+    only: tuple[str, ...] = ()
+    workers: int = 1
+    skip_recorded: Path | None = None
+    no_start_after: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SweepError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.workers < 1 or (self.workers > 1 and self.mode != "local"):
+            raise SweepError("--workers: a positive number, and only with --local")
+        if self.no_start_after is not None and (self.no_start_after < 0
+                                                or self.mode != "local"):
+            raise SweepError("--no-start-after: minutes (>= 0), and only with --local")
 
 
 def recorded_stops(records: Path, runs: list[Run]) -> list[int]:
@@ -29,8 +59,46 @@ def recorded_stops(records: Path, runs: list[Run]) -> list[int]:
     return stops
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def selected(sweep: Sweep, only: Sequence[str]) -> list[Run]:
+    """The runs whose name matches one of the globs ``only`` (all without one)."""
+    if not only:
+        return list(sweep.runs)
+    runs = [r for r in sweep.runs if any(fnmatch.fnmatch(r.name, p) for p in only)]
+    if not runs:
+        raise SweepError(f"--only {list(only)}: no run matches; runs are: "
+                         + ", ".join(r.name for r in sweep.runs))
+    return runs
+
+
+def launch(sweep: Sweep, how: Launch) -> int:
+    """Launch the sweep's runs as ``how`` says; 0, 2 after an error (printed, naming the sweep
+    file), 130 when the local launcher was stopped."""
+    os.environ.update(pinned_env())  # inherited by local jobs and by sbatch (--export=ALL)
+    try:
+        if how.mode != "dry_run":
+            check_data(sweep)
+        runs = selected(sweep, how.only)
+        stops: list[int] = []
+        if how.skip_recorded:
+            stops = recorded_stops(how.skip_recorded, runs)
+            runs = [r for r in runs if not (how.skip_recorded / f"{r.name}.json").is_file()]
+        check_sources(sweep, runs)  # a refused continue_from stops the sweep before it starts
+        if how.mode == "dry_run":
+            dry_run(sweep, runs)
+            return 0
+        sub = (run_local(sweep, runs, how.workers, stops, how.no_start_after)
+               if how.mode == "local" else submit_slurm(sweep, runs))
+        record(sweep, sub)
+    except Stopped as err:
+        print(f"{sweep.path}: {err}", file=sys.stderr)
+        return 130
+    except (SweepError, RunBusy) as err:
+        print(f"error: {sweep.path}: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fairseq_tying.launch",
                                      description="Launch a sweep of fairseq runs with submitit.")
     parser.add_argument("sweep", type=Path,
@@ -52,36 +120,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --local: start or resume no run after MIN minutes (those "
                         "left are trained by the next call), e.g. on a machine that is yours "
                         "for a limited time")
-    args = parser.parse_args(argv)
-    os.environ.update(pinned_env())  # inherited by local jobs and by sbatch (--export=ALL)
-    if args.workers < 1 or (args.workers > 1 and not args.local):
-        parser.error("--workers: a positive number, and only with --local")
-    if args.no_start_after is not None and (args.no_start_after < 0 or not args.local):
-        parser.error("--no-start-after: minutes (>= 0), and only with --local")
+    return parser
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The parsed command line: load the sweep file, launch it."""
     try:
-        sweep = load_sweep(args.sweep, args.output_dir, check_data=not args.dry_run)
-        runs = sweep.runs
-        if args.only:
-            runs = [r for r in runs if any(fnmatch.fnmatch(r.name, p) for p in args.only)]
-            if not runs:
-                raise SweepError(f"--only {args.only}: no run matches; runs are: "
-                                 + ", ".join(r.name for r in sweep.runs))
-        stops: list[int] = []
-        if args.skip_recorded:
-            stops = recorded_stops(args.skip_recorded, runs)
-            runs = [r for r in runs if not (args.skip_recorded / f"{r.name}.json").is_file()]
-        check_sources(sweep, runs)  # a refused continue_from stops the sweep before it starts
-        if args.dry_run:
-            dry_run(sweep, runs)
-            return 0
-        sub = (run_local(sweep, runs, args.workers, stops, args.no_start_after) if args.local
-               else submit_slurm(sweep, runs))
-        record(sweep, sub)
-    except Stopped as err:
-        print(f"{args.sweep}: {err}", file=sys.stderr)
-        return 130
-    except (SweepError, RunBusy) as err:
+        how = Launch("dry_run" if args.dry_run else "local" if args.local else "slurm",
+                     tuple(args.only or ()), args.workers, args.skip_recorded,
+                     args.no_start_after)
+    except SweepError as err:
+        parser.error(str(err))
+    try:
+        sweep = load_sweep(args.sweep, args.output_dir, check_data=False)
+    except SweepError as err:
         print(f"error: {args.sweep}: {err}", file=sys.stderr)
         return 2
-    return 0
+    return launch(sweep, how)
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    return run(parser.parse_args(argv), parser)
