@@ -183,7 +183,7 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
             write_json(ranks, {"rank": rank, "num_updates": updates, "param_sum": params,
                                "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
                                "device": device_name(device), "cpu": machines(before, cpu_name()),
-                               "pid": os.getpid()})
+                               "torch": torch.__version__, "pid": os.getpid()})
         if stop.item() > 0 and not should_stop:
             checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, valid_losses[0])
             logger.warning("stop requested: saved checkpoint_last.pt at update %d", updates)

@@ -73,6 +73,7 @@ class Training:
     valid_epochs: list[list[float]] | None = None  # ... as [epoch, update, value] per epoch
     device: str | None = None  # "cpu" or the GPU's name
     cpu: str | None = None  # the processor model and torch's kernels (reproducible.cpu_name)
+    torch: str | None = None  # torch's version
     continued_from: dict[str, Any] | None = None  # the run its first epochs are from
 
     @classmethod

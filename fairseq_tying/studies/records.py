@@ -113,7 +113,7 @@ def train_facts(run_dir: Path) -> Training:
         continued = {k: v for k, v in json.loads(path.read_text()).items()
                      if k in ("run", "epochs")}
     return replace(training_summary(logs[-1]), **plateau_summary(run_dir),
-                   **{k: where[k] for k in ("device", "cpu") if where.get(k)},
+                   **{k: where[k] for k in ("device", "cpu", "torch") if where.get(k)},
                    continued_from=continued)
 
 

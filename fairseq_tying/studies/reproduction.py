@@ -38,11 +38,11 @@ class Facts:
 def facts(record: Record) -> Facts:
     """The scores (translation: BLEU, chrF; language model: perplexity; both: the last
     validation's NLL) and the machine (``train.cpu``, ``train.torch``) of ``record``."""
-    train, ev = record["train"], record["eval"]
-    scores = {"perplexity": ev["perplexity"]} if record.is_lm else {"BLEU": ev["bleu"],
-                                                                    "chrF": ev["chrf"]}
-    scores["valid NLL"] = train["valid"].get("nll_loss", train["valid"]["loss"])
-    return Facts(scores, train.get("cpu"), train.get("torch"))
+    ev, train = record.eval, record.train
+    scores = ({"perplexity": ev.perplexity} if record.is_lm
+              else {"BLEU": ev.bleu, "chrF": ev.chrf})
+    scores["valid NLL"] = train.valid_nll
+    return Facts(scores, train.cpu, train.torch)
 
 
 def cell(name: str) -> str:

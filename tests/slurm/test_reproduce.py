@@ -4,10 +4,13 @@ CLI and set beside their committed records."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
+from fairseq_tying.studies.record import Record
 from tests.helpers import REPO, launch, write_sweep
 
 pytestmark = pytest.mark.slow
@@ -62,19 +65,19 @@ def test_a_run_reproduced_beside_its_record(tiny_data, tmp_path):
     assert run["run"] == S1 and comparison["spread"] == "min–max of the cell's committed seeds"
     scores = {s["metric"]: s for s in run["scores"]}
     assert set(scores) == {"BLEU", "chrF", "valid NLL"}
-    record = json.loads((tmp_path / "records" / f"{S1}.json").read_text())
-    seeds = [json.loads(p.read_text())["eval"]["bleu"]
+    record = Record.load(tmp_path / "records" / f"{S1}.json", hypotheses=False)
+    seeds = [Record.load(p, hypotheses=False).eval.bleu
              for p in (tmp_path / "records").glob("*.json")]
-    assert scores["BLEU"]["record"] == record["eval"]["bleu"]
+    assert scores["BLEU"]["record"] == record.eval.bleu
     assert (scores["BLEU"]["seeds_min"], scores["BLEU"]["seeds_max"]) == (min(seeds),
                                                                           max(seeds))
     for s in scores.values():
         assert s["difference"] == 0 and s["within"] and s["n_seeds"] == 2, s
-    assert scores["valid NLL"]["record"] == record["train"]["valid"]["nll_loss"]
-    assert json.loads((out / "records" / f"{S1}.json").read_text())["eval"] == record["eval"]
+    assert scores["valid NLL"]["record"] == record.train.valid_nll
+    assert Record.load(out / "records" / f"{S1}.json", hypotheses=False).eval == record.eval
     machine = run["machine"]
-    assert machine["record"]["cpu"] == record["train"].get("cpu", "not recorded")
-    assert machine["record"]["torch"] == "not recorded"
+    assert "kernels" in record.train.cpu and record.train.torch == torch.__version__
+    assert machine["record"] == {"cpu": record.train.cpu, "torch": record.train.torch}
     assert "kernels" in machine["reproduction"]["cpu"] and machine["reproduction"]["torch"]
     table = (out / "comparison.md").read_text()
     assert _row(table, "BLEU")[4:] == ["+0.00", f"{min(seeds):.2f}–{max(seeds):.2f} (2 seeds)",
@@ -86,9 +89,8 @@ def test_a_run_reproduced_beside_its_record(tiny_data, tmp_path):
     assert not (out / "runs" / S1.replace(".s1", ".s2")).exists()  # only the runs of --only
 
     for path in (tmp_path / "records").glob("*.json"):  # the cell's committed BLEU, doctored
-        doctored = json.loads(path.read_text())
-        doctored["eval"]["bleu"] += 30
-        path.write_text(json.dumps(doctored))
+        committed = Record.load(path)
+        replace(committed, eval=replace(committed.eval, bleu=committed.eval.bleu + 30)).save(path)
     trained = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*.pt")}
     _study(manifest, "--reproduce", str(out), "--only", "*.s1")
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*.pt")} == trained
