@@ -22,8 +22,10 @@ MODES = {"layers": layers, "serve": serve, "loss": loss, "gpu-check": gpu_check}
 
 
 def main(argv: list[str] | None = None):
-    """Dispatch on ``--mode``; the chosen mode parses the remaining arguments."""
+    """Dispatch on ``--mode``: the chosen mode's parser reads the remaining arguments and its
+    ``run`` takes the parsed options."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--mode", choices=MODES, default="layers")
     known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
-    return MODES[known.mode].main(rest)
+    mode = MODES[known.mode]
+    return mode.run(mode.parse_args(rest))

@@ -105,7 +105,7 @@ def train_log_checks(log: str, updates: int) -> dict:
             "passed": finite and falling and no_loop and scale_stable}
 
 
-def run(cmd: list[str], log: Path) -> str:
+def run_logged(cmd: list[str], log: Path) -> str:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     text = proc.stdout + proc.stderr
@@ -117,23 +117,24 @@ def run(cmd: list[str], log: Path) -> str:
 
 def prepare_data(out: Path) -> Path:
     data = out / "data"
-    run([sys.executable, "-m", "fairseq_tying.data.prepare", "--corpus", "bible", "--src", "es",
-         "--tgt", "en", "--subword", "sentencepiece", "--vocab-size", "4000", "--out",
-         str(data)], out / "logs" / "prepare.log")
+    run_logged([sys.executable, "-m", "fairseq_tying.data.prepare", "--corpus", "bible",
+                "--src", "es", "--tgt", "en", "--subword", "sentencepiece", "--vocab-size", "4000",
+                "--out", str(data)], out / "logs" / "prepare.log")
     return data
 
 
 def train(data: Path, output_layer: str, run_dir: Path, opts: argparse.Namespace,
           extra: tuple[str, ...] = ()) -> dict:
-    log = run([str(BIN / "fairseq-train"), str(data / "bin"), "--user-dir", PLUGIN_DIR,
-               "--arch", "transformer_twwt_iwslt_de_en", "--output-layer", output_layer, "--fp16",
-               "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
-               "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
-               "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--clip-norm", "1.0",
-               "--max-tokens", str(opts.max_tokens), "--max-update", str(opts.updates),
-               "--save-dir", str(run_dir / "checkpoints"), "--no-epoch-checkpoints",
-               "--log-format", "json", "--log-interval", "10", "--seed", "1",
-               "--num-workers", "0", *extra], run_dir / "train.log")
+    cmd = [str(BIN / "fairseq-train"), str(data / "bin"), "--user-dir", PLUGIN_DIR,
+           "--arch", "transformer_twwt_iwslt_de_en", "--output-layer", output_layer, "--fp16",
+           "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
+           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+           "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--clip-norm", "1.0",
+           "--max-tokens", str(opts.max_tokens), "--max-update", str(opts.updates),
+           "--save-dir", str(run_dir / "checkpoints"), "--no-epoch-checkpoints",
+           "--log-format", "json", "--log-interval", "10", "--seed", "1",
+           "--num-workers", "0", *extra]
+    log = run_logged(cmd, run_dir / "train.log")
     return train_log_checks(log, opts.updates)
 
 
@@ -156,11 +157,12 @@ def compare_first_losses(checks: dict, reference: dict) -> dict:
 
 
 def generate(data: Path, run_dir: Path) -> dict:
-    log = run([str(BIN / "fairseq-generate"), str(data / "bin"), "--user-dir", PLUGIN_DIR,
-               "--path", str(run_dir / "checkpoints" / "checkpoint_last.pt"), "--fp16",
-               "--beam", "5", "--lenpen", "1", "--batch-size", "128", "--gen-subset", "test",
-               "--required-batch-size-multiple", "1", "--post-process", "sentencepiece",
-               "--scoring", "sacrebleu"], run_dir / "generate.log")
+    cmd = [str(BIN / "fairseq-generate"), str(data / "bin"), "--user-dir", PLUGIN_DIR,
+           "--path", str(run_dir / "checkpoints" / "checkpoint_last.pt"), "--fp16",
+           "--beam", "5", "--lenpen", "1", "--batch-size", "128", "--gen-subset", "test",
+           "--required-batch-size-multiple", "1", "--post-process", "sentencepiece",
+           "--scoring", "sacrebleu"]
+    log = run_logged(cmd, run_dir / "generate.log")
     hyps = HYPOTHESIS.findall(log)
     bleu = re.search(r"BLEU = ([\d.]+)", log)
     finite = bool(hyps) and all(math.isfinite(float(score)) for _, score, _ in hyps)
@@ -279,8 +281,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return opts
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = parse_args(argv)
+def run(opts: argparse.Namespace) -> int:
+    """The mode with parsed options (``python -m fairseq_tying.bench --mode ...``)."""
     try:
         gpu = require_cuda()
     except GpuCheckError as e:
@@ -294,25 +296,18 @@ def main(argv: list[str] | None = None) -> int:
     summary["output_layers"] = checked_layers(data, opts)
     if not opts.no_bench:
         bench_dir = opts.out / "bench"
-        run(
-            [
-                sys.executable,
-                "-m",
-                "fairseq_tying.bench",
-                "--device",
-                "cuda",
-                "--fp16",
-                "--out",
-                str(bench_dir),
-            ],
-            opts.out / "logs" / "bench.log",
-        )
+        run_logged([sys.executable, "-m", "fairseq_tying.bench", "--device", "cuda", "--fp16",
+                    "--out", str(bench_dir)], opts.out / "logs" / "bench.log")
         summary["bench"] = str(bench_dir / "bench.json")
-        run([sys.executable, "-m", "fairseq_tying.bench", "--mode", "loss", "--setups",
-             "cuda:fp16", "cuda:bf16", "--out", str(bench_dir / "loss.json")],
-            opts.out / "logs" / "loss.log")
+        run_logged([sys.executable, "-m", "fairseq_tying.bench", "--mode", "loss", "--setups",
+                    "cuda:fp16", "cuda:bf16", "--out", str(bench_dir / "loss.json")],
+                   opts.out / "logs" / "loss.log")
         summary["bench_loss"] = str(bench_dir / "loss.json")
     summary["passed"] = all(r["passed"] for r in summary["output_layers"].values())
     atomic.write_json(opts.out / "gpu_check.json", summary)
     print(f"wrote {opts.out / 'gpu_check.json'}: {'PASSED' if summary['passed'] else 'FAILED'}")
     return 0 if summary["passed"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))

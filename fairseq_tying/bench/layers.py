@@ -355,8 +355,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return opts
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    opts = parse_args(argv)
+def run(opts: argparse.Namespace) -> dict | None:
+    """The mode with parsed options (``python -m fairseq_tying.bench --mode ...``)."""
     if opts.threads:
         torch.set_num_threads(opts.threads)
     use_clock(opts.clock)
@@ -383,3 +383,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(table(report["results"]))
     print(f"wrote {opts.out / 'bench.json'} and {opts.out / 'bench.png'}")
     return report
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run(parse_args(argv))

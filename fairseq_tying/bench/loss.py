@@ -401,14 +401,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not opts.no_max_tokens and opts.budget_vocab not in opts.vocab:
         p.error(f"--budget-vocab {opts.budget_vocab} is not in --vocab; add it or give "
                 "--no-max-tokens")
-    missing = [str(f) for f in opts.report_only or [] if not f.is_file()]
-    if missing:
+    if missing := [str(f) for f in opts.report_only or [] if not f.is_file()]:
         p.error(f"--report-only: no such report: {', '.join(missing)}")
     return opts
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = parse_args(argv)
+def run(opts: argparse.Namespace) -> int:  # the mode with parsed options
     if opts.worker:
         print(json.dumps(worker(json.loads(opts.worker))))
         return 0
@@ -446,3 +444,7 @@ def machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "load_avg_start": os.getloadavg(), "memory_available": available_memory()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))

@@ -320,8 +320,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return opts
 
 
-def main(argv: list[str] | None = None) -> dict:
-    opts = parse_args(argv)
+def run(opts: argparse.Namespace) -> dict:
+    """The mode with parsed options (``python -m fairseq_tying.bench --mode ...``)."""
     if opts.summarize:
         return {"table": summarize(opts.summarize, opts.into)}
     with tempfile.TemporaryDirectory(prefix="serve-bench.") as tmp:
@@ -335,3 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
         atomic.write_json(opts.out, report)
         print(f"wrote {opts.out}")
     return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return run(parse_args(argv))
