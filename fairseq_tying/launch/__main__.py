@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import sys
 
-from fairseq_tying.launch.sweeps import main as sweep
+from fairseq_tying.common.extras import run_main
 
 
 def main(argv: list[str] | None = None) -> int:
+    # imported on use, so that a missing extra gets its message (run_main): a sweep needs the
+    # launch extra, a study also the analysis extra (its views' plots, which load matplotlib)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["study"]:  # a study of slurm/studies.yaml, by name
-        # imported for a study only: its views' plots load matplotlib (1 s), a sweep does not
         from fairseq_tying.launch.studies import main as study
 
         return study(argv[1:])
+    from fairseq_tying.launch.sweeps import main as sweep
+
     return sweep(argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

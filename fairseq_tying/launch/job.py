@@ -23,16 +23,18 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-import submitit
 import torch
 from fairseq import checkpoint_utils
 from fairseq.distributed import utils as dist_utils
 from fairseq.file_io import PathManager
 
 from fairseq_tying.common import EVAL_JSON, LM_TASK, PLUGIN_DIR, TRAIN_DONE, atomic, checkpoints
+from fairseq_tying.common.extras import require
 from fairseq_tying.common.reproducible import cpu_name
 from fairseq_tying.evaluation.cli import evaluate_options
-from fairseq_tying.launch import plateau
+from fairseq_tying.launch import FOR_WHAT, plateau
+
+submitit = require("submitit", "launch", FOR_WHAT)
 
 logger = logging.getLogger("fairseq_tying.launch")
 DONE = TRAIN_DONE  # marker of a finished training run
