@@ -10,10 +10,10 @@ from fairseq_tying.common.extras import run_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    # imported on use, so that a missing extra gets its message (run_main): a sweep needs the
-    # launch extra, a study also the analysis extra (its views' plots, which load matplotlib)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["study"]:  # a study of slurm/studies.yaml, by name
+        # imported on use, so that a missing extra gets its message (run_main): a sweep needs
+        # the launch extra, a study also the analysis extra (its views' plots)
         from fairseq_tying.launch.studies import main as study
 
         return study(argv[1:])
