@@ -6,6 +6,7 @@ reports one: ``sys.modules[name] = None`` makes its import raise ModuleNotFoundE
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import runpy
 import subprocess
@@ -113,6 +114,7 @@ def test_require_returns_the_module_when_it_is_there():
 
 def test_a_library_that_fails_to_import_is_not_called_missing(monkeypatch):
     # matplotlib is there, a library it needs is not: the message keeps Python's reason
+    importlib.import_module("matplotlib")  # whole: only pyplot is imported again, and fails
     monkeypatch.delitem(sys.modules, "matplotlib.pyplot", raising=False)
     monkeypatch.setitem(sys.modules, "cycler", None)
     with pytest.raises(MissingExtra, match=r"needs matplotlib, which cannot be imported "
