@@ -28,10 +28,15 @@ def venv_env() -> dict[str, str]:
     return {k: v for k, v in cli_env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
 
-def run(argv: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def run(argv: list, cwd: Path, timeout: float = 600, check: bool = True
+        ) -> subprocess.CompletedProcess:
+    start = time.monotonic()
     proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd,
                           env=venv_env(), timeout=timeout)
-    assert proc.returncode == 0, f"{argv[:3]} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+    assert proc.returncode == 0 or not check, (
+        f"{argv[:3]} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    words = [Path(str(a)).name for a in argv[:4]]
+    print(f"{time.monotonic() - start:6.1f} s  {' '.join(words)}")  # pytest -s shows the steps
     return proc
 
 
@@ -105,9 +110,8 @@ def test_the_wheel_installs_without_extras_and_trains_with_user_dir(tmp_path):
     assert "BLEU" in scored and (ckpts.parent / "eval.json").is_file()
 
     # a tool of an extra names it
-    refused = subprocess.run([python, "-m", "fairseq_tying.export", ckpts / "checkpoint_last.pt",
-                              tmp_path / "ct2", "--format", "ctranslate2"], capture_output=True,
-                             text=True, cwd=tmp_path, env=venv_env(), timeout=300)
+    refused = run([python, "-m", "fairseq_tying.export", ckpts / "checkpoint_last.pt",
+                   tmp_path / "ct2", "--format", "ctranslate2"], tmp_path, check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "needs ctranslate2, which is not installed" in refused.stderr
     assert "pip install 'fairseq_tying[serve]'" in refused.stderr
