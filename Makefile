@@ -11,7 +11,8 @@ WHEEL_CACHE ?= $(HOME)/.cache/fairseq_tying/wheels
 PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 WHEEL_DIR := $(WHEEL_CACHE)/$(PY_TAG)-torch$(TORCH_VERSION)-numpy1-fairseq$(FAIRSEQ_VERSION)
 
-.PHONY: setup test test-fast lint demo study study-equal study-one-epoch lm-study reproduce gpu-check clean
+.PHONY: setup test test-fast lint demo study study-equal study-one-epoch lm-study reproduce gpu-check \
+  clean fairseq-wheel-dir
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -24,8 +25,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 	    "fairseq-fixed==$(FAIRSEQ_VERSION)" && \
 	  rm -rf $(WHEEL_DIR) && mv $(WHEEL_DIR).tmp $(WHEEL_DIR); }
 	$(PIP) install -q $(WHEEL_DIR)/fairseq_fixed-*.whl
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[all,dev]"
 	touch $@
+
+# The folder of the cached fairseq-fixed wheel (tests/test_install.py installs it into a fresh
+# virtual environment beside the package's own wheel).
+fairseq-wheel-dir:
+	@echo $(WHEEL_DIR)
 
 # One pytest-xdist worker a core (auto: the cores this process may use); TEST_WORKERS=0 runs
 # the tests one at a time in one process.

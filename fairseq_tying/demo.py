@@ -29,10 +29,10 @@ import torch
 
 from fairseq_tying.common import PLUGIN_DIR, RUN_JSON
 from fairseq_tying.common.atomic import replace_block, write_json
+from fairseq_tying.common.extras import run_main
 from fairseq_tying.common.reproducible import cpu_name_under, pinned_env
 from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
 from fairseq_tying.evaluation.norms import norms_report, row_norms
-from fairseq_tying.studies.collect import collect
 
 ARCH = "transformer_twwt"
 MODEL = ["--encoder-layers", "2", "--decoder-layers", "2",
@@ -215,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.readme and not args.readme.is_file():
         parser.error(f"--readme {args.readme}: no such file")
+    # imported before training: without the analysis extra (the comparison's statistics and
+    # plots) the demo stops at once, with the extra to install (run_main)
+    from fairseq_tying.studies.collect import collect
+
     start = time.time()
     data = prepare(args.out, args.corpus, args.vocab_size)
     runs = args.out / "runs"
@@ -251,4 +255,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

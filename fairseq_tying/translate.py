@@ -25,13 +25,13 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import ctranslate2
 import sentencepiece as spm
 from subword_nmt.apply_bpe import BPE
 from tqdm import tqdm
 
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import write_lines
+from fairseq_tying.common.extras import MissingExtra, require, run_main
 
 META_FILE = "fairseq_tying.json"
 
@@ -140,10 +140,15 @@ def translate_tokens(translator, sources: list[list[str]], options: dict, batch_
     return out
 
 
+def ctranslate2():
+    """The decoder (the ``serve`` extra)."""
+    return require("ctranslate2", extra="serve", for_what="python -m fairseq_tying.translate")
+
+
 def load_translator(model: Path, device: str = "cpu", compute_type: str = "default",
                     threads: int = 0):
-    return ctranslate2.Translator(str(model), device=device, compute_type=compute_type,
-                                  intra_threads=threads)
+    return ctranslate2().Translator(str(model), device=device, compute_type=compute_type,
+                                    intra_threads=threads)
 
 
 def translate_lines(model: Path, lines: list[str], options: dict, batch_size: int = 32,
@@ -196,12 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         if opts.batch_size < 1:
             raise TranslateError(f"--batch-size {opts.batch_size}: must be at least 1")
         read_meta(opts.model)
+        ctranslate2()  # before reading the input
         options = ct2_options(opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b,
                               opts.min_len, opts.unkpen, opts.no_repeat_ngram_size)
         lines = _read_input(opts.input)
         out = translate_lines(opts.model, lines, options, opts.batch_size, opts.device,
                               opts.compute_type, opts.threads, progress=not opts.no_progress)
-    except (TranslateError, ValueError, RuntimeError) as e:
+    except (TranslateError, ValueError, RuntimeError, MissingExtra) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if opts.output is None:
@@ -212,4 +218,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -45,6 +45,7 @@ from fairseq_tying.analysis.measures import (
     benchmark_pairs,
     default_label,
     matrices,
+    require_libraries,
     sides,
     subword_model,
 )
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", default=BLOCK, help="the report's block name, for a report with "
                    f"several analyses (default: {BLOCK})")
     opts = p.parse_args(argv)
+    require_libraries()  # the analysis extra: named before any work
     # the report is the output: fairseq's and gensim's INFO lines would bury it
     logging.basicConfig(level=logging.WARNING, force=True)
     missing = [c for c in opts.checkpoints if not os.path.isfile(c)]

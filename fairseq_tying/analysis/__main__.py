@@ -1,5 +1,5 @@
 import sys
 
-from fairseq_tying.analysis import main
+from fairseq_tying.common.extras import run_main
 
-sys.exit(main())
+sys.exit(run_main("fairseq_tying.analysis"))

@@ -11,15 +11,12 @@ import numpy as np
 
 from fairseq_tying.analysis.measures import BENCHMARKS, ROLES, ModelReport, seen_rows, side_of
 from fairseq_tying.common.atomic import atomic_write
+from fairseq_tying.common.extras import pyplot
 
 
 def plot(reports: Sequence[ModelReport], states: dict[str, dict], dicts: dict[str, dict],
          out: Path) -> None:
-    # imported when the figures are drawn: matplotlib (1 s) is kept off --help
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("python -m fairseq_tying.analysis")
 
     panels = [(r, m) for r in reports for m in r.matrices]
     cols = min(3, len(panels))

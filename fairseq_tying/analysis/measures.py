@@ -16,12 +16,23 @@ import sentencepiece as spm
 import torch
 from fairseq.data import Dictionary, data_utils
 from fairseq.data.data_utils import infer_language_pair
-from gensim.models import KeyedVectors
-from gensim.test.utils import datapath
-from scipy.stats import spearmanr
 
 from fairseq_tying.common import LM_TASK, checkpoints
+from fairseq_tying.common.extras import require
 from fairseq_tying.core import names
+
+# its libraries (the analysis extra), imported on use: the package imports without them, and
+# python -m fairseq_tying.analysis names the extra (require_libraries)
+LIBRARIES = ("gensim.models", "gensim.test.utils", "scipy.stats", "matplotlib")
+
+
+def library(module: str):
+    return require(module, "analysis", "python -m fairseq_tying.analysis")
+
+
+def require_libraries() -> None:
+    for module in LIBRARIES:
+        library(module)
 
 ROLES = {  # state-dict key: (role, dictionary side)
     names.ENCODER_EMBED: ("encoder input", "source"),
@@ -66,7 +77,7 @@ class ModelReport:
 
 def benchmark_pairs(name: str) -> tuple[str, list[tuple[str, str]]]:
     """The path gensim ships for a benchmark and its word pairs."""
-    path = datapath(BENCHMARKS[name])
+    path = library("gensim.test.utils").datapath(BENCHMARKS[name])
     pairs = []
     for line in Path(path).read_text(encoding="utf8").splitlines():
         fields = line.split("\t")
@@ -169,7 +180,7 @@ def similarity(vectors: dict[str, np.ndarray], dim: int, name: str) -> dict[str,
                               "pairs_total": len(pairs)}
     if scored < 3:
         return result  # too few pairs for a rank correlation
-    kv = KeyedVectors(vector_size=dim)
+    kv = library("gensim.models").KeyedVectors(vector_size=dim)
     kv.add_vectors(list(vectors), np.stack(list(vectors.values())))
     logging.getLogger("gensim").setLevel(logging.WARNING)
     _pearson, spearman, oov_percent = kv.evaluate_word_pairs(path, restrict_vocab=len(kv))
@@ -196,7 +207,8 @@ def geometry(matrix: np.ndarray, side: Side) -> dict[str, float]:
     # mean over i != j of u_i·u_j = (‖Σu‖² − n) / (n(n − 1))
     mean_cos = (np.square(units.sum(axis=0)).sum() - n) / (n * (n - 1))
     unseen_norms = np.linalg.norm(matrix[unseen].astype(np.float64), axis=1)
-    return {"norm_frequency_spearman": _number(spearmanr(norms, side.counts[keep])[0]),
+    rho = library("scipy.stats").spearmanr(norms, side.counts[keep])[0]
+    return {"norm_frequency_spearman": _number(rho),
             "mean_pairwise_cosine": float(mean_cos), "mean_norm": float(norms.mean()),
             "rows_seen": int(keep.sum()), "rows_unseen": int(unseen.sum()),
             "mean_norm_unseen": float(unseen_norms.mean()) if unseen.any() else None}

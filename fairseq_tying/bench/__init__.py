@@ -14,11 +14,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from fairseq_tying.bench import gpu_check, layers, loss, serve
-
-MODES = {"layers": layers, "serve": serve, "loss": loss, "gpu-check": gpu_check}
+# imported once chosen: serve and gpu-check need the serve extra (CTranslate2)
+MODES = {"layers": "layers", "serve": "serve", "loss": "loss", "gpu-check": "gpu_check"}
 
 
 def main(argv: list[str] | None = None):
@@ -27,5 +27,5 @@ def main(argv: list[str] | None = None):
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--mode", choices=MODES, default="layers")
     known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
-    mode = MODES[known.mode]
+    mode = importlib.import_module(f"fairseq_tying.bench.{MODES[known.mode]}")
     return mode.run(mode.parse_args(rest))

@@ -1,6 +1,5 @@
 import sys
 
-from fairseq_tying.bench import main
+from fairseq_tying.common.extras import run_main
 
-result = main()
-sys.exit(result if isinstance(result, int) else 0)
+sys.exit(run_main("fairseq_tying.bench"))

@@ -49,14 +49,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import ctranslate2
 import sacrebleu
 import torch
 
 from fairseq_tying import translate
 from fairseq_tying.common import PLUGIN_DIR, atomic
+from fairseq_tying.common.extras import require
 from fairseq_tying.core import scoring
 from fairseq_tying.export.ct2 import export_ct2
+
+ctranslate2 = require("ctranslate2", extra="serve",
+                      for_what="python -m fairseq_tying.bench --mode gpu-check")
 
 BIN = Path(sys.executable).parent
 HYPOTHESIS = re.compile(r"^D-(\d+)\t(\S+)\t(.*)$", re.M)  # fairseq-generate's detokenized lines

@@ -45,7 +45,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationTask
 from tqdm import tqdm
 
-from fairseq_tying.bench.layers_report import BUILTIN, MODELS, plot, table
+from fairseq_tying.bench.layers_report import BUILTIN, MODELS, PLOT_FOR, plot, table
 from fairseq_tying.bench.measure import (
     CLOCKS,
     PeakMemory,
@@ -57,6 +57,7 @@ from fairseq_tying.bench.measure import (
     use_clock,
 )
 from fairseq_tying.common import PLUGIN_DIR, atomic
+from fairseq_tying.common.extras import pyplot
 from fairseq_tying.core import names, scoring
 
 
@@ -364,6 +365,7 @@ def run(opts: argparse.Namespace) -> dict | None:
         print(json.dumps(memory_worker(json.loads(opts.memory_worker))))
         return None
 
+    pyplot(PLOT_FOR)  # the figure needs matplotlib: fail before the measurements
     size = SIZES[opts.size]
     n_models = len(MODELS)
     total = len(opts.vocab) * n_models * (2 * opts.reps + (0 if opts.no_memory else 1))

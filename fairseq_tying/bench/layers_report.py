@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from fairseq_tying.common import atomic
+from fairseq_tying.common.extras import pyplot
 from fairseq_tying.core import scoring
 
+PLOT_FOR = "the figure of python -m fairseq_tying.bench (bench.png)"
 BUILTIN = "builtin"
 MODELS = (BUILTIN, *scoring.OUTPUT_LAYERS)
 TARGETS = {"train": {"dot": 1.01, "*": 1.02}, "generate": {"*": 1.005}}
@@ -35,11 +37,7 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path, title: str) -> None:
-    # imported when the figure is drawn: matplotlib (1 s) is kept off --help
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(PLOT_FOR)
 
     kinds = ["train", "generate"] + (["memory"] if all("memory" in r for r in results.values())
                                      else [])

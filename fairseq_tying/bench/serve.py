@@ -32,7 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import ctranslate2
 import sacrebleu
 import torch
 from fairseq import checkpoint_utils, utils
@@ -40,8 +39,12 @@ from fairseq.data import data_utils
 
 from fairseq_tying import translate
 from fairseq_tying.common import LM_TASK, atomic, checkpoints
+from fairseq_tying.common.extras import require
 from fairseq_tying.common.reproducible import cpu_name
 from fairseq_tying.export.ct2 import ExportError, Subword, export_ct2, find_subword
+
+ctranslate2 = require("ctranslate2", extra="serve",
+                      for_what="python -m fairseq_tying.bench --mode serve")
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 MODEL_KEYS = ("arch", "tying", "output_layer", "tied_projection", "output_bias")

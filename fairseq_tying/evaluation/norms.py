@@ -11,6 +11,7 @@ import numpy as np
 
 from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import atomic_write
+from fairseq_tying.common.extras import pyplot
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core import names
 
@@ -18,6 +19,7 @@ from fairseq_tying.core import names
 CANDIDATE_KEYS = (names.SCORER_WEIGHT, names.OUTPUT_PROJECTION, names.EMBED_OUT,
                   names.DECODER_EMBED, names.ENCODER_EMBED)
 N_SPECIAL = 4  # fairseq dictionaries start with <s>, <pad>, </s>, <unk>
+NORMS_PLOT = "the histogram of row norms (python -m fairseq_tying.evaluation norms)"
 
 
 def find_matrix(model: dict, key: str | None, source: str) -> tuple[str, np.ndarray]:
@@ -55,6 +57,7 @@ def norms_report(
     bins: int = 50,
 ) -> str:
     """Write the histogram PNG; return a Markdown table of the norm statistics."""
+    pyplot(NORMS_PLOT)  # the histogram needs matplotlib: fail before reading the checkpoints
     if labels and len(labels) != len(paths):
         raise ValueError(f"--labels has {len(labels)} entries for {len(paths)} checkpoints")
     labels = list(labels) if labels else [default_label(p) for p in paths]
@@ -73,11 +76,7 @@ def plot_norm_histograms(
     title: str = "Row norms of the tied embedding matrix",
 ) -> None:
     """Overlaid histograms of row norms, one per checkpoint."""
-    # imported here: exporting a study record (row_norms) needs no matplotlib
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(NORMS_PLOT)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     lo = min(float(n.min()) for n in norms)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from fairseq_tying.common import LM_TASK
+from fairseq_tying.common.extras import MissingExtra
 from fairseq_tying.core.checkpoint_compat import UnreadableCheckpoint
 from fairseq_tying.export.ct2 import QUANTIZATIONS, Subword, export_ct2, subword_from_file
 from fairseq_tying.export.stock import (
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser().parse_args(argv)
     try:
         print(run(opts))
-    except (ExportError, UnreadableCheckpoint) as e:
+    except (ExportError, UnreadableCheckpoint, MissingExtra) as e:
         print(f"error: cannot export {opts.ckpt}: {e}", file=sys.stderr)
         return 2
     return 0

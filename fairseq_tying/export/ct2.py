@@ -29,12 +29,11 @@ from pathlib import Path
 
 import sentencepiece as spm
 import torch
-from ctranslate2.converters import fairseq as ct2_fairseq
-from ctranslate2.converters.converter import Converter
 from fairseq import checkpoint_utils, tasks
 from torch import Tensor, nn
 
 from fairseq_tying.common.atomic import building_dir
+from fairseq_tying.common.extras import require
 from fairseq_tying.core import checkpoint_compat
 from fairseq_tying.export.stock import ExportError, stock_arch
 
@@ -42,6 +41,14 @@ QUANTIZATIONS = ("none", "int8", "int8_float16", "float16")
 FAMILIES = ("transformer", "transformer_lm")  # stock families CTranslate2 reads
 META_FILE = "fairseq_tying.json"
 SUBWORD_FILES = {"sentencepiece": "spm.model", "subword_nmt": "bpe.codes"}
+
+
+FOR_WHAT = "python -m fairseq_tying.export --format ctranslate2"
+
+
+def converters():
+    """CTranslate2's fairseq converter functions (the ``serve`` extra)."""
+    return require("ctranslate2.converters.fairseq", extra="serve", for_what=FOR_WHAT)
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,7 @@ def build_spec(model: nn.Module, task, cfg):
     args = cfg.model
     if stock_arch(args, formats=FAMILIES, allow_bias=True) == "transformer_lm":
         return _lm_spec(model, task, cfg)
+    ct2_fairseq = converters()
     spec = ct2_fairseq._get_model_spec(Namespace(**{**vars(args), "arch": "transformer"}))
     ct2_fairseq.set_transformer_encoder(spec.encoder, model.encoder)
     ct2_fairseq.set_transformer_decoder(spec.decoder, model.decoder)
@@ -170,6 +178,7 @@ def _lm_spec(model: nn.Module, task, cfg):
     args = Namespace(**{**vars(cfg.model), "arch": "transformer_lm",
                         "decoder_input_dim": decoder.embed_tokens.embedding_dim,
                         "decoder_embed_dim": decoder.embed_dim})
+    ct2_fairseq = converters()
     spec = ct2_fairseq._get_model_spec(args)
     ct2_fairseq.set_transformer_decoder(spec.decoder, decoder, with_encoder_attention=False)
     spec.register_vocabulary(ct2_fairseq._get_vocab(task.dictionary))
@@ -184,13 +193,15 @@ def export_ct2(ckpt: Path, out: Path, data: Path | None = None, quantization: st
     ``subword`` None: found beside the data (``find_subword``)."""
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization {quantization}: choose from {QUANTIZATIONS}")
+    # before the model loads: a missing extra fails fast
+    converter = require("ctranslate2.converters.converter", "serve", FOR_WHAT).Converter
     model, task, cfg = load_model(ckpt, data)
     subword = subword if subword is not None else find_subword(Path(cfg.task.data))
     args = cfg.model
     has_bias = to_stock_layout(model)
     spec = build_spec(model, task, cfg)
 
-    class _SpecConverter(Converter):
+    class _SpecConverter(converter):
         def _load(self):
             return spec
 

@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import sys
 
-from fairseq_tying.launch import sweeps
+from fairseq_tying.common.extras import run_main
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["study"]:  # a study of slurm/studies.yaml, by name
-        # imported for a study only: its views' plots load matplotlib (1 s), a sweep does not
+        # imported on use, so that a missing extra gets its message (run_main): a sweep needs
+        # the launch extra, a study also the analysis extra (its views' plots)
         from fairseq_tying.launch import studies
 
         return studies.run(studies.build_parser().parse_args(argv[1:]))
+    from fairseq_tying.launch import sweeps
+
     parser = sweeps.build_parser()
     return sweeps.run(parser.parse_args(argv), parser)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

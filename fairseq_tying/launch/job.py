@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-import submitit
 import torch
 from fairseq import checkpoint_utils
 from fairseq.distributed import utils as dist_utils
@@ -32,8 +31,11 @@ from fairseq.file_io import PathManager
 
 from fairseq_tying.common import EVAL_JSON, PLUGIN_DIR, TRAIN_DONE, atomic, checkpoints
 from fairseq_tying.common.eval_options import EvalOptions, LMEvalOptions
+from fairseq_tying.common.extras import require
 from fairseq_tying.common.reproducible import cpu_name
-from fairseq_tying.launch import plateau
+from fairseq_tying.launch import FOR_WHAT, plateau
+
+submitit = require("submitit", "launch", FOR_WHAT)
 
 logger = logging.getLogger("fairseq_tying.launch")
 DONE = TRAIN_DONE  # marker of a finished training run

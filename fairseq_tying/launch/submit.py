@@ -14,15 +14,18 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-import submitit
-from submitit.slurm.slurm import _make_sbatch_string
 from tqdm import tqdm
 
 from fairseq_tying.common import LM_TASK, PLUGIN_DIR, RUN_JSON, atomic
+from fairseq_tying.common.extras import require
+from fairseq_tying.launch import FOR_WHAT
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.continuation import start_from
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, hold_run, write_json
 from fairseq_tying.launch.plateau import Plateau, read_history
+
+submitit = require("submitit", "launch", FOR_WHAT)
+_make_sbatch_string = require("submitit.slurm.slurm", "launch", FOR_WHAT)._make_sbatch_string
 
 # how often the local progress bar redraws while runs train: its clock, and each run's epoch
 REFRESH_S = 30.0

@@ -8,14 +8,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from fairseq_tying.common.atomic import atomic_write
+from fairseq_tying.common.extras import pyplot, require
+from fairseq_tying.studies import FOR_WHAT
 
-from fairseq_tying.common.atomic import atomic_write  # noqa: E402
+plt = pyplot(FOR_WHAT)
+MaxNLocator = require("matplotlib.ticker", "analysis", FOR_WHAT).MaxNLocator
 
 
 @dataclass

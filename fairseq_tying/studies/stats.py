@@ -6,7 +6,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from scipy import stats as _st
+from fairseq_tying.common.extras import require
+from fairseq_tying.studies import FOR_WHAT
+
+_st = require("scipy.stats", "analysis", FOR_WHAT)
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import pearsonr
 
+from fairseq_tying.common.extras import require
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation.norms import plot_norm_histograms
-from fairseq_tying.studies import specs, verdicts
+from fairseq_tying.studies import FOR_WHAT, specs, verdicts
 from fairseq_tying.studies.engine import Cells, Section, band
 from fairseq_tying.studies.formatting import (
     PAPER_IWSLT14_ES_EN,
@@ -33,6 +33,8 @@ from fairseq_tying.studies.plots import (
     plot_seed_lines,
     points,
 )
+
+pearsonr = require("scipy.stats", "analysis", FOR_WHAT).pearsonr
 
 
 def cell_of(summary: dict[str, Any], tying: str, layer: str) -> dict[str, Any] | None:
