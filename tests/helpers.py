@@ -298,6 +298,7 @@ def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
 
     h, w = h.double(), w.double()
     h_norms = (h * h).sum(-1).sqrt()
+    g = None if gain is None else float(torch.as_tensor(gain).detach())
     out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float64)
     for i in range(w.shape[0]):
         dot = h @ w[i]
@@ -308,7 +309,7 @@ def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
             "cosine": dot / norm,
             "sqnorm": dot / norm**2,
             "distance": dot - 0.5 * norm**2,
-            "fixnorm": None if gain is None else float(gain) * dot / (h_norms * norm),
+            "fixnorm": None if gain is None else g * dot / (h_norms * norm),
         }[output_layer]
     return out
 
