@@ -353,6 +353,13 @@ def launch(*args: str, data: Path | None = None, check: bool = True,
     return run_module("fairseq_tying.launch", *args, check=check, timeout=timeout, env=env)
 
 
+def study_prepare(tiny_data: Path) -> str:
+    """The manifest's ``prepare:`` line of the tiny study: the tiny corpus's raw text,
+    sentencepiece with 60 pieces (prepared by the study command itself)."""
+    return (f"    prepare: [--corpus, {tiny_data / 'raw'}, --src, es, --tgt, en, --subword, "
+            "sentencepiece, --vocab-size, '60']\n")
+
+
 def run_folders(out: Path) -> list[Path]:
     """The run folders a sweep wrote into ``out`` (not its .submitit/)."""
     return sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +19,11 @@ from tests.helpers import launch, write_sweep
 pytestmark = pytest.mark.slow
 BEGIN, END = markers("study")
 
-GRID = {"tying": ["none", "three_way"], "output_layer": ["dot", "l2norm"], "seed": [1, 2]}
+# the cells the assertions compare, 2 seeds each: three-way tied l2norm against dot (vs_dot), and
+# three-way tied dot against untied dot (vs_untied); untied l2norm would only add 2 more runs
+BASE = {"dataset": ["tiny"], "arch": ["transformer_twwt"], "seed": [1, 2]}
+GRID = [{**BASE, "tying": ["none"], "output_layer": ["dot"]},
+        {**BASE, "tying": ["three_way"], "output_layer": ["dot", "l2norm"]}]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def _records(p: dict[str, Path]) -> dict[str, Record]:
 
 def test_records_hold_what_the_runs_produced(study):
     recorded = _records(study)
-    assert len(recorded) == 8
+    assert len(recorded) == 6
     for name, rec in recorded.items():
         run = study["runs"] / name
         assert rec.run.tying in ("none", "three_way") and rec.run.seed in (1, 2)
@@ -147,72 +150,45 @@ def test_runs_brought_back_without_checkpoints_export_only_when_asked(study, tmp
     assert not (away["plots"] / "norms_none.png").exists()
 
 
-def _manifest(tmp: Path, tiny_data: Path) -> Path:
-    """A manifest of one study: the tiny sweep (untied and three-way tied dot, seeds 1 and 2)
-    on the tiny corpus, prepared with sentencepiece by the study command itself."""
-    sweep = write_sweep(tmp / "tiny.yaml", output_dir=str(tmp / "runs"),
-                        datasets={"tiny": str(tmp / "data")}, fairseq={"log_format": "json"},
-                        grid={"tying": ["none", "three_way"], "output_layer": ["dot"],
-                              "seed": [1, 2]})
-    (tmp / "results.md").write_text("# Study\n\n<!-- tiny:begin -->\nold\n<!-- tiny:end -->\n"
-                                    "\nWritten by hand.\n")
-    (tmp / "README.md").write_text("# Tiny\n\n<!-- answer:begin -->\n<!-- answer:end -->\n")
-    manifest = tmp / "studies.yaml"
-    manifest.write_text(
-        "studies:\n  tiny:\n"
-        f"    prepare: [--corpus, {tiny_data / 'raw'}, --src, es, --tgt, en, --subword, "
-        "sentencepiece, --vocab-size, '60']\n"
-        f"    sweep: {sweep}\n    records: {tmp / 'records'}\n    plots: {tmp / 'plots'}\n"
-        f"    references: {tmp / 'data' / 'raw' / 'test.en'}\n"
-        f"    reports: [{{file: {tmp / 'results.md'}, block: tiny, view: translation}}]\n"
-        f"summaries:\n  - {{file: {tmp / 'README.md'}, block: answer, view: does_it_help, "
-        "from: [tiny]}\n")
-    return manifest
-
-
-def _study_command(manifest: Path, *args: str) -> subprocess.CompletedProcess:
-    return launch("study", "tiny", "--manifest", str(manifest), "--bootstrap-samples", "100",
-                  *args, timeout=1800)
-
-
 def _block(path: Path, name: str) -> str:
     return block_text(path.read_text(), name)
 
 
-def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(tiny_data, tmp_path):
-    """``python -m fairseq_tying.launch study NAME``: the data prepared by the manifest's
-    arguments, the runs of ``--only`` trained and recorded, the block saying how many of the
-    sweep's runs are; the next call trains only the others; ``--report-only`` rebuilds the same
-    report from the records alone."""
-    manifest = _manifest(tmp_path, tiny_data)
-    _study_command(manifest, "--workers", "2", "--only", "*.s1")
-    assert json.loads((tmp_path / "data" / "prep.json").read_text())["subword"] == \
-        "sentencepiece"
-    assert sorted(p.stem for p in (tmp_path / "records").glob("*.json")) == [
+@pytest.mark.xdist_group("named_study")  # with test_reproduce, which reuses its records
+def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(named_study):
+    """``python -m fairseq_tying.launch study NAME`` (the ``named_study`` fixture's three
+    calls): the data prepared by the manifest's arguments, the runs of ``--only`` trained and
+    recorded, the block saying how many of the sweep's runs are; the next call trains only the
+    others; ``--report-only`` rebuilds the same report from the records alone."""
+    first, second = named_study / "first", named_study / "second"
+    assert json.loads((first / "prep.json").read_text())["subword"] == "sentencepiece"
+    assert sorted(p.stem for p in (first / "records").glob("*.json")) == [
         "tiny.transformer_twwt.none.dot.s1", "tiny.transformer_twwt.three_way.dot.s1"]
-    block = _block(tmp_path / "results.md", "tiny")
+    block = _block(first / "results.md", "tiny")
     assert block.startswith("2 of 4 runs are recorded.\n\nSeeds: 1.")
-    assert (tmp_path / "results.md").read_text().endswith("\n\nWritten by hand.\n")
-    answer = _block(tmp_path / "README.md", "answer")
+    assert (first / "results.md").read_text().endswith("\n\nWritten by hand.\n")
+    answer = _block(first / "README.md", "answer")
     assert answer.startswith("From the `tiny` study's 2 records.\n\n| tying |")
     assert "| three_way | `dot` |" in answer and "| unresolved (1 of 3 seeds) |" in answer
     assert "\n- Three-way tying against untied (`dot`): **not decided yet (1 of 3 seeds)**, " \
         in answer
 
-    first = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.s1/**/*.pt")}
-    recorded = {p.name: p.read_bytes() for p in (tmp_path / "records").iterdir()}
-    proc = _study_command(manifest, "--workers", "2")
-    assert "already prepared" in proc.stdout + proc.stderr
-    assert {p.name: p.stat().st_mtime_ns
-            for p in (tmp_path / "runs").glob("*.s1/**/*.pt")} == first  # not trained again
-    assert all((tmp_path / "records" / n).read_bytes() == b for n, b in recorded.items())
-    assert len(list((tmp_path / "records").glob("*.json"))) == 4
-    report = (tmp_path / "results.md").read_text()
-    assert _block(tmp_path / "results.md", "tiny").startswith("4 of 4 runs are recorded.\n\n"
-                                                              "Seeds: 1, 2.")
-    summary = (tmp_path / "plots" / "summary.json").read_text()
+    def s1_checkpoints(step: Path) -> dict[str, int]:
+        return {k: v for k, v in json.loads((step / "mtimes.json").read_text()).items()
+                if k.split("/")[0].endswith(".s1")}
+
+    assert "already prepared" in (second / "output.txt").read_text()
+    assert s1_checkpoints(first)
+    assert s1_checkpoints(second) == s1_checkpoints(first)  # not trained again
+    recorded = {p.name: p.read_bytes() for p in (first / "records").iterdir()}
+    assert all((second / "records" / n).read_bytes() == b for n, b in recorded.items())
+    assert len(list((second / "records").glob("*.json"))) == 4
+    report = (second / "results.md").read_text()
+    assert _block(second / "results.md", "tiny").startswith("4 of 4 runs are recorded.\n\n"
+                                                            "Seeds: 1, 2.")
+    summary = (second / "summary.json").read_text()
     assert json.loads(summary)["three_way/dot"]["vs_untied"]["n_seeds"] == 2
 
-    _study_command(manifest, "--report-only")
-    assert (tmp_path / "results.md").read_text() == report
-    assert (tmp_path / "plots" / "summary.json").read_text() == summary
+    # --report-only
+    assert (named_study / "results.md").read_text() == report
+    assert (named_study / "plots" / "summary.json").read_text() == summary
