@@ -4,6 +4,7 @@ CLI and set beside their committed records."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,25 +12,30 @@ import pytest
 import torch
 
 from fairseq_tying.studies.record import Record
-from tests.helpers import REPO, launch, write_sweep
+from tests.helpers import REPO, launch, study_prepare
 
 pytestmark = pytest.mark.slow
 S1 = "tiny.transformer_twwt.three_way.dot.s1"
+ONLY = "*.three_way.dot.s1"  # the study also has untied runs of seed 1
 
 
-def _manifest(tmp: Path, tiny_data: Path) -> Path:
-    """A study of one cell (three-way tied dot) with seeds 1 and 2 on the tiny corpus."""
-    sweep = write_sweep(tmp / "tiny.yaml", output_dir=str(tmp / "runs"),
-                        datasets={"tiny": str(tmp / "data")}, fairseq={"log_format": "json"},
-                        grid={"tying": ["three_way"], "output_layer": ["dot"], "seed": [1, 2]})
-    (tmp / "results.md").write_text("# Study\n\n<!-- tiny:begin -->\n<!-- tiny:end -->\n")
+def cell(records: Path) -> list[Path]:
+    """The records of S1's cell (three-way tied dot), every seed."""
+    return sorted(records.glob(S1.replace(".s1", ".s*.json")))
+
+
+def _manifest(tmp: Path, study: Path, tiny_data: Path) -> Path:
+    """The named study (the ``named_study`` fixture: untied and three-way tied dot, seeds 1 and
+    2) with its records, plots and report copied into TMP, which the reproduction must only
+    read; its sweep and prepared data are shared (a reproduction trains into its own DIR)."""
+    for folder in ("records", "plots"):
+        shutil.copytree(study / folder, tmp / folder)
+    shutil.copy2(study / "results.md", tmp / "results.md")
     manifest = tmp / "studies.yaml"
     manifest.write_text(
-        "studies:\n  tiny:\n"
-        f"    prepare: [--corpus, {tiny_data / 'raw'}, --src, es, --tgt, en, --subword, "
-        "sentencepiece, --vocab-size, '60']\n"
-        f"    sweep: {sweep}\n    records: {tmp / 'records'}\n    plots: {tmp / 'plots'}\n"
-        f"    references: {tmp / 'data' / 'raw' / 'test.en'}\n"
+        "studies:\n  tiny:\n" + study_prepare(tiny_data) +
+        f"    sweep: {study / 'tiny.yaml'}\n    records: {tmp / 'records'}\n"
+        f"    plots: {tmp / 'plots'}\n    references: {study / 'data' / 'raw' / 'test.en'}\n"
         f"    reports: [{{file: {tmp / 'results.md'}, block: tiny, view: translation}}]\n")
     return manifest
 
@@ -50,24 +56,23 @@ def _row(table: str, metric: str) -> list[str]:
     return next(r for r in rows if r[:2] == [S1, metric])
 
 
-def test_a_run_reproduced_beside_its_record(tiny_data, tmp_path):
+@pytest.mark.xdist_group("named_study")  # beside test_study's, which trains the study
+def test_a_run_reproduced_beside_its_record(named_study, tiny_data, tmp_path):
     """The record made by the study command and its reproduction by the same command agree
     to the digit, within the cell's seed range; a doctored record is outside it; the committed
     records and report are only read; a wrong --only or a DIR in docs/ is refused."""
-    manifest = _manifest(tmp_path, tiny_data)
-    _study(manifest, "--workers", "2")
+    manifest = _manifest(tmp_path, named_study, tiny_data)
     committed, report = _committed(tmp_path), (tmp_path / "results.md").read_text()
     out = tmp_path / "repro"
 
-    proc = _study(manifest, "--reproduce", str(out), "--only", "*.s1")
+    proc = _study(manifest, "--reproduce", str(out), "--only", ONLY)
     comparison = json.loads((out / "comparison.json").read_text())
     (run,) = comparison["runs"]
     assert run["run"] == S1 and comparison["spread"] == "min–max of the cell's committed seeds"
     scores = {s["metric"]: s for s in run["scores"]}
     assert set(scores) == {"BLEU", "chrF", "valid NLL"}
     record = Record.load(tmp_path / "records" / f"{S1}.json", hypotheses=False)
-    seeds = [Record.load(p, hypotheses=False).eval.bleu
-             for p in (tmp_path / "records").glob("*.json")]
+    seeds = [Record.load(p, hypotheses=False).eval.bleu for p in cell(tmp_path / "records")]
     assert scores["BLEU"]["record"] == record.eval.bleu
     assert (scores["BLEU"]["seeds_min"], scores["BLEU"]["seeds_max"]) == (min(seeds),
                                                                           max(seeds))
@@ -88,11 +93,11 @@ def test_a_run_reproduced_beside_its_record(tiny_data, tmp_path):
     assert (out / "runs" / S1 / "eval.json").is_file()
     assert not (out / "runs" / S1.replace(".s1", ".s2")).exists()  # only the runs of --only
 
-    for path in (tmp_path / "records").glob("*.json"):  # the cell's committed BLEU, doctored
+    for path in cell(tmp_path / "records"):  # the cell's committed BLEU, doctored
         committed = Record.load(path)
         replace(committed, eval=replace(committed.eval, bleu=committed.eval.bleu + 30)).save(path)
     trained = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*.pt")}
-    _study(manifest, "--reproduce", str(out), "--only", "*.s1")
+    _study(manifest, "--reproduce", str(out), "--only", ONLY)
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*.pt")} == trained
     bleu = next(s for s in json.loads((out / "comparison.json").read_text())["runs"][0]["scores"]
                 if s["metric"] == "BLEU")
