@@ -20,7 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,8 @@ def _parts(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
     if unknown := sorted(set(data) - set(names)):
         raise ValueError(f"{where}: unknown key(s) {unknown}; a record of a newer fairseq_tying "
                          f"than this one (schema {SCHEMA})? Update fairseq_tying")
-    required = [f.name for f in fields(cls) if f.init and f.default is f.default_factory
-                and f.name not in data]  # both MISSING: no default
+    required = [f.name for f in fields(cls) if f.init and f.name not in data
+                and f.default is MISSING and f.default_factory is MISSING]
     if required:
         raise ValueError(f"{where}: lacks {required}")
     return data
