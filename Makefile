@@ -36,10 +36,10 @@ fairseq-wheel-dir:
 # One pytest-xdist worker a core (auto: the cores this process may use); TEST_WORKERS=0 runs
 # the tests one at a time in one process.
 TEST_WORKERS ?= auto
-# The tests of the one loopback SLURM cluster run after the others, in one process.
+# The tests of the one loopback SLURM cluster are an xdist group: one worker runs them in turn
+# while the others run the rest.
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15 -m "not slurm"
-	$(PY) -m pytest -q -n 0 -m slurm
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 # The unit tests only (formulas, properties, configs, errors): the edit-test loop.
 test-fast: setup

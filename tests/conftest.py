@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkserver
 from tests.helpers import LM_TRAIN, binarize, binarize_lm, built_once, run_cli, write_corpus
 
 # ---- fixtures -------------------------------------------------------------------------------
@@ -130,9 +131,9 @@ class _WatchedPopen(subprocess.Popen):
                 _WatchedPopen.started.append((name, self))
 
 
-def _allowed(name: str, proc: subprocess.Popen) -> bool:
+def _allowed(name: str, status: int | None) -> bool:
     """A --help, or a run refused for bad input: the fast tier may do these."""
-    return bool({"-h", "--help"} & set(shlex.split(name))) or proc.poll() == USAGE_ERROR
+    return bool({"-h", "--help"} & set(shlex.split(name))) or status == USAGE_ERROR
 
 
 class SlowMarkGuard:
@@ -142,27 +143,30 @@ class SlowMarkGuard:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef, request):
-        saved = _WatchedPopen.started
+        saved = _WatchedPopen.started, forkserver.started
         if fixturedef.scope == "session":
-            _WatchedPopen.started = None
+            _WatchedPopen.started = forkserver.started = None
         try:
             return (yield)
         finally:
-            _WatchedPopen.started = saved
+            _WatchedPopen.started, forkserver.started = saved
 
     def _watched(self, item: pytest.Item):
         if item.get_closest_marker("slow") is not None:
             return (yield)
         started: list[tuple[str, subprocess.Popen]] = []
-        _WatchedPopen.started = started
+        forked: list[tuple[list[str], int]] = []
+        _WatchedPopen.started, forkserver.started = started, forked
         try:
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(subprocess, "Popen", _WatchedPopen)
                 result = yield
         finally:
-            _WatchedPopen.started = None
-        bad = [f"  {name}  (exit status {proc.poll()})" for name, proc in started
-               if not _allowed(name, proc)]
+            _WatchedPopen.started = forkserver.started = None
+        ran = [(name, proc.poll()) for name, proc in started]
+        ran += [(name, status) for argv, status in forked if (name := cli_name(argv))]
+        bad = [f"  {name}  (exit status {status})" for name, status in ran
+               if not _allowed(name, status)]
         if bad:
             pytest.fail(f"{item.nodeid} started a CLI process but is not marked slow; mark it "
                         "@pytest.mark.slow (a --help, or bad input refused with exit status "

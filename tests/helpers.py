@@ -22,6 +22,7 @@ import yaml
 from filelock import FileLock
 
 from fairseq_tying.common import PLUGIN_DIR
+from tests import forkserver
 
 if TYPE_CHECKING:
     import torch
@@ -61,8 +62,7 @@ def cli_env() -> dict[str, str]:
 
 def _run(argv: list[str], name: str, check: bool, env: dict[str, str] | None,
          timeout: float | None, input: str | None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=cli_env() if env is None
-                          else env, cwd=REPO, timeout=timeout, input=input)
+    proc = forkserver.run(argv, cli_env() if env is None else env, REPO, timeout, input)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc

@@ -21,7 +21,15 @@ from fairseq_tying.common.extras import require
 from fairseq_tying.launch import FOR_WHAT
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.continuation import start_from
-from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, hold_run, write_json
+from fairseq_tying.launch.job import (
+    DONE,
+    CollectJob,
+    EvalJob,
+    LocalRunJob,
+    TrainJob,
+    hold_run,
+    write_json,
+)
 from fairseq_tying.launch.plateau import Plateau, read_history
 
 submitit = require("submitit", "launch", FOR_WHAT)
@@ -225,9 +233,13 @@ class LocalJobs:
 
 def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | None,
                    jobs: LocalJobs) -> bool:
-    """Train (or resume) one run and evaluate it, each as a local job of its own; False if its
-    training was due after ``deadline`` (``time.monotonic()``) and it was left for later."""
+    """Train (or resume) one run and evaluate it (in one local job when it runs as one task);
+    False if its training was due after ``deadline`` (``time.monotonic()``) and it was left
+    for later."""
     res = sweep.resources
+    evaluation = None
+    if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
+        evaluation = EvalJob(run.describe(), sweep.evaluation, sweep.evaluation_also)
     if (run.run_dir / DONE).exists():
         out.skipped.append(run.name)
     elif deadline is not None and time.monotonic() > deadline:
@@ -238,13 +250,18 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | Non
         prepare_run_dir(sweep, run)
         ex = _local_executor(sweep, res.world_size, res.gpus_per_node * res.nodes)
         log = run.run_dir / "logs" / "train.rank0.log"
+        one_task = evaluation is not None and res.world_size == 1
+        job = (LocalRunJob(run.describe(), PLUGIN_DIR, evaluation) if one_task
+               else TrainJob(run.describe(), PLUGIN_DIR))
         out.train[run.name] = jobs.run(
-            ex, TrainJob(run.describe(), PLUGIN_DIR), run.name,
+            ex, job, run.name,
             lambda job: tqdm.write(f"training {run.name} (local job {job.job_id}, log {log})",
                                    file=sys.stderr))
-    if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
+        if one_task:
+            return True
+    if evaluation is not None:
         ex = _local_executor(sweep, 1, min(res.gpus_per_node, 1))
-        jobs.run(ex, EvalJob(run.describe(), sweep.evaluation, sweep.evaluation_also), run.name)
+        jobs.run(ex, evaluation, run.name)
     return True
 
 
