@@ -81,7 +81,8 @@ CLUSTER_GROUP = "slurm_cluster"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for ``--dist loadgroup``: the tests that use a module-scoped (or wider) fixture
     of their own module run on one worker, which builds it once; all that use the SLURM cluster
-    run on one worker, so that one cluster serves them (and they see only their own jobs)."""
+    run on one worker, so that one cluster serves them (and they see only their own jobs).
+    Then the longest first."""
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
@@ -94,6 +95,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if defs[-1].scope != "function" and defs[-1].baseid == module:
                 item.add_marker(pytest.mark.xdist_group(module))
                 break
+    items.sort(key=_lightness)
+
+
+def _lightness(item: pytest.Item) -> tuple[bool, bool]:
+    """The longest work first (the SLURM cluster's tests, then those marked slow): xdist hands
+    the tests out in this order, so short ones fill the workers' tails."""
+    group = item.get_closest_marker("xdist_group")
+    return (group is None or group.args[0] != CLUSTER_GROUP,
+            item.get_closest_marker("slow") is None)
 
 
 # ---- the slow mark: a test that starts a CLI process carries it -----------------------------

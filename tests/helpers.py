@@ -347,7 +347,7 @@ def write_sweep(path: Path, **changes) -> Path:
 def launch(*args: str, data: Path | None = None, check: bool = True,
            timeout: float = 600) -> subprocess.CompletedProcess:
     """``python -m fairseq_tying.launch ARGS`` as a user runs it (DATA: the tiny sweep's data)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = cli_env()
     if data is not None:
         env["FAIRSEQ_TYING_TINY_DATA"] = str(data)
     return run_module("fairseq_tying.launch", *args, check=check, timeout=timeout, env=env)

@@ -10,10 +10,10 @@ import pytest
 from tests import forkserver
 from tests.helpers import BIN, REPO, cli_env
 
+pytestmark = pytest.mark.slow  # each case starts a plain process (4 s) beside the forked one
 CASES = [
     [str(BIN / "fairseq-generate"), "--help"],  # a console script
-    pytest.param([str(BIN / "fairseq-train"), "--no-such-flag"],  # uncaught: exit status 1
-                 marks=pytest.mark.slow),
+    [str(BIN / "fairseq-train"), "--no-such-flag"],  # uncaught: exit status 1
     [str(BIN / "python"), "-m", "fairseq_tying.launch", "--no-such-flag"],  # exit status 2
     [str(BIN / "python"), "-m", "fairseq_tying.evaluation", "--help"],  # python -m
     [str(BIN / "python"), "-m", "fairseq_tying.export", "/no/such/checkpoint.pt", "/tmp/x"],
