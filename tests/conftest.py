@@ -13,24 +13,33 @@ from pathlib import Path
 import pytest
 
 from tests import forkserver
-from tests.helpers import LM_TRAIN, binarize, binarize_lm, built_once, run_cli, write_corpus
+
+# The fixtures import tests.helpers when they first run, not here: it imports the plugin (torch
+# and fairseq, ~4.5 s), which pytest-xdist's controller, running no test, would import before it
+# starts the workers.
 
 # ---- fixtures -------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
+    from tests.helpers import built_once, write_corpus
+
     return built_once(tmp_path_factory, "corpus", write_corpus)
 
 
 @pytest.fixture(scope="session")
 def joined_bin(tiny_corpus, tmp_path_factory) -> Path:
+    from tests.helpers import binarize, built_once
+
     return built_once(tmp_path_factory, "joined",
                       lambda folder: binarize(tiny_corpus, folder / "bin", joined=True)) / "bin"
 
 
 @pytest.fixture(scope="session")
 def separate_bin(tiny_corpus, tmp_path_factory) -> Path:
+    from tests.helpers import binarize, built_once
+
     return built_once(tmp_path_factory, "separate",
                       lambda folder: binarize(tiny_corpus, folder / "bin", joined=False)) / "bin"
 
@@ -38,6 +47,8 @@ def separate_bin(tiny_corpus, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def lm_bin(tiny_corpus, tmp_path_factory) -> Path:
     """The toy corpus's target side as a language-modelling set."""
+    from tests.helpers import binarize_lm, built_once
+
     return built_once(tmp_path_factory, "lm",
                       lambda folder: binarize_lm(tiny_corpus, "tgt", folder / "bin")) / "bin"
 
@@ -46,6 +57,7 @@ def lm_bin(tiny_corpus, tmp_path_factory) -> Path:
 def trained_lms(lm_bin, tmp_path_factory):
     """``get(output_layer, *flags)``: the checkpoint of one short fairseq-train run of a tiny
     ``transformer_lm_tied`` (trained once per test run, shared by the LM test modules)."""
+    from tests.helpers import LM_TRAIN, built_once, run_cli
 
     def get(output_layer: str, *flags: str) -> Path:
         def train(save: Path) -> None:

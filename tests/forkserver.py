@@ -42,6 +42,7 @@ PRELOAD = ("torch", "torch.onnx", "torch.utils.tensorboard", "sklearn.metrics", 
 IMPORT_TIME_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR",
                    "ONEDNN_MAX_CPU_ISA", "PYTHONWARNINGS", "PYTHONHASHSEED", "PYTHONPATH",
                    "CUDA_VISIBLE_DEVICES", "LD_PRELOAD")
+# the repository (not tests.helpers.REPO: helpers imports the plugin, which the server must not)
 ROOT = Path(__file__).resolve().parents[1]
 # (argv, exit status) of every forked run while a test is watched (tests/conftest.py)
 started: list[tuple[list[str], int]] | None = None
