@@ -15,8 +15,6 @@ CASES = [
     [str(BIN / "fairseq-generate"), "--help"],  # a console script
     [str(BIN / "fairseq-train"), "--no-such-flag"],  # uncaught: exit status 1
     [str(BIN / "python"), "-m", "fairseq_tying.launch", "--no-such-flag"],  # exit status 2
-    [str(BIN / "python"), "-m", "fairseq_tying.evaluation", "--help"],  # python -m
-    [str(BIN / "python"), "-m", "fairseq_tying.export", "/no/such/checkpoint.pt", "/tmp/x"],
 ]
 
 
