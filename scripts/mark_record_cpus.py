@@ -84,8 +84,6 @@ EVIDENCE: list[tuple[tuple[str, ...], str, str]] = [
       f"docs/converged_gpu/patience3/records/{IWSLT}.three_way.{{sqnorm,distance,cosine}}"
       ".s1.json"), NOT_RECORDED,
      "594d388 (H200), 93626d8 (H100): the GPU leases recorded no host CPU"),
-    (("docs/demo/demo.json",), NOT_RECORDED, "3ea63d5: 'the 2-core machine', no model named"),
-    (("docs/serving/demo-{dot,l2norm}.json",), NOT_RECORDED, "4bec500: no model named"),
 ]
 # where the processor goes: a machine report's ``machine``, a training record's ``train``
 OBJECT = {"docs/demo/demo.json": "machine", "docs/serving/demo-": "machine"}
