@@ -54,6 +54,26 @@ def lm_bin(tiny_corpus, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def trained(joined_bin, tmp_path_factory):
+    """``get(arch, tying, output_layer, projection, extra=())``: a tiny translation model and
+    the plugin's fairseq-generate output (``tests.helpers.Trained``), made once per test run and
+    shared by the export and serving tests."""
+    from tests.helpers import built_once, train_and_generate
+
+    def get(arch: str, tying: str, output_layer: str, projection: bool,
+            extra: tuple[str, ...] = ()):
+        name = f"trained-{arch}-{tying}-{output_layer}-{projection}"
+        if extra:
+            name += "-" + hashlib.sha1("\0".join(extra).encode()).hexdigest()[:10]
+        folder = built_once(tmp_path_factory, name, lambda f: train_and_generate(
+            joined_bin, f, arch, tying, output_layer, projection, extra))
+        return train_and_generate(joined_bin, folder, arch, tying, output_layer, projection,
+                                  extra)
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def trained_lms(lm_bin, tmp_path_factory):
     """``get(output_layer, *flags)``: the checkpoint of one short fairseq-train run of a tiny
     ``transformer_lm_tied`` (trained once per test run, shared by the LM test modules)."""

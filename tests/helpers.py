@@ -16,7 +16,7 @@ import time
 from argparse import Namespace
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import yaml
 from filelock import FileLock
@@ -226,6 +226,75 @@ def train_checkpoint(data: Path, save_dir: Path, arch: str, tying: str, output_l
             "--max-update", str(updates), "--save-dir", str(save_dir), "--cpu", "--seed", "2",
             "--no-progress-bar", "--no-epoch-checkpoints", "--no-save-optimizer-state")
     return save_dir / "checkpoint_last.pt"
+
+
+# The decoding settings of the export and serving comparisons, by fairseq-generate's flag names
+# (translate and bench --mode serve take the same flags; the CTranslate2 tests pass them through
+# the package's fairseq -> CTranslate2 mapping, which the comparisons therefore test).
+DECODE_MAX_LEN = 12
+DECODING = {
+    "beam": 4,
+    # Length penalty 0 (raw log-probability): with min length 1 CTranslate2 bans </s> at the
+    # first step before its softmax (renormalizing), fairseq after it, which adds the same
+    # constant -log(1 - p(</s>)) to every hypothesis of a sentence. That leaves raw scores'
+    # ranking intact but can flip a length-normalized one when p(</s>) at step 1 is large, as
+    # it is in these toy models (0.45 measured); trained models put ~0 there
+    # (docs/serving.md).
+    "lenpen": 0,
+    "max_len_b": DECODE_MAX_LEN,
+}
+DECODING_FLAGS = [arg for name, value in DECODING.items()
+                  for arg in (f"--{name.replace('_', '-')}", str(value))]
+DECODE_BATCH = 8
+EXPORT_UPDATES = 150  # enough for varied multi-token hypotheses on the toy task
+
+
+class Decoded(NamedTuple):
+    """fairseq-generate's output by sentence id: the sources as it read them, its best
+    hypotheses and their scores."""
+    sources: dict[int, list[str]]
+    hypotheses: dict[int, str]
+    scores: dict[int, float]
+
+
+class Trained(NamedTuple):
+    ckpt: Path
+    decoded: Decoded  # the plugin's own fairseq-generate (with --user-dir)
+
+    @property
+    def sources(self) -> dict[int, list[str]]:
+        return self.decoded.sources
+
+    @property
+    def hypotheses(self) -> dict[int, str]:
+        return self.decoded.hypotheses
+
+
+def decode(data: Path, ckpt: Path, *extra: str) -> Decoded:
+    """fairseq-generate with DECODING on the test split."""
+    proc = run_cli("fairseq-generate", str(data), "--path", str(ckpt), *DECODING_FLAGS,
+                   "--batch-size", str(DECODE_BATCH), "--cpu", *extra)
+    sources = {int(i): s.split() for i, s in re.findall(r"^S-(\d+)\t(.*)$", proc.stdout, re.M)}
+    found = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
+    hyps = {int(i): h for i, _, h in found}
+    assert sources and sources.keys() == hyps.keys(), proc.stdout[-2000:]
+    return Decoded(sources, hyps, {int(i): float(score) for i, score, _ in found})
+
+
+def train_and_generate(data: Path, folder: Path, arch: str, tying: str, output_layer: str,
+                       projection: bool, extra: tuple[str, ...] = ()) -> Trained:
+    """A tiny model of EXPORT_UPDATES updates in FOLDER and its decoding by the plugin, saved
+    beside it (``decoded.json``) so that another test process reads them instead of redoing."""
+    saved = folder / "decoded.json"
+    if saved.exists():
+        raw = json.loads(saved.read_text())
+        decoded = Decoded(*({int(i): v for i, v in part.items()} for part in raw))
+        return Trained(folder / "checkpoint_last.pt", decoded)
+    ckpt = train_checkpoint(data, folder, arch, tying, output_layer, projection, EXPORT_UPDATES,
+                            extra)
+    decoded = decode(data, ckpt, "--user-dir", "fairseq_tying")
+    saved.write_text(json.dumps(decoded))
+    return Trained(ckpt, decoded)
 
 
 def export_args(**kw) -> Namespace:

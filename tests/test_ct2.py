@@ -5,9 +5,7 @@ command. Real tiny models trained through the CLI; hypotheses compared exactly."
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 import torch
@@ -16,42 +14,34 @@ from fairseq_tying import translate
 from fairseq_tying.export import main as export_main
 from fairseq_tying.export.ct2 import Subword, export_ct2
 from fairseq_tying.export.stock import ExportError, stock_arch
-from tests.helpers import export_args, run_cli, run_module, train_checkpoint
-
-MAX_LEN = 12
-# The decoding settings of every comparison, by fairseq-generate's flag names (translate and
-# bench --mode serve take the same flags). Each decoder gets them through its own front end:
-# fairseq-generate's flags, or the package's fairseq -> CTranslate2 mapping
-# (translate.ct2_options), which the comparisons with fairseq-generate therefore test.
-DECODING = {
-    "beam": 4,
-    # Length penalty 0 (raw log-probability): with min length 1 CTranslate2 bans </s> at the
-    # first step before its softmax (renormalizing), fairseq after it, which adds the same
-    # constant -log(1 - p(</s>)) to every hypothesis of a sentence. That leaves raw scores'
-    # ranking intact but can flip a length-normalized one when p(</s>) at step 1 is large, as
-    # it is in these toy models (0.45 measured); trained models put ~0 there
-    # (docs/serving.md).
-    "lenpen": 0,
-    "max_len_b": MAX_LEN,
-}
-DECODING_FLAGS = [arg for name, value in DECODING.items()
-                  for arg in (f"--{name.replace('_', '-')}", str(value))]
-BATCH = 8
+from tests.helpers import (
+    DECODE_BATCH,
+    DECODE_MAX_LEN,
+    DECODING,
+    DECODING_FLAGS,
+    arch_name,
+    decode,
+    export_args,
+    run_cli,
+    run_module,
+)
 
 
 def _assert_same(ct2: dict[int, str], fairseq: dict[int, str]) -> None:
     """Equal hypotheses for every sentence where neither decoder produced a hypothesis cut by
-    the length bound (MAX_LEN tokens). Those differ by design: fairseq forces </s> at the
+    the length bound (DECODE_MAX_LEN tokens). Those differ by design: fairseq forces </s> at the
     bound and adds its log-probability, CTranslate2 stops without it, so a cut hypothesis
     competes with a different score."""
     assert ct2.keys() == fairseq.keys()
     ended = [i for i, h in fairseq.items()
-             if max(len(h.split()), len(ct2[i].split())) < MAX_LEN]
+             if max(len(h.split()), len(ct2[i].split())) < DECODE_MAX_LEN]
     assert len(ended) >= 0.75 * len(fairseq)
     assert {i: ct2[i] for i in ended} == {i: fairseq[i] for i in ended}
-UPDATES = 150  # enough for varied multi-token hypotheses on the toy task
 
-CT2_CASES = [  # (--tying, --output-layer, --tied-projection)
+
+# (--tying, --output-layer, --tied-projection) of the arch whose default is that tying, as in
+# tests/test_export.py: the two share the models of the session fixture ``trained``
+CT2_CASES = [
     *[
         ("three_way", output_layer, False)
         for output_layer in ("dot", "l2norm", "sqnorm", "distance")
@@ -62,58 +52,13 @@ CT2_CASES = [  # (--tying, --output-layer, --tied-projection)
 ]
 
 
-class Trained(NamedTuple):
-    ckpt: Path
-    sources: dict[int, list[str]]  # the test set as fairseq-generate read it
-    hypotheses: dict[int, str]  # fairseq-generate's (plugin) best hypotheses
-
-
-@pytest.fixture(scope="session")
-def trained(joined_bin, tmp_path_factory):
-    """A checkpoint per (arch, tying, rule, projection) and its fairseq-generate output,
-    made once per session."""
-    cache: dict[tuple, Trained] = {}
-
-    def get(
-        arch: str, tying: str, output_layer: str, projection: bool, extra: tuple[str, ...] = ()
-    ) -> Trained:
-        key = (arch, tying, output_layer, projection, *extra)
-        if key not in cache:
-            folder = tmp_path_factory.mktemp("-".join(map(str, key[:4])))
-            ckpt = train_checkpoint(joined_bin, folder, arch, tying, output_layer, projection,
-                                    UPDATES, extra)
-            cache[key] = Trained(ckpt, *_generate(joined_bin, ckpt, "--user-dir", "fairseq_tying"))
-        return cache[key]
-
-    return get
-
-
-def _generate(data: Path, ckpt: Path, *extra: str) -> tuple[dict, dict]:
-    """(sources, best hypotheses) of fairseq-generate, by sentence id."""
-    proc = run_cli(
-        "fairseq-generate",
-        str(data),
-        "--path",
-        str(ckpt),
-        *DECODING_FLAGS,
-        "--batch-size",
-        str(BATCH),
-        "--cpu",
-        *extra,
-    )
-    sources = {int(i): s.split() for i, s in re.findall(r"^S-(\d+)\t(.*)$", proc.stdout, re.M)}
-    hyps = {int(i): h for i, h in re.findall(r"^H-(\d+)\t\S+\t(.*)$", proc.stdout, re.M)}
-    assert sources and sources.keys() == hyps.keys(), proc.stdout[-2000:]
-    return sources, hyps
-
-
 def _ct2_hypotheses(model: Path, sources: dict[int, list[str]], **kw) -> dict[int, str]:
     import ctranslate2
 
     translator = ctranslate2.Translator(str(model), device="cpu", intra_threads=1, **kw)
     options = translate.ct2_options(**DECODING)
     ids = sorted(sources)
-    hyps = translate.translate_tokens(translator, [sources[i] for i in ids], options, BATCH)
+    hyps = translate.translate_tokens(translator, [sources[i] for i in ids], options, DECODE_BATCH)
     return {i: " ".join(h) for i, h in zip(ids, hyps, strict=True)}
 
 
@@ -122,7 +67,7 @@ def _ct2_hypotheses(model: Path, sources: dict[int, list[str]], **kw) -> dict[in
 def test_ctranslate2_reproduces_fairseq_generate(
     trained, tmp_path, tying, output_layer, projection
 ):
-    run = trained("transformer_twwt", tying, output_layer, projection)
+    run = trained(arch_name("transformer", tying), tying, output_layer, projection)
     out = tmp_path / "ct2"
     meta = export_ct2(run.ckpt, out, subword=Subword("none"))
     assert json.loads((out / "fairseq_tying.json").read_text()) == meta
@@ -220,7 +165,7 @@ def test_dynamicconv_exports_to_stock_lightconv(joined_bin, trained, tmp_path):
     proc = run_module("fairseq_tying.export", run.ckpt, out)
     assert "arch lightconv" in proc.stdout
     assert torch.load(out, weights_only=True)["cfg"]["model"]["arch"] == "lightconv"
-    stock = _generate(joined_bin, out)[1]  # stock fairseq, no --user-dir
+    stock = decode(joined_bin, out).hypotheses  # stock fairseq, no --user-dir
     assert len(set(stock.values())) > 3 and stock == run.hypotheses
     with pytest.raises(ExportError, match="--arch dynamicconv_twwt"):  # CTranslate2: no lightconv
         export_ct2(run.ckpt, tmp_path / "x", subword=Subword("none"))
@@ -312,7 +257,7 @@ def test_serve_bench_compares_fairseq_and_ctranslate2(tiny_corpus, joined_bin, t
             str(joined_bin),
             *DECODING_FLAGS,
             "--batch-size",
-            str(BATCH),
+            str(DECODE_BATCH),
             "--clock",
             "cpu",
             "--refs",

@@ -20,13 +20,13 @@ def _block(path, name: str) -> str:
 def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
     out, perf, readme = tmp_path / "loss.json", tmp_path / "perf.md", tmp_path / "README.md"
     perf.write_text("# Performance\n\nText before.\n")
-    run_module("fairseq_tying.bench", "--mode", "loss", "--vocab", "64", "--tokens", "64", "128",
+    run_module("fairseq_tying.bench", "--mode", "loss", "--vocab", "64", "--tokens", "128",
                "--budget-vocab", "64", "--chunked-loss-mb", "0.01", "--out", out,
                "--report", perf, "--readme", readme, timeout=1200)
     report = json.loads(out.read_text())
     assert list(report["setups"]) == ["cpu:fp32"]  # no CUDA here
     entry = report["setups"]["cpu:fp32"]
-    assert list(entry["results"]) == ["64", "128"]
+    assert list(entry["results"]) == ["128"]
     for by_vocab in entry["results"].values():
         res = by_vocab["64"]
         assert set(res) == set(loss.MODELS)
@@ -34,7 +34,7 @@ def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
             assert res[model]["loss"] == pytest.approx(res["builtin"]["loss"], rel=1e-4)
             assert res[model]["cpu_s"] > 0 and res[model]["peak"] > 0
     assert {"builtin", "chunked"} <= set(entry["max_tokens"])
-    assert [t for t, _ in entry["max_tokens"]["chunked"]["points"]] == [1024, 2048, 64, 128]
+    assert [t for t, _ in entry["max_tokens"]["chunked"]["points"]] == [1024, 2048, 128]
     text = loss_report.tables([(out, report)], tmp_path)
     assert out.with_suffix(".md").read_text() == text
     assert perf.read_text().startswith("# Performance\n\nText before.\n")
