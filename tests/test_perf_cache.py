@@ -10,6 +10,7 @@ import weakref
 import pytest
 import torch
 
+from fairseq_tying.bench import layers
 from fairseq_tying.core import modules, scoring
 from tests.helpers import build_model, run_module
 
@@ -123,7 +124,7 @@ def test_grad_mode_eval_is_not_cached(joined_bin):
 def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
     out = tmp_path / "bench"
     proc = run_module("fairseq_tying.bench", "--size", "tiny", "--vocab", "64", "--reps", "2",
-                      "--warmup", "1", "--threads", "1", "--out", out, timeout=900)
+                      "--warmup", "0", "--threads", "1", "--out", out, timeout=900)
     report = json.loads((out / "bench.json").read_text())
     res = report["results"]["64"]
     assert set(res["train"]) == {"builtin", *scoring.OUTPUT_LAYERS}
@@ -147,3 +148,15 @@ def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
 def test_benchmark_rejects_fp16_on_cpu():
     proc = run_module("fairseq_tying.bench", "--fp16", check=False)
     assert proc.returncode == 2 and "--fp16 needs --device cuda" in proc.stderr
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--warmup", "-1"], "--warmup -1: give 0 (no warm-up) or more"),
+    (["--train-steps", "0"], "--train-steps 0: at least 1 call is timed"),
+    (["--gen-calls", "0"], "--gen-calls 0: at least 1 call is timed"),
+    (["--reps", "1"], "--reps: at least 2 repetitions"),
+])
+def test_benchmark_counts_are_checked_by_name(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        layers.parse_args(flags)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

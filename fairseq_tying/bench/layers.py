@@ -352,6 +352,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--vocab: sizes must be at least 16")
     if opts.reps < 2:
         p.error("--reps: at least 2 repetitions are needed for a spread")
+    if opts.warmup < 0:
+        p.error(f"--warmup {opts.warmup}: give 0 (no warm-up) or more calls")
+    for flag in ("train_steps", "gen_calls"):
+        if getattr(opts, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} {getattr(opts, flag)}: at least 1 call is timed")
     opts.size = opts.size or ("iwslt" if opts.device == "cuda" else "small")
     return opts
 
