@@ -26,7 +26,8 @@ def _simlex() -> tuple[list[tuple[str, str, float]], str]:
 
 @pytest.fixture(scope="module")
 def simlex_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
-    """A sentencepiece-encoded toy corpus over SimLex words and two models trained on it."""
+    """A sentencepiece-encoded toy corpus over SimLex words and two models trained on it: three-way
+    tied ``fixnorm`` and untied ``dot``."""
     import sentencepiece as spm
 
     root = tmp_path_factory.mktemp("simlex")
@@ -51,9 +52,10 @@ def simlex_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
             (enc / f"{split}.{side}").write_text("\n".join(pieces) + "\n")
     data = binarize(enc, root / "bin", joined=True)
     ckpts = {}
-    for tying, arch in (("three_way", "transformer_twwt"), ("none", "transformer_dwt")):
+    for tying, arch, layer in (("three_way", "transformer_twwt", "fixnorm"),
+                               ("none", "transformer_dwt", "dot")):
         run_cli("fairseq-train", *train_args(data, root / tying, arch, "--tying", tying,
-                                             updates=2))
+                                             "--output-layer", layer, updates=2))
         ckpts[tying] = root / tying / "checkpoint_last.pt"
     return root, ckpts
 
@@ -147,9 +149,16 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
     assert out_matrix["norm_frequency_spearman"] == pytest.approx(
         spearmanr(np.linalg.norm(rows, axis=1), counts[keep])[0], abs=1e-9)
 
+    # fixnorm's learned g, beside its initial √D (D = 16); the other layers have none
+    gain = torch.load(ckpts["three_way"], weights_only=True)["model"]["decoder.scorer.gain"]
+    assert tied["gain"] == pytest.approx(float(gain)) and tied["initial_gain"] == 4.0
+    assert tied["gain"] != 4.0 and untied["gain"] is None is untied["initial_gain"]
+
     table = (out / "analysis.md").read_text()
-    assert "| three_way·dot | encoder input = decoder input = decoder output |" in table
-    assert (f"three_way·dot: source only {by_side['source only']['mean_norm']:.2f} "
+    assert "| three_way·fixnorm | encoder input = decoder input = decoder output |" in table
+    assert (f"fixnorm's learned scale g (its initial value √D): three_way·fixnorm "
+            f"{float(gain):.2f} (from 4.00).") in table
+    assert (f"three_way·fixnorm: source only {by_side['source only']['mean_norm']:.2f} "
             f"({by_side['source only']['rows']}), target only") in table
     assert report_md.read_text() == ("# R\n\nwritten by hand\n<!-- analysis:begin -->\n"
                                      f"{table}<!-- analysis:end -->\nafter\n")

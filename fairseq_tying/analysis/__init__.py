@@ -90,8 +90,11 @@ def markdown(reports: Sequence[ModelReport], vectors: str) -> str:
                          f"{label}: " + ", ".join(f"{name} {_fmt(g['mean_norm'], 2)} ({g['rows']})"
                                                   for name, g in groups.items())
                          for label, groups in by_side) + ".")
+    if gains := [r for r in reports if r.gain is not None]:
+        lines.append("")
+        lines.append("fixnorm's learned scale g (its initial value √D): " + "; ".join(
+            f"{r.label} {r.gain:.2f} (from {r.initial_gain:.2f})" for r in gains) + ".")
     return "\n".join(lines) + "\n"
-
 
 
 def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str | None = None,
