@@ -1,8 +1,8 @@
 """The equal-training study's tables and plot (``specs.GRID`` cells, every run trained the same
 number of epochs): BLEU per cell with each seed, the Δs that decide the papers' claims at equal
 training with the verdict rule (tying against untied; each normalized layer against ``dot``, for
-each architecture; DynamicConv ``l2norm`` against the normalization paper's +0.41), and the
-validation NLL per epoch."""
+each architecture, beside the papers' figures: ``formatting.PAPER_DYNAMICCONV_DELTA`` per layer
+for DynamicConv), and the validation NLL per epoch."""
 
 from __future__ import annotations
 
