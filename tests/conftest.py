@@ -93,6 +93,25 @@ def trained_lms(lm_bin, tmp_path_factory):
     return get
 
 
+@pytest.fixture(autouse=True)
+def _import_time_environment_kept():
+    """Fails a test that leaves a variable read at import (forkserver.IMPORT_TIME_ENV: thread
+    count, kernel pins, ...) changed in the test process: every later CLI process of the
+    process would run with it, and unforked (slow), since the fork server was started
+    without it."""
+    before = {key: os.environ.get(key) for key in forkserver.IMPORT_TIME_ENV}
+    yield
+    after = {key: os.environ.get(key) for key in forkserver.IMPORT_TIME_ENV}
+    if after != before:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        pytest.fail(f"the test left os.environ changed (before, after): {changed}")
+
+
 # ---- xdist: one core a worker, shared fixtures built once ---------------------------------
 
 

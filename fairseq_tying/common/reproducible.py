@@ -16,11 +16,12 @@ On a CPU without AVX2 (or not x86) nothing is pinned.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -43,6 +44,20 @@ def pinned_env(base: Mapping[str, str] | None = None, threads: int | None = 1) -
     if threads is not None:
         env.setdefault("OMP_NUM_THREADS", str(threads))
     return env
+
+
+@contextlib.contextmanager
+def pinned_environ() -> Iterator[None]:
+    """This process's environment pinned (``pinned_env()``) while the block runs, for the child
+    processes it starts that inherit it (submitit's local jobs, ``sbatch --export=ALL``), and
+    restored after: a caller's own later processes see the environment it set."""
+    saved = dict(os.environ)
+    os.environ.update(pinned_env())
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @functools.cache  # one machine per process: read once, not at every epoch

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fairseq_tying.common.reproducible import pinned_env
+from fairseq_tying.common.reproducible import pinned_environ
 from fairseq_tying.launch.config import Run, Sweep, SweepError, check_data, load_sweep
 from fairseq_tying.launch.continuation import check_sources
 from fairseq_tying.launch.job import RunBusy
@@ -73,7 +72,11 @@ def selected(sweep: Sweep, only: Sequence[str]) -> list[Run]:
 def launch(sweep: Sweep, how: Launch) -> int:
     """Launch the sweep's runs as ``how`` says; 0, 2 after an error (printed, naming the sweep
     file), 130 when the local launcher was stopped."""
-    os.environ.update(pinned_env())  # inherited by local jobs and by sbatch (--export=ALL)
+    with pinned_environ():  # inherited by local jobs and by sbatch (--export=ALL)
+        return _launch(sweep, how)
+
+
+def _launch(sweep: Sweep, how: Launch) -> int:
     try:
         if how.mode != "dry_run":
             check_data(sweep)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -383,3 +384,14 @@ def test_only_filters_runs_and_rejects_no_match(tmp_path, tiny_data):
     assert proc.stdout.count("\nfairseq-train ") == 1 and "l2norm.s2" in proc.stdout
     proc = launch(str(sweep), "--dry-run", "--only", "*nothing*", data=tiny_data, check=False)
     assert proc.returncode == 2 and "--only" in proc.stderr
+
+
+def test_launching_in_process_leaves_the_callers_environment_as_it_was(tmp_path, tiny_data,
+                                                                        monkeypatch):
+    """The kernel pins and thread count are for the jobs a launch starts, not for the process
+    that called it (a study, a test) and its later work."""
+    monkeypatch.setenv("FAIRSEQ_TYING_TINY_DATA", str(tiny_data))
+    sweep = write_sweep(tmp_path / "s.yaml", output_dir=str(tmp_path / "out"))
+    before = dict(os.environ)
+    assert main([str(sweep), "--dry-run"]) == 0
+    assert dict(os.environ) == before
