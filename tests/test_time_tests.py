@@ -39,7 +39,9 @@ def test_pytest_counts_sum_every_summary_line():
 def test_times_make_targets_into_the_report_and_the_readme(tmp_path):
     (tmp_path / "test_tiny.py").write_text(TINY_TESTS)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    pytest = f"$(PY) -m pytest -q -p no:cacheprovider -c {tmp_path / 'pytest.ini'} {tmp_path}"
+    # without the installed plugins (xdist, hydra's, ...): a pytest that starts in a second
+    pytest = (f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS= $(PY) -m pytest -q "
+              f"-p no:cacheprovider -c {tmp_path / 'pytest.ini'} {tmp_path}")
     makefile = tmp_path / "Makefile"
     made = tmp_path / "set-up"  # the targets run only after setup was made
     makefile.write_text(f"setup:\n\ttouch {made}\nfast:\n\ttest -f {made} && {pytest} -k "
