@@ -49,7 +49,7 @@ test-fast: setup
 demo: setup
 	$(PY) -m fairseq_tying.demo --out work/demo
 
-# The studies of slurm/studies.yaml (docs/results.md, docs/language_models.md), each one command:
+# The studies of slurm/studies.yaml (docs/results*.md, docs/language_models.md), each one command:
 # prepare its data, train and evaluate its sweep's runs without a record (two side by side;
 # resumable after any stop), export the new runs' records, rebuild its report blocks and plots.
 # Runs live outside git (the sweep's output_dir, or RUNS=DIR); the records are committed.

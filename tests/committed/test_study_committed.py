@@ -1,5 +1,5 @@
 """The committed study records and the blocks rebuilt from them: each study block of
-docs/results.md and docs/results_gpu.md is what ``python -m fairseq_tying.launch study NAME
+docs/results*.md is what ``python -m fairseq_tying.launch study NAME
 --report-only`` writes from the records alone, each paired test in summary.json is the records'
 own scores, and each record is what its study's protocol says (stop, scoring, device, logs)."""
 
@@ -28,7 +28,7 @@ from tests.helpers import REPO
 DOCS = REPO / "docs"
 GPU, GPU_PATIENCE3 = DOCS / "converged_gpu", DOCS / "converged_gpu" / "patience3"
 BLOCKS = {  # study: (page, block, folder of its records and summary.json)
-    "one_epoch": ("results.md", "study", DOCS / "study"),
+    "one_epoch": ("results_one_epoch.md", "study", DOCS / "study"),
     "converged": ("results.md", "converged", DOCS / "converged"),
     "equal": ("results.md", "equal", DOCS / "equal"),
     "converged_gpu": ("results_gpu.md", "converged_gpu", GPU),
