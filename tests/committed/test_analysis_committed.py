@@ -14,10 +14,13 @@ from tests.helpers import REPO
 
 DOCS = REPO / "docs"
 ANALYSES = {"analysis_equal": DOCS / "analysis" / "equal",  # block: the tool's --out folder
-            "analysis_equal_e3": DOCS / "analysis" / "equal_e3"}
-CELLS = {"analysis_equal": {("three_way", layer)
+            "analysis_equal_e3": DOCS / "analysis" / "equal_e3",
+            "analysis_equal_fixnorm": DOCS / "analysis" / "equal_fixnorm"}
+CELLS = {"analysis_equal": {("three_way", layer, 1)
                             for layer in ("dot", "l2norm", "sqnorm", "distance", "cosine")},
-         "analysis_equal_e3": {("none", "dot"), ("decoder", "dot")}}
+         "analysis_equal_e3": {("none", "dot", 1), ("decoder", "dot", 1)},
+         "analysis_equal_fixnorm": {("three_way", "fixnorm", 1), ("three_way", "dot", 4),
+                                    ("three_way", "l2norm", 4)}}
 
 
 def _block(name: str) -> str:
@@ -40,16 +43,22 @@ def test_the_table_is_what_the_json_gives(block):
 
 
 @pytest.mark.parametrize("block", ANALYSES)
-def test_the_equal_models_are_seed_1_at_the_full_budget(block):
-    """The trained models analysed are the equal-training study's seed-1 scored checkpoints
-    (the average of epochs 36–40, 11,440 updates): E1's five output layers in one table, E3's
-    untied and decoder-tied ``dot`` in the other, one model per cell."""
+def test_the_equal_models_are_the_named_seeds_at_the_full_budget(block):
+    """The trained models analysed are the equal-training study's scored checkpoints (the
+    average of epochs 36–40, 11,440 updates), one per cell: E1's five output layers and E3's
+    untied and decoder-tied ``dot`` at seed 1, ``fixnorm`` at seed 1 beside F1's seed-4
+    ``dot`` and ``l2norm``."""
     data = json.loads((ANALYSES[block] / "analysis.json").read_text())
-    cells = [(m["tying"], m["output_layer"]) for m in data["models"]]
+    cells = [(m["tying"], m["output_layer"], _seed(m["checkpoint"])) for m in data["models"]]
     assert len(cells) == len(set(cells)) and set(cells) == CELLS[block]
     for m in data["models"]:
-        assert m["checkpoint"].endswith(".s1/checkpoints/checkpoint.avg5.pt")
+        assert m["checkpoint"].endswith("/checkpoints/checkpoint.avg5.pt")
         assert m["num_updates"] == 11440
+
+
+def _seed(checkpoint: str) -> int:
+    run = checkpoint.split("/checkpoints/")[0]
+    return int(run.rsplit(".s", 1)[1])
 
 
 def test_the_retrained_untied_model_is_its_records_command_on_another_machine():
@@ -70,3 +79,28 @@ def test_the_retrained_untied_model_is_its_records_command_on_another_machine():
 def test_the_language_models_block_is_its_analysis_table():
     assert block_text((DOCS / "language_models.md").read_text(), "analysis") == \
         (DOCS / "lm" / "analysis" / "analysis.md").read_text()
+
+
+def test_fixnorm_reports_its_learned_gain_and_only_fixnorm_has_one():
+    """g starts at √D (D = 128) and is learned: the committed analysis gives the trained value
+    beside the initial one for ``fixnorm`` alone."""
+    data = json.loads((ANALYSES["analysis_equal_fixnorm"] / "analysis.json").read_text())
+    gains = {m["output_layer"]: (m["gain"], m["initial_gain"]) for m in data["models"]}
+    assert gains["dot"] == gains["l2norm"] == (None, None)
+    gain, initial = gains["fixnorm"]
+    assert initial == pytest.approx(128 ** 0.5) and gain > 0 and gain != pytest.approx(initial)
+    assert f"{gain:.2f} (from {initial:.2f})" in _block("analysis_equal_fixnorm")
+
+
+def test_fixnorm_rows_have_one_length_across_sides_as_l2norm_and_unlike_dot():
+    """docs/embeddings.md: under ``fixnorm`` and ``l2norm`` a row's length enters no score, and
+    source-only, target-only and shared pieces end with rows of one length; under ``dot`` the
+    source-only rows (never a softmax answer) are shorter, and length follows frequency more."""
+    data = json.loads((ANALYSES["analysis_equal_fixnorm"] / "analysis.json").read_text())
+    matrix = {m["output_layer"]: m["matrices"][0] for m in data["models"]}
+    for layer in ("fixnorm", "l2norm"):
+        norms = [g["mean_norm"] for g in matrix[layer]["norm_by_side"].values()]
+        assert max(norms) / min(norms) < 1.05
+        assert matrix[layer]["norm_frequency_spearman"] < matrix["dot"]["norm_frequency_spearman"]
+    dot = matrix["dot"]["norm_by_side"]
+    assert dot["source only"]["mean_norm"] < 0.8 * dot["target only"]["mean_norm"]
