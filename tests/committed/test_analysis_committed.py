@@ -23,6 +23,10 @@ CELLS = {"analysis_equal": {("three_way", layer, 1)
                                     ("three_way", "l2norm", 4)}}
 
 
+def _analysis(block: str) -> dict:
+    return json.loads((ANALYSES[block] / "analysis.json").read_text())
+
+
 def _block(name: str) -> str:
     return block_text((DOCS / "embeddings.md").read_text(), name)
 
@@ -34,7 +38,7 @@ def test_the_block_is_the_analysis_table(block):
 
 @pytest.mark.parametrize("block", ANALYSES)
 def test_the_table_is_what_the_json_gives(block):
-    data = json.loads((ANALYSES[block] / "analysis.json").read_text())
+    data = _analysis(block)
     reports = [analysis.ModelReport(**{**m, "matrices": [analysis.MatrixReport(**x)
                                                         for x in m["matrices"]]})
                for m in data["models"]]
@@ -48,7 +52,7 @@ def test_the_equal_models_are_the_named_seeds_at_the_full_budget(block):
     average of epochs 36–40, 11,440 updates), one per cell: E1's five output layers and E3's
     untied and decoder-tied ``dot`` at seed 1, ``fixnorm`` at seed 1 beside F1's seed-4
     ``dot`` and ``l2norm``."""
-    data = json.loads((ANALYSES[block] / "analysis.json").read_text())
+    data = _analysis(block)
     cells = [(m["tying"], m["output_layer"], _seed(m["checkpoint"])) for m in data["models"]]
     assert len(cells) == len(set(cells)) and set(cells) == CELLS[block]
     for m in data["models"]:
@@ -84,7 +88,7 @@ def test_the_language_models_block_is_its_analysis_table():
 def test_fixnorm_reports_its_learned_gain_and_only_fixnorm_has_one():
     """g starts at √D (D = 128) and is learned: the committed analysis gives the trained value
     beside the initial one for ``fixnorm`` alone."""
-    data = json.loads((ANALYSES["analysis_equal_fixnorm"] / "analysis.json").read_text())
+    data = _analysis("analysis_equal_fixnorm")
     gains = {m["output_layer"]: (m["gain"], m["initial_gain"]) for m in data["models"]}
     assert gains["dot"] == gains["l2norm"] == (None, None)
     gain, initial = gains["fixnorm"]
@@ -96,7 +100,7 @@ def test_fixnorm_rows_have_one_length_across_sides_as_l2norm_and_unlike_dot():
     """docs/embeddings.md: under ``fixnorm`` and ``l2norm`` a row's length enters no score, and
     source-only, target-only and shared pieces end with rows of one length; under ``dot`` the
     source-only rows (never a softmax answer) are shorter, and length follows frequency more."""
-    data = json.loads((ANALYSES["analysis_equal_fixnorm"] / "analysis.json").read_text())
+    data = _analysis("analysis_equal_fixnorm")
     matrix = {m["output_layer"]: m["matrices"][0] for m in data["models"]}
     for layer in ("fixnorm", "l2norm"):
         norms = [g["mean_norm"] for g in matrix[layer]["norm_by_side"].values()]
