@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fairseq_tying.studies import verdicts
+from fairseq_tying.studies.formatting import format_ps, p_digits
 from fairseq_tying.studies.stats import t_test_p
 from fairseq_tying.studies.verdicts import SEEDS, bootstrap, counts, holm, why_not
 from fairseq_tying.studies.view_grid import claims_table, stop_correlation
@@ -108,3 +109,14 @@ def test_the_stop_correlation_needs_three_runs_at_different_epochs():
     assert stop_correlation({"a": cell([20, 20], [28.0, 29.0]), "b": cell([20], [27.0])}) is None
     r, _p, n = stop_correlation({"a": cell([20, 30], [28.0, 30.0]), "b": cell([25], [28.5])})
     assert n == 3 and r == pytest.approx(np.corrcoef([20, 30, 25], [28.0, 30.0, 28.5])[0, 1])
+
+
+@pytest.mark.parametrize("p, text", [
+    (0.0004, "< 0.001"), (0.046, "0.046"), (0.3776, "0.378"),
+    (0.04995004995, "0.04995"),  # 10/1001 bootstrap samples × 5 claims: holds at α = 0.05
+    (0.0504, "0.050"), (0.05, "0.050"),  # at or above α: "0.050" reads as not significant
+])
+def test_a_printed_p_is_on_the_same_side_of_alpha_as_p(p, text):
+    """Three digits would print 0.04995 as 0.050 beside a verdict that holds at p < 0.05."""
+    assert p_digits(p) == text
+    assert format_ps({"p": 0.01, "p_holm": p}).endswith(f"Holm {text}")

@@ -16,7 +16,7 @@ from fairseq_tying.common.atomic import read_lines, write_json, write_text
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.evaluation.run import IDENTITY
 from fairseq_tying.studies import engine, verdicts
-from fairseq_tying.studies.formatting import format_delta, format_stat
+from fairseq_tying.studies.formatting import format_delta, format_stat, p_digits
 from fairseq_tying.studies.plots import plot_methods, points
 from fairseq_tying.studies.record import Record, Translation
 from fairseq_tying.studies.records import load_evaluated
@@ -89,7 +89,7 @@ def method_table(group: dict) -> str:
               for k in RUN_METRICS}
         sig = "baseline" if m["baseline"] else (
             f"{m['significant_runs']}/{len(m['bleu_p_values'])} "
-            f"(p={', '.join(f'{p:.3f}' for p in m['bleu_p_values'])})")
+            f"(p={', '.join(p_digits(p).replace('< ', '<') for p in m['bleu_p_values'])})")
         delta = "" if m["baseline"] else format_delta(m["vs_baseline"], per_seed=False)
         rows.append([m["method"], m["tying"], m["output_layer"], len(m["seeds"]), ci["bleu"],
                      ci["tok_bleu"], ci["chrf"], delta, sig])

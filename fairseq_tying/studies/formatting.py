@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from fairseq_tying.studies.verdicts import ALPHA
+
 # Liu et al. (2020), Transformer on IWSLT'14 Es→En, shared input–output embeddings.
 PAPER_IWSLT14_ES_EN = {"dot": 34.24, "l2norm": 34.65, "sqnorm": 34.97, "distance": 34.54,
                        "cosine": 34.81}
@@ -33,8 +35,20 @@ def format_stat(s: dict[str, Any], digits: int = 2) -> str:
     return format_ci(s["mean"], math.nan if s["ci95"] is None else s["ci95"], digits)
 
 
+def p_digits(p: float) -> str:
+    """``0.046`` or ``< 0.001``; more digits where three would round onto ALPHA (p = 0.04995
+    reads ``0.04995``, not ``0.050``), so the printed p is on the same side of ALPHA as p."""
+    if p < 0.001:
+        return "< 0.001"
+    for digits in range(3, 7):
+        text = f"{p:.{digits}f}"
+        if (float(text) < ALPHA) == (p < ALPHA):
+            return text
+    return text
+
+
 def format_p(p: float) -> str:
-    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+    return f"p {p_digits(p)}" if p < 0.001 else f"p = {p_digits(p)}"
 
 
 def format_ps(test: dict[str, Any]) -> str:
@@ -42,8 +56,7 @@ def format_ps(test: dict[str, Any]) -> str:
     (the raw p alone for a test outside a family)."""
     if "p_holm" not in test:
         return format_p(test["p"])
-    held = "< 0.001" if test["p_holm"] < 0.001 else f"{test['p_holm']:.3f}"
-    return f"{format_p(test['p'])}, Holm {held}"
+    return f"{format_p(test['p'])}, Holm {p_digits(test['p_holm'])}"
 
 
 def format_seed_delta(test: dict[str, Any]) -> str:
@@ -62,7 +75,7 @@ def format_delta(test: dict[str, Any], per_seed: bool = True) -> str:
     (``significance.compare``)."""
     if not per_seed:
         return f"{format_seed_delta(test)} ({format_ps(test)})"
-    per = ", ".join("<0.001" if p < 0.001 else f"{p:.3f}" for p in test["per_seed_p"].values())
+    per = ", ".join(p_digits(p).replace("< ", "<") for p in test["per_seed_p"].values())
     return f"{format_seed_delta(test)} ({format_ps(test)}; [{per}])"
 
 
