@@ -89,7 +89,7 @@ def method_table(group: dict) -> str:
               for k in RUN_METRICS}
         sig = "baseline" if m["baseline"] else (
             f"{m['significant_runs']}/{len(m['bleu_p_values'])} "
-            f"(p={', '.join(p_digits(p).replace('< ', '<') for p in m['bleu_p_values'])})")
+            f"(p={', '.join(p_digits(p, compact=True) for p in m['bleu_p_values'])})")
         delta = "" if m["baseline"] else format_delta(m["vs_baseline"], per_seed=False)
         rows.append([m["method"], m["tying"], m["output_layer"], len(m["seeds"]), ci["bleu"],
                      ci["tok_bleu"], ci["chrf"], delta, sig])

@@ -35,11 +35,12 @@ def format_stat(s: dict[str, Any], digits: int = 2) -> str:
     return format_ci(s["mean"], math.nan if s["ci95"] is None else s["ci95"], digits)
 
 
-def p_digits(p: float) -> str:
-    """``0.046`` or ``< 0.001``; more digits where three would round onto ALPHA (p = 0.04995
-    reads ``0.04995``, not ``0.050``), so the printed p is on the same side of ALPHA as p."""
+def p_digits(p: float, compact: bool = False) -> str:
+    """``0.046`` or ``< 0.001`` (``<0.001`` compact, in lists); more digits where three would
+    round onto ALPHA (p = 0.04995 reads ``0.04995``, not ``0.050``), so the printed p is on the
+    same side of ALPHA as p."""
     if p < 0.001:
-        return "< 0.001"
+        return "<0.001" if compact else "< 0.001"
     for digits in range(3, 7):
         text = f"{p:.{digits}f}"
         if (float(text) < ALPHA) == (p < ALPHA):
@@ -48,7 +49,7 @@ def p_digits(p: float) -> str:
 
 
 def format_p(p: float) -> str:
-    return f"p {p_digits(p)}" if p < 0.001 else f"p = {p_digits(p)}"
+    return "p < 0.001" if p < 0.001 else f"p = {p_digits(p)}"
 
 
 def format_ps(test: dict[str, Any]) -> str:
@@ -75,7 +76,7 @@ def format_delta(test: dict[str, Any], per_seed: bool = True) -> str:
     (``significance.compare``)."""
     if not per_seed:
         return f"{format_seed_delta(test)} ({format_ps(test)})"
-    per = ", ".join(p_digits(p).replace("< ", "<") for p in test["per_seed_p"].values())
+    per = ", ".join(p_digits(p, compact=True) for p in test["per_seed_p"].values())
     return f"{format_seed_delta(test)} ({format_ps(test)}; [{per}])"
 
 
