@@ -14,8 +14,8 @@ from fairseq_tying.launch.config import SweepError, load_sweep
 from fairseq_tying.launch.continuation import without_length
 from fairseq_tying.launch.grid import GRID_KEYS
 from fairseq_tying.launch.job import DONE
+from fairseq_tying.launch.local import Forecast, local_order, training_now
 from fairseq_tying.launch.plateau import Plateau, record_epoch, write_history
-from fairseq_tying.launch.submit import Forecast, local_order, training_now
 from fairseq_tying.launch.sweep import EVALUATION, Batch, Resources, Sweep, section_fields
 from fairseq_tying.launch.sweepfile import STOPPING_FIELDS
 from tests.helpers import REPO, launch, write_sweep
