@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 # Bead types (source verses, target verses) with prior probabilities. Gale & Church's priors
 # (0.89 for 1-1) suit sentences; verses translate one to one far more often, and with their
@@ -62,12 +63,7 @@ def align_lengths(
     never drift further apart than a few verses.
     """
     n, m = len(src), len(tgt)
-    cs, ct = [0], [0]
-    for x in src:
-        cs.append(cs[-1] + x)
-    for x in tgt:
-        ct.append(ct[-1] + x)
-    inf = float("inf")
+    cs, ct = [0, *accumulate(src)], [0, *accumulate(tgt)]  # prefix sums: a bead's lengths
     cost: dict[tuple[int, int], float] = {(0, 0): 0.0}
     back: dict[tuple[int, int], tuple[int, int]] = {}
     slope = m / n if n else 0.0
@@ -75,19 +71,11 @@ def align_lengths(
     for i in range(n + 1):
         centre = round(i * slope)
         for j in range(max(0, centre - width), min(m, centre + width) + 1):
-            if i == 0 and j == 0:
+            if (i, j) == (0, 0):
                 continue
-            best, arg = inf, None
-            for (di, dj), prior in _PRIOR.items():
-                prev = cost.get((i - di, j - dj))
-                if prev is None:
-                    continue
-                c = prev + prior + _match_cost(cs[i] - cs[i - di], ct[j] - ct[j - dj], ratio, var)
-                if c < best:
-                    best, arg = c, (di, dj)
-            if arg is not None:
-                cost[(i, j)] = best
-                back[(i, j)] = arg
+            best = _best_bead(i, j, cost, cs, ct, ratio, var)
+            if best is not None:
+                cost[(i, j)], back[(i, j)] = best
     if (n, m) not in back and (n, m) != (0, 0):
         raise ValueError(f"no alignment within a band of {width} verses")
     steps: list[tuple[int, int]] = []
@@ -97,6 +85,22 @@ def align_lengths(
         steps.append((di, dj))
         i, j = i - di, j - dj
     return steps[::-1]
+
+
+def _best_bead(i: int, j: int, cost: dict[tuple[int, int], float], cs: Sequence[int],
+               ct: Sequence[int], ratio: float, var: float
+               ) -> tuple[float, tuple[int, int]] | None:
+    """The cheapest way to reach cell (i, j): its cost and the bead that ends there; None when
+    no bead comes from a reached cell."""
+    best: tuple[float, tuple[int, int]] | None = None
+    for (di, dj), prior in _PRIOR.items():
+        prev = cost.get((i - di, j - dj))
+        if prev is None:
+            continue
+        c = prev + prior + _match_cost(cs[i] - cs[i - di], ct[j] - ct[j - dj], ratio, var)
+        if best is None or c < best[0]:
+            best = (c, (di, dj))
+    return best
 
 
 def align_book(
