@@ -302,7 +302,7 @@ def test_the_rule_in_words_is_better_worse_no_difference_or_not_decided():
     assert verdicts.bootstrap(gain, verdicts.UNCHANGED) == "supported (better)"
     for unsettled in (_test([0.2, 0.5, 0.7], 0.05), _test([-0.3, 2.2, 1.0], 0.001)):
         assert verdicts.in_words(unsettled) == "no difference shown"
-    assert verdicts.in_words(_test([0.9], 0.001)) == "not decided yet (1 of 3 seeds)"
+    assert verdicts.in_words(_test([0.9], 0.001)) == "too few seeds (1 of 3)"
 
 
 def test_the_short_answer_says_each_verdict_in_words():

@@ -124,9 +124,9 @@ def bootstrap(test: dict[str, Any], expects: str) -> str:
 
 def in_words(test: dict[str, Any]) -> str:
     """The bootstrap rule's finding on a difference, whatever a paper expected of it: better,
-    worse, no difference shown (and why), or not decided while seeds are missing."""
+    worse, no difference shown (and why), or too few seeds to tell."""
     if test["n_seeds"] < SEEDS:
-        return f"not decided yet ({test['n_seeds']} of {SEEDS} seeds)"
+        return f"too few seeds ({test['n_seeds']} of {SEEDS})"
     if counts(test):
         return "better" if test["delta_bleu"] > 0 else "worse"
     return "no difference shown"

@@ -170,7 +170,7 @@ def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(named_s
     answer = _block(first / "README.md", "answer")
     assert answer.startswith("From the `tiny` study's 2 records.\n\n| tying |")
     assert "| three_way | `dot` |" in answer and "| unresolved (1 of 3 seeds) |" in answer
-    assert "\n- Three-way tying against untied (`dot`): **not decided yet (1 of 3 seeds)**, " \
+    assert "\n- Three-way tying against untied (`dot`): **too few seeds (1 of 3)**, " \
         in answer
 
     def s1_checkpoints(step: Path) -> dict[str, int]:
