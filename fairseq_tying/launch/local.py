@@ -243,15 +243,13 @@ def _follow(futures: dict[Future, Run], pool: ThreadPoolExecutor, bar: tqdm,
         while pending:
             done, pending = wait(pending, timeout=REFRESH_S, return_when=FIRST_COMPLETED)
             for future in done:
-                if future.exception() is not None:
-                    pool.shutdown(wait=False, cancel_futures=True)
-                if future.result():  # a failed run stops the sweep with its error
+                if future.result():  # a failed run raises: the sweep stops with its error
                     forecast.finished(futures[future])
                     bar.update()
             left = forecast([futures[f] for f in pending])
             now = training_now([futures[f] for f in pending if f.running()])
             bar.set_postfix_str("; ".join(filter(None, (now, left))))
-    except BaseException:
+    except BaseException:  # a failed run, Ctrl-C or SIGTERM: start no other run
         pool.shutdown(wait=False, cancel_futures=True)
         raise
 
