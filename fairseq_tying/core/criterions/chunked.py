@@ -74,6 +74,34 @@ def _mm32(a: Tensor, b: Tensor) -> Tensor:
     return a.float() @ b.float()  # the CPU's half products are emulated, slower than fp32
 
 
+def _score_gradient(p: Tensor, z: Tensor, y: Tensor, keep: Tensor, on_target: float,
+                    eps_i: float) -> Tensor:
+    """G = p − (1 − ε − ε_i)·[j = y] − ε_i, 0 on padding rows, in place of p = exp(s − max)."""
+    g = p.mul_(torch.where(keep, z.reciprocal(), 0.0)[:, None])
+    g.scatter_add_(1, y[:, None], (-on_target * keep)[:, None].float())
+    if eps_i:
+        g.sub_((eps_i * keep)[:, None])
+    return g
+
+
+def _add_products(g: Tensor, h: Tensor, w_out: Tensor, grad_h_rows: Tensor | None,
+                  grad_w: Tensor | None, grad_b: Tensor | None) -> None:
+    """Writes the chunk's rows of ∂/∂h = G·W_out and adds Gᵀ·h to ∂/∂W_out and Σ G to ∂/∂b."""
+    if grad_b is not None:
+        grad_b += g.sum(0)
+    if h.dtype == torch.float32:
+        if grad_h_rows is not None:
+            torch.mm(g, w_out, out=grad_h_rows)
+        if grad_w is not None:
+            grad_w.addmm_(g.t(), h)
+        return
+    g = g.mul_(HALF_SCALE).to(h.dtype)  # a half product's operand: scaled, rounded
+    if grad_h_rows is not None:
+        grad_h_rows.copy_(_mm32(g, w_out).div_(HALF_SCALE))
+    if grad_w is not None:
+        grad_w.add_(_mm32(g.t(), h), alpha=1 / HALF_SCALE)
+
+
 def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, epsilon: float,
             ignore_index: int, rows: int, grads: tuple[bool, bool, bool], accuracy: bool):
     """(loss, nll, n_correct, (∂/∂h, ∂/∂W_out, ∂/∂b)) in fp32; a gradient is None where its
@@ -104,25 +132,10 @@ def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, 
         loss += torch.where(k, row_loss, 0.0).sum()
         if accuracy:
             n_correct += (pred.eq(y) & k).sum()
-        if not any(grads):
-            continue
-        g = p.mul_(torch.where(k, z.reciprocal(), 0.0)[:, None])  # p; 0 on padding rows
-        g.scatter_add_(1, y[:, None], (-on_target * k)[:, None].float())
-        if eps_i:
-            g.sub_((eps_i * k)[:, None])
-        if grad_b is not None:
-            grad_b += g.sum(0)
-        if hidden.dtype == torch.float32:
-            if grad_h is not None:
-                torch.mm(g, w_out, out=grad_h[start:start + rows])
-            if grad_w is not None:
-                grad_w.addmm_(g.t(), h)
-            continue
-        g = g.mul_(HALF_SCALE).to(hidden.dtype)  # a half product's operand: scaled, rounded
-        if grad_h is not None:
-            grad_h[start:start + rows] = _mm32(g, w_out).div_(HALF_SCALE)
-        if grad_w is not None:
-            grad_w.add_(_mm32(g.t(), h), alpha=1 / HALF_SCALE)
+        if any(grads):
+            g = _score_gradient(p, z, y, k, on_target, eps_i)
+            _add_products(g, h, w_out, None if grad_h is None else grad_h[start:start + rows],
+                          grad_w, grad_b)
     return loss, nll, n_correct, (grad_h, grad_w, grad_b)
 
 
