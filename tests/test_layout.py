@@ -229,36 +229,23 @@ def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
     return graph
 
 
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        new = graph[todo.pop()] - seen
+        seen |= new
+        todo.extend(new)
+    return seen
+
+
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    cycles: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                cycles.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return cycles
+    """The groups of more than one module that import one another, directly or not (the
+    strongly connected components), each sorted."""
+    reach = {v: _reachable(graph, v) for v in graph}
+    groups = {tuple(sorted({v, *(w for w in reach[v] if v in reach[w])})) for v in graph}
+    return sorted(list(g) for g in groups if len(g) > 1)
 
 
 def _package_sources() -> dict[str, tuple[str, bool]]:
