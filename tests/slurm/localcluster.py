@@ -89,6 +89,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _stop(pids: list[int], grace: float = 20.0) -> None:
+    """SIGTERM to each live pid, then SIGKILL to those still alive after ``grace`` seconds."""
+    for pid in pids:
+        if _pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 @dataclass
 class LocalCluster:
     root: Path = DEFAULT_ROOT
@@ -280,19 +296,7 @@ StorageLoc=slurm_acct_db
         groups = [["slurmctld", *(f"slurmd.{n}" for n in NODES)], ["slurmdbd"], ["mariadbd"],
                   ["munged"]]
         for group in groups:
-            pids = [state[k] for k in group if state.get(k)]
-            for pid in pids:
-                if _pid_alive(pid):
-                    try:
-                        os.kill(pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
-            deadline = time.monotonic() + 20
-            while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            for pid in pids:
-                if _pid_alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+            _stop([state[k] for k in group if state.get(k)])
         self._save_state({})
 
 
