@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fairseq_tying.bench import loss, loss_report
+from fairseq_tying.bench import loss, loss_budget, loss_report
 from fairseq_tying.common.atomic import block_text
 from tests.helpers import run_module
 
@@ -67,3 +67,35 @@ def test_cuda_setups_need_a_cuda_device(capsys):
         loss.parse_args(["--setups", "cpu:fp32", "cuda:bf16"])
     assert "no CUDA device is visible" in capsys.readouterr().err
     assert loss.parse_args([]).setups == ["cpu:fp32"]
+
+
+def test_the_budget_fit_recovers_a_known_line():
+    """Peaks exactly on 300 MB + 70 kB a token: the fit gives that line, no residual, and the
+    largest batch within 4 GiB is (4 GiB − 300 MB) / 70 kB for both losses; the chunked loss at
+    a tenth of the slope fits ten times the tokens beyond its fixed part."""
+    a, slope = 300e6, {"builtin": 70e3, "chunked": 7e3}
+
+    def peak(model: str, tokens: int) -> dict:
+        return {"peak": int(a + slope[model] * tokens)}
+
+    measured = {"4096": {"64": {m: peak(m, 4096) for m in slope}},
+                "8192": {"64": {"builtin": {"skipped": "predicted peak"},
+                                "chunked": peak("chunked", 8192)}}}
+    out = loss_budget.max_tokens(measured, lambda m, v, t: peak(m, t), 4.0, 64, [4096, 8192])
+    for model, b in slope.items():
+        line = out[model]
+        assert line["fixed_bytes"] == pytest.approx(a, abs=1.0)
+        assert line["bytes_per_token"] == pytest.approx(b, rel=1e-9)
+        assert line["max_residual_bytes"] < 1.0
+        assert line["max_tokens"] == int((4 * 2**30 - a) / b)
+    assert [t for t, _ in out["builtin"]["points"]] == [1024, 2048, 4096]  # a skip is no point
+    assert [t for t, _ in out["chunked"]["points"]] == [1024, 2048, 4096, 8192]
+    assert out["ratio"] == pytest.approx(10.0, rel=1e-3)
+
+
+def test_a_peak_is_extrapolated_linearly_in_the_vocabulary():
+    by_vocab = {"8000": {"builtin": {"peak": 100}}, "32000": {"builtin": {"peak": 400}},
+                "64000": {"builtin": {"skipped": "out of memory"}}}
+    assert loss_budget.predicted_peak(by_vocab, "builtin", 128000) == 1600  # from V = 32k
+    assert loss_budget.predicted_peak(by_vocab, "chunked", 128000) is None
+    assert loss_budget.available_memory() > 0  # /proc/meminfo on Linux

@@ -62,6 +62,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.tasks.translation import TranslationTask
 from tqdm import tqdm
 
+from fairseq_tying.bench.loss_budget import FIT_TOKENS, available_memory, max_tokens, predicted_peak
 from fairseq_tying.bench.loss_report import MODELS, SUMMARY_BLOCK, TABLE_BLOCK, publish, tables
 from fairseq_tying.common import PLUGIN_DIR, atomic
 from fairseq_tying.common.reproducible import cpu_name
@@ -70,7 +71,6 @@ SETUPS = ("cpu:fp32", "cuda:fp16", "cuda:bf16")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DIMS = {"layers": 1, "dim": 512, "ffn": 2048, "heads": 8}
 SENT_LEN = 32  # source and target tokens of each sentence in the batch
-FIT_TOKENS = (1024, 2048)  # with the --tokens: the points of the memory-vs-tokens fit
 MMAP_THRESHOLD = 64 * 1024
 
 
@@ -265,53 +265,6 @@ def measure(spec: dict) -> dict:
 # --------------------------------------------------------------------------------- driver
 
 
-def available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return info["MemAvailable"]
-    except (OSError, KeyError):
-        return None
-
-
-def predicted_peak(results: dict, model: str, vocab: int) -> int | None:
-    """Peak of ``model`` at ``vocab`` extrapolated linearly in V from the largest measured V
-    (``results``: one batch size's, by V)."""
-    done = [(int(v), r[model]["peak"]) for v, r in results.items() if "peak" in r.get(model, {})]
-    if not done:
-        return None
-    v0, p0 = max(done)
-    return int(p0 * vocab / v0)
-
-
-def fit(points: list[tuple[int, int]]) -> dict:
-    """Least-squares line peak = a + b·tokens, and its largest residual."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
-    a = my - b * mx
-    return {"fixed_bytes": a, "bytes_per_token": b, "points": points,
-            "max_residual_bytes": max(abs(y - a - b * x) for x, y in points)}
-
-
-def max_tokens(opts, results: dict, run) -> dict:
-    """The largest batch (target tokens) whose step peak fits the budget, built-in and chunked
-    (``results``: the setup's, by tokens and V)."""
-    budget = int(opts.budget_gb * 2**30)
-    out = {"budget_bytes": budget, "vocab": opts.budget_vocab}
-    for model in ("builtin", "chunked"):
-        points = [(t, run(model, opts.budget_vocab, t)["peak"]) for t in FIT_TOKENS]
-        points += [(t, results[str(t)][str(opts.budget_vocab)][model]["peak"])
-                   for t in opts.tokens
-                   if "peak" in results[str(t)][str(opts.budget_vocab)][model]]
-        line = fit(points)
-        line["max_tokens"] = int((budget - line["fixed_bytes"]) / line["bytes_per_token"])
-        out[model] = line
-    out["ratio"] = out["chunked"]["max_tokens"] / out["builtin"]["max_tokens"]
-    return out
-
-
 def measure_setup(opts, setup: str, report: dict, write, bar) -> None:
     """Every batch, V and model of one setup ("cpu:fp32", ...) into ``report``."""
     device, dtype = setup.split(":")
@@ -343,8 +296,8 @@ def measure_setup(opts, setup: str, report: dict, write, bar) -> None:
                 bar.update()
             write()
     if not opts.no_max_tokens:
-        entry["max_tokens"] = max_tokens(opts, entry["results"],
-                                         lambda *a: (run(*a), bar.update())[0])
+        entry["max_tokens"] = max_tokens(entry["results"], lambda *a: (run(*a), bar.update())[0],
+                                         opts.budget_gb, opts.budget_vocab, opts.tokens)
     write()
 
 
