@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from fairseq_tying.common.atomic import block_text, markers, replace_block
 from fairseq_tying.launch.__main__ import main as launch
@@ -184,14 +185,15 @@ def _dynamicconv(record: Record) -> Record:
 @pytest.mark.slow
 def test_the_equal_view_of_real_records(tmp_path):
     """The equal-training tables from the converged study's P1 records (E1 and E3's cells) and
-    two of them relabelled as DynamicConv (E2's): each seed's BLEU, each Δ the mean of the
-    records' per-seed BLEU differences, each verdict the bootstrap rule's, and the plot."""
+    their three-way cells relabelled as DynamicConv (every layer of Liu et al.'s Tables 2 and
+    4): each seed's BLEU, each Δ the mean of the records' per-seed BLEU differences, each
+    verdict the bootstrap rule's, Holm over the ten claims, each row's paper figures, and
+    the plot."""
     recs = records.load(DOCS / "converged" / "records")
-    e2 = [_dynamicconv(r) for r in recs
-          if r.run.tying == "three_way" and r.run.output_layer in ("dot", "l2norm")]
-    renderer = Renderer(recs + e2, references(None), n_samples=200, expected=27)
+    e2 = [_dynamicconv(r) for r in recs if r.run.tying == "three_way"]
+    renderer = Renderer(recs + e2, references(None), n_samples=200, expected=36)
     text, summary = renderer.block("equal")
-    assert text.startswith("27 of 27 runs are recorded.\n\n")
+    assert text.startswith("36 of 36 runs are recorded.\n\n")
     assert not any(word in text.lower() for word in FORBIDDEN)
     for r in recs:
         assert f"{r.eval.bleu:.2f}" in text
@@ -210,10 +212,18 @@ def test_the_equal_view_of_real_records(tmp_path):
             "vs_untied" if "untied" in label else "vs_dot"]
         rule = verdicts.UNCHANGED if "untied" in label else verdicts.GAIN
         assert row[4].startswith(f"{delta:+.2f} ± ") and row[5] == verdicts.bootstrap(test, rule)
-    dynamicconv = rows[("`l2norm` vs `dot` (three-way tying)", "`dynamicconv_twwt`")]
-    # Liu et al.'s DynamicConv Tables 4 (IWSLT'14 De→En) and 2 (WMT'16 En→De), l2norm's row
-    assert dynamicconv[3] == "+0.34 (IWSLT'14 De→En), +0.50 (WMT'16 En→De)"
-    assert len(rows) == 7
+    # Liu et al.'s DynamicConv Tables 4 (IWSLT'14 De→En) and 2 (WMT'16 En→De), per layer
+    for layer, paper in (("l2norm", "+0.34 (IWSLT'14 De→En), +0.50 (WMT'16 En→De)"),
+                         ("sqnorm", "+0.22 (IWSLT'14 De→En), +0.30 (WMT'16 En→De)"),
+                         ("distance", "+0.36 (IWSLT'14 De→En), +0.10 (WMT'16 En→De)"),
+                         ("cosine", "+0.41 (IWSLT'14 De→En), +0.20 (WMT'16 En→De)")):
+        assert rows[(f"`{layer}` vs `dot` (three-way tying)", "`dynamicconv_twwt`")][3] == paper
+    assert len(rows) == 10
+    tests = [test for cells in summary.values() for cell in cells.values()
+             for name, test in cell.items() if name in ("vs_dot", "vs_untied")]
+    assert len(tests) == 10 and {t["family"] for t in tests} == {10}
+    assert [t["p_holm"] for t in tests] == pytest.approx(
+        multipletests([t["p"] for t in tests], method="holm")[1])
     pngs = renderer.plots("equal", tmp_path, summary)[1:]
     assert [p.name for p in pngs] == ["valid_nll_epochs.png", "valid_nll_delta_epochs.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
