@@ -200,3 +200,26 @@ def test_the_fp16_runs_are_their_logs_and_rank_as_results_gpu_says(tmp_path):
         assert min((c for c in means if c[0] == "three_way"), key=means.get)[1] == "l2norm"
     stopped = [cpu[c + (s,)].train.stop.epoch <= 24 for c in cells for s in (1, 2)]
     assert sum(stopped) > len(stopped) / 2
+
+
+@pytest.mark.parametrize("page, block", [(REPO / "README.md", "does_it_help"),
+                                         (DOCS / "results.md", "answer")])
+def test_no_answer_row_calls_seeds_that_disagree_the_test_sets_noise(page, block):
+    """Each verdict of the answer table against the paired tests of summary.json, re-derived
+    here by hand: "within the test set's noise" only where the pooled p ≥ 0.05 and no two seeds
+    are significant on their own with opposite signs; "seeds disagree" exactly where they are."""
+    summary = json.loads((DOCS / "equal" / "summary.json").read_text())
+    begin, end = markers(block)
+    text = page.read_text()
+    rows = [line.split(" | ") for line in text[text.index(begin):text.index(end)].splitlines()
+            if line.startswith("| `")]
+    assert len(rows) == sum(len(cells) for cells in summary.values())
+    for row in rows:
+        arch, tying, layer, verdict = row[0][2:].strip("`"), row[1], row[2].strip("`"), row[-1]
+        if verdict.startswith("baseline"):
+            continue
+        test = summary[arch][f"{tying}/{layer}"]["vs_untied" if "untied" in row[5] else "vs_dot"]
+        signs = {test["per_seed_delta"][s] > 0 for s, p in test["per_seed_p"].items() if p < 0.05}
+        noise = "within the test set's noise" in verdict
+        assert ("seeds disagree" in verdict) == (len(signs) == 2 and test["n_seeds"] >= 3), row
+        assert not noise or (len(signs) < 2 and test["p"] >= 0.05), row
