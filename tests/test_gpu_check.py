@@ -203,3 +203,20 @@ def test_chunked_training_must_log_the_reference_losses():
     assert not gpu_check.compare_first_losses(off, reference)["passed"]
     short = {**reference, "logged_losses": reference["logged_losses"][:2]}
     assert not gpu_check.compare_first_losses(short, reference)["same_first_losses"]
+
+
+def test_no_ctranslate2_skips_step_4_and_says_so(tmp_path, monkeypatch):
+    """--no-ctranslate2 checks steps 1-3 without decoding and records the skip; a later run
+    without the flag decodes the kept checkpoint only; torch alone must see the GPU."""
+    steps = GpuSteps(monkeypatch)
+    skip = gpu_check.parse_args(["--out", str(tmp_path), "--no-ctranslate2"])
+    result = gpu_check.checked_layer(tmp_path, "dot", skip)
+    assert result == {"passed": True, "ct2_float16": {"skipped": "--no-ctranslate2"}}
+    assert gpu_check.checked_layer(tmp_path, "dot", skip) == result
+    assert steps.calls == ["check dot"]
+    opts = gpu_check.parse_args(["--out", str(tmp_path)])
+    assert gpu_check.checked_layer(tmp_path, "dot", opts)["ct2_float16"] == {"bleu": 1.0}
+    assert steps.calls == ["check dot", "decode dot"]
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(gpu_check.GpuCheckError, match="torch sees none"):
+        gpu_check.require_cuda(with_ctranslate2=False)

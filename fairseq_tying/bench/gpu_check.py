@@ -19,7 +19,8 @@ For each output layer (``--output-layer``, all of ``scoring.OUTPUT_LAYERS`` by d
 4. CTranslate2 float16 decoding on the GPU of the checkpoint exported with
    ``python -m fairseq_tying.export --format ctranslate2``: BLEU and the share of sentences with
    the same hypothesis as step 2 (reported, not checked: fp16 rounding differs between the two;
-   ``fixnorm``, which the export refuses, reports the refusal).
+   ``fixnorm``, which the export refuses, reports the refusal; ``--no-ctranslate2`` skips it
+   and says so in the result, for a machine without CTranslate2's CUDA libraries).
 
 The output layers are checked side by side on the one GPU (``--jobs``, default: all of them;
 the data is prepared once), since each small run leaves most of the GPU idle: on an H100 all five
@@ -58,9 +59,6 @@ from fairseq_tying.common.extras import require
 from fairseq_tying.core import scoring
 from fairseq_tying.export.ct2 import export_ct2
 
-ctranslate2 = require("ctranslate2", extra="serve",
-                      for_what="python -m fairseq_tying.bench --mode gpu-check")
-
 BIN = Path(sys.executable).parent
 HYPOTHESIS = re.compile(r"^D-(\d+)\t(\S+)\t(.*)$", re.M)  # fairseq-generate's detokenized lines
 CHUNKED_TOLERANCE = 0.01  # fp16 scores rounded per element vs the chunked loss's fp32 log Z
@@ -72,17 +70,24 @@ class GpuCheckError(RuntimeError):
     """The machine cannot run the check (no CUDA); nothing was run."""
 
 
-def require_cuda() -> str:
-    """The GPU's name; refuses clearly when torch or CTranslate2 sees no CUDA device."""
+def require_cuda(with_ctranslate2: bool = True) -> str:
+    """The GPU's name; refuses clearly when torch (or CTranslate2, unless step 4 is skipped) sees
+    no CUDA device."""
     if not torch.cuda.is_available():
         raise GpuCheckError("make gpu-check needs a CUDA GPU, and torch sees none "
                             f"(torch {torch.__version__}, torch.cuda.is_available() is False): "
                             "run it on a machine with one, with a CUDA build of torch "
                             "(make setup TORCH_VERSION=<version> with that build in .venv)")
+    if not with_ctranslate2:
+        return torch.cuda.get_device_name()
+    ctranslate2 = require("ctranslate2", extra="serve",
+                          for_what="python -m fairseq_tying.bench --mode gpu-check "
+                                   "(or skip step 4 with --no-ctranslate2)")
     if ctranslate2.get_cuda_device_count() < 1:
         raise GpuCheckError("torch sees a CUDA GPU but CTranslate2 does not: install a "
                             "CTranslate2 wheel built for your CUDA version (pip install "
-                            "ctranslate2) and CUDA 12's cuBLAS")
+                            "ctranslate2) and CUDA 12's cuBLAS, or skip step 4 with "
+                            "--no-ctranslate2")
     return torch.cuda.get_device_name()
 
 
@@ -223,8 +228,9 @@ def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> di
     settings = {"updates": opts.updates, "max_tokens": opts.max_tokens,
                 "chunked_loss": opts.chunked_loss}
     kept = json.loads(path.read_text()) if path.is_file() else {"settings": None}
-    if kept["settings"] == settings and "error" not in kept["result"].get(
-            "ct2_float16", {"error": "not reached"}):
+    decoded = kept["settings"] and kept["result"].get("ct2_float16", {"error": "not reached"})
+    if kept["settings"] == settings and (not opts.ctranslate2 or not
+                                         {"error", "skipped"} & decoded.keys()):
         print(f"[gpu-check] {output_layer}: checked before ({path})", file=sys.stderr)
         return kept["result"]
     if kept["settings"] == settings:
@@ -236,6 +242,10 @@ def checked_layer(data: Path, output_layer: str, opts: argparse.Namespace) -> di
               "float16", file=sys.stderr)
         result = check_output_layer(data, output_layer, opts.out, opts, settings)
     run_dir = opts.out / "runs" / output_layer
+    if not opts.ctranslate2:
+        result["ct2_float16"] = {"skipped": "--no-ctranslate2"}
+        atomic.write_json(path, {"settings": settings, "result": result})
+        return result
     try:
         result["ct2_float16"] = ct2_fp16(data, run_dir, generated_hypotheses(run_dir))
     # reported, not checked: steps 1-2's verdict stands (ValueError: the export's refusal)
@@ -272,6 +282,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="output layers checked side by side on the GPU (default: all)")
     p.add_argument("--no-chunked-loss", dest="chunked_loss", action="store_false",
                    help="skip step 3, the training with --chunked-loss")
+    p.add_argument("--no-ctranslate2", dest="ctranslate2", action="store_false",
+                   help="skip step 4, CTranslate2 float16 decoding (recorded as skipped)")
     p.add_argument("--no-bench", action="store_true",
                    help="skip bench --device cuda --fp16 (layers) and --mode loss (CUDA)")
     opts = p.parse_args(argv)
@@ -287,7 +299,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(opts: argparse.Namespace) -> int:
     """The mode with parsed options (``python -m fairseq_tying.bench --mode ...``)."""
     try:
-        gpu = require_cuda()
+        gpu = require_cuda(opts.ctranslate2)
     except GpuCheckError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
