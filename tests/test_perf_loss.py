@@ -99,3 +99,21 @@ def test_a_peak_is_extrapolated_linearly_in_the_vocabulary():
     assert loss_budget.predicted_peak(by_vocab, "builtin", 128000) == 1600  # from V = 32k
     assert loss_budget.predicted_peak(by_vocab, "chunked", 128000) is None
     assert loss_budget.available_memory() > 0  # /proc/meminfo on Linux
+
+
+def test_a_cut_off_report_names_what_it_lacks_and_each_skip_once():
+    """A run stopped before its last configurations says which (and the missing largest-batch
+    fit) under its table; a model skipped everywhere for one reason is named once."""
+    skip = {"skipped": "torch 2.11.0+cu130 has no F.linear_cross_entropy"}
+    res = {"builtin": {"loss_extra": 4e8, "wall_s": 0.01, "loss": 1.0},
+           "chunked": {"loss_extra": 1e8, "wall_s": 0.02, "loss": 1.0}, "chunked_old": skip}
+    entry = {"device": "cuda", "dtype": "fp16", "steps": 3,
+             "results": {"4096": {"8000": res, "64000": res}}}
+    report = {"config": {"tokens": [4096, 16384], "vocab": [8000, 64000]}}
+    text = loss_report.setup_table(entry, report)
+    assert "Not measured: torch's op (every batch and V): torch 2.11.0+cu130 has no " \
+           "F.linear_cross_entropy." in text
+    assert ("Not in this report (the run ended before them): 16,384 tokens, V = 8k; "
+            "16,384 tokens, V = 64k; the largest-batch fit.") in text
+    assert "Not in this report" not in loss_report.setup_table(
+        entry, {"config": {"tokens": 4096, "vocab": [8000, 64000], "no_max_tokens": True}})

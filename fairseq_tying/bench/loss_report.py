@@ -57,7 +57,34 @@ def _ratio(res: dict, model: str, field: str, fmt: str = "{:.2f}") -> str:
     return fmt.format(res[model][field] / res["builtin"][field])
 
 
-def setup_table(entry: dict) -> str:
+def _skipped(entry: dict) -> list[str]:
+    """Each model's reason for not measuring, once, with the configurations it applies to
+    (``every batch and V`` when it applies to all)."""
+    configs = [(t, v, r) for t, by_vocab in entry["results"].items() for v, r in by_vocab.items()]
+    notes = []
+    for m in MODELS:
+        reasons: dict[str, list[str]] = {}
+        for t, v, r in configs:
+            if "skipped" in r.get(m, {}):
+                reasons.setdefault(r[m]["skipped"], []).append(f"{int(t):,} tokens, V = {_v(v)}")
+        for reason, where in reasons.items():
+            at = "every batch and V" if len(where) == len(configs) else "; ".join(where)
+            notes.append(f"{LABELS[m]} ({at}): {reason}")
+    return notes
+
+
+def _unreached(report: dict, entry: dict) -> list[str]:
+    """Configurations of the run's ``--tokens`` × ``--vocab`` that its report does not hold
+    (the run ended before them)."""
+    def listed(key: str) -> list:  # the first reports held one batch size, not a list
+        value = report["config"].get(key, [])
+        return value if isinstance(value, list) else [value]
+
+    return [f"{int(t):,} tokens, V = {_v(v)}" for t in listed("tokens") for v in listed("vocab")
+            if str(v) not in entry["results"].get(str(t), {})]
+
+
+def setup_table(entry: dict, report: dict | None = None) -> str:
     """The markdown table of one setup: loss memory and step time by batch and V."""
     clock, key = _clock(entry)
     names = " / ".join(LABELS[m] for m in MODELS)
@@ -71,14 +98,18 @@ def setup_table(entry: dict) -> str:
                         f"| {_ratio(res, 'chunked', 'loss_extra', '{:.3f}')} "
                         f"| {_cells(res, key, scale=1e-3, fmt='{:.1f}')} "
                         f"| {_ratio(res, 'chunked_old', key)} | {_ratio(res, 'chunked', key)} |")
-    skipped = [f"{LABELS[m]} at {int(t):,} tokens, V = {_v(v)}: {r[m]['skipped']}"
-               for t, by_vocab in entry["results"].items() for v, r in by_vocab.items()
-               for m in MODELS if "skipped" in r.get(m, {})]
+    skipped = _skipped(entry)
+    unreached = _unreached(report, entry) if report else []
     lines = ["\n".join(rows)]
     if "note" in entry:
         lines.append(entry["note"])
     if skipped:
         lines.append("Not measured: " + "; ".join(skipped) + ".")
+    if report and "max_tokens" not in entry and not report["config"].get("no_max_tokens"):
+        unreached.append("the largest-batch fit")
+    if unreached:
+        lines.append("Not in this report (the run ended before them): " + "; ".join(unreached)
+                     + ".")
     if "max_tokens" in entry:
         mt = entry["max_tokens"]
         memory = "resident memory" if entry["device"] == "cpu" else "CUDA memory allocated"
@@ -116,15 +147,17 @@ def tables(reports: list[tuple[Path, dict]], base: Path) -> str:
     for path, report in reports:
         link = os.path.relpath(path, base)
         for entry in setups(report).values():
-            parts.append(_heading(report, entry, link) + "\n\n" + setup_table(entry))
+            parts.append(_heading(report, entry, link) + "\n\n" + setup_table(entry, report))
     return "\n".join(parts)
 
 
 def summary(reports: list[dict]) -> str:
-    """The README's table at 4,096 target tokens: by V, each setup's loss extra memory
-    (built-in → torch's op → chunked) and step time over the built-in's."""
+    """The README's table at 4,096 target tokens: by V, each setup that measured the chunked
+    loss (the product's; torch's op alone is in the tables), its loss extra memory (built-in →
+    torch's op → chunked) and step time over the built-in's."""
     entries = [e for r in reports for e in setups(r).values()
-               if SUMMARY_TOKENS in e["results"]]
+               if any("loss" in res.get("chunked", {})
+                      for res in e["results"].get(SUMMARY_TOKENS, {}).values())]
     head, rule = ["V"], ["---:"]
     for e in entries:
         name = f"{e['device'].upper()} {e['dtype']}"
@@ -136,7 +169,10 @@ def summary(reports: list[dict]) -> str:
     for vocab in vocabs:
         cells = [_v(vocab)]
         for e in entries:
-            res = e["results"][SUMMARY_TOKENS].get(vocab, {})
+            res = e["results"][SUMMARY_TOKENS].get(vocab)
+            if res is None:
+                cells += ["—", "—"]
+                continue
             _, key = _clock(e)
             memory = [f"{res[m]['loss_extra'] / MB:,.0f}" if "loss_extra" in res.get(m, {})
                       else "not measured" for m in MODELS]

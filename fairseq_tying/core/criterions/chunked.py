@@ -194,8 +194,8 @@ def linear_label_smoothed_nll_loss(hidden: Tensor, w_out: Tensor, bias: Tensor |
 
 # Where the criterions take the chunked loss without --chunked-loss: device type → the smallest
 # V (None: never). CPU from 8k: there it took less CPU time than fairseq's loss at every V timed
-# (8k to 128k, fp32, 4k tokens); smaller V untimed. CUDA: not timed yet (torch's op, which
-# --chunked-loss used before, was 2-11x slower on an H100). docs/performance.md has the table.
+# (8k to 128k, fp32, 4k tokens); smaller V untimed. CUDA: off, the step 1.1-3.5x fairseq's wall
+# time on an H200 (fp16 and bf16, 8k to 250k). docs/performance.md has the tables.
 CHUNKED_BY_DEFAULT: dict[str, int | None] = {"cpu": 8000, "cuda": None}
 
 
