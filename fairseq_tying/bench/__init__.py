@@ -17,7 +17,8 @@ import argparse
 import importlib
 import sys
 
-# imported once chosen: serve and gpu-check need the serve extra (CTranslate2)
+# imported once chosen: serve needs the serve extra (CTranslate2), gpu-check too unless
+# --no-ctranslate2
 MODES = {"layers": "layers", "serve": "serve", "loss": "loss", "gpu-check": "gpu_check"}
 
 
