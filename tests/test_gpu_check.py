@@ -79,25 +79,30 @@ def test_log_checks_on_the_h100_run():
     assert not failed["passed"]
 
 
-H100_LAYERS = {  # make gpu-check on an H100, the five output layers side by side:
-    # (overflows, late halvings, first and last logged loss scale)
-    "l2norm": (3, 0, 64, 16),
-    "sqnorm": (3, 0, 64, 16),
-    "distance": (4, 1, 64, 8),
-    "cosine": (2, 0, 64, 32),
+GPU_LAYERS = {  # make gpu-check step 1, the output layers side by side on one GPU:
+    # (overflows, late halvings, first and last logged loss scale, seconds of training)
+    "h100": {"l2norm": (3, 0, 64, 16), "sqnorm": (3, 0, 64, 16), "distance": (4, 1, 64, 8),
+             "cosine": (2, 0, 64, 32)},
+    "h200": {"dot": (2, 1, 64, 32), "l2norm": (3, 0, 64, 16), "sqnorm": (3, 0, 64, 16),
+             "distance": (4, 1, 64, 8), "cosine": (2, 0, 64, 32), "fixnorm": (1, 0, 64, 64)},
 }
+SECONDS = {"h100": (80, 100), "h200": (90, 110)}
 
 
-@pytest.mark.parametrize("output_layer", sorted(H100_LAYERS))
-def test_log_checks_on_the_h100_runs_of_the_normalized_layers(output_layer):
-    """Their fp16 training passed on the GPU: finite, falling losses and a stable loss scale
+@pytest.mark.parametrize("gpu,output_layer",
+                         [(g, la) for g, layers in GPU_LAYERS.items() for la in sorted(layers)])
+def test_log_checks_on_the_gpu_runs_of_each_layer(gpu, output_layer):
+    """Their fp16 training passed on the GPU (H100: the normalized layers; H200, torch
+    2.11.0+cu130: all six, fixnorm too): finite, falling losses and a stable loss scale
     (distance's one late overflow, 16 -> 8, is the halving the check allows)."""
-    log = (REPO / "tests" / "fixtures" / f"h100_fp16_{output_layer}_train.log").read_text()
+    log = (REPO / "tests" / "fixtures" / f"{gpu}_fp16_{output_layer}_train.log").read_text()
+    assert f"--output-layer {output_layer} --fp16" in log and f"NVIDIA {gpu.upper()}" in log
     checks = gpu_check.train_log_checks(log, updates=300)
-    overflows, late, first, last = H100_LAYERS[output_layer]
+    overflows, late, first, last = GPU_LAYERS[gpu][output_layer]
     assert (checks["overflows"], checks["late_halvings"]) == (overflows, late)
     assert (checks["loss_scales"][0], checks["loss_scales"][-1]) == (first, last)
-    assert len(checks["logged_losses"]) == 30 and 80 < checks["seconds"] < 100
+    low, high = SECONDS[gpu]
+    assert len(checks["logged_losses"]) == 30 and low < checks["seconds"] < high
     assert checks["passed"], checks
 
 
@@ -221,28 +226,3 @@ def test_no_ctranslate2_skips_step_4_and_says_so(tmp_path, monkeypatch):
     with pytest.raises(gpu_check.GpuCheckError, match="torch sees none"):
         gpu_check.require_cuda(with_ctranslate2=False)
 
-
-H200_LAYERS = {  # step 1 of make gpu-check on an H200, the six output layers side by side:
-    # (overflows, late halvings, first and last logged loss scale)
-    "dot": (2, 1, 64, 32),
-    "l2norm": (3, 0, 64, 16),
-    "sqnorm": (3, 0, 64, 16),
-    "distance": (4, 1, 64, 8),
-    "cosine": (2, 0, 64, 32),
-    "fixnorm": (1, 0, 64, 64),
-}
-
-
-@pytest.mark.parametrize("output_layer", sorted(H200_LAYERS))
-def test_log_checks_on_the_h200_runs_of_every_layer(output_layer):
-    """Step 1 on an H200 (torch 2.11.0+cu130) passed for every output layer, fixnorm too: the
-    log is that layer's --fp16 training on that GPU, with finite, falling losses and a stable
-    loss scale."""
-    log = (REPO / "tests" / "fixtures" / f"h200_fp16_{output_layer}_train.log").read_text()
-    assert f"--output-layer {output_layer} --fp16" in log and "NVIDIA H200" in log
-    checks = gpu_check.train_log_checks(log, updates=300)
-    overflows, late, first, last = H200_LAYERS[output_layer]
-    assert (checks["overflows"], checks["late_halvings"]) == (overflows, late)
-    assert (checks["loss_scales"][0], checks["loss_scales"][-1]) == (first, last)
-    assert len(checks["logged_losses"]) == 30 and 90 < checks["seconds"] < 110
-    assert checks["passed"], checks
