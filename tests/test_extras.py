@@ -180,3 +180,13 @@ def test_importing_the_plugin_imports_no_optional_library():
     loaded = set(json.loads(proc.stdout.strip().replace("'", '"')))
     assert "fairseq" in loaded and "fairseq_tying" in loaded
     assert loaded & (OPTIONAL - {"scipy"}) == set()
+
+
+def test_gpu_check_without_ctranslate2_asks_for_the_gpu_only(monkeypatch, capsys):
+    """--no-ctranslate2 skips the serving engine entirely: with it hidden, the refusal on this
+    CPU-only machine names the missing GPU, not the missing extra."""
+    hide(monkeypatch, "ctranslate2")
+    code, err = run_command("fairseq_tying.bench", ["--mode", "gpu-check", "--no-ctranslate2"],
+                            monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err
+    assert "needs a CUDA GPU, and torch sees none" in err and "ctranslate2" not in err
