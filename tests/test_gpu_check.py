@@ -80,7 +80,7 @@ def test_log_checks_on_the_h100_run():
 
 
 GPU_LAYERS = {  # make gpu-check step 1, the output layers side by side on one GPU:
-    # (overflows, late halvings, first and last logged loss scale, seconds of training)
+    # (overflows, late halvings, first and last logged loss scale); SECONDS: training's bounds
     "h100": {"l2norm": (3, 0, 64, 16), "sqnorm": (3, 0, 64, 16), "distance": (4, 1, 64, 8),
              "cosine": (2, 0, 64, 32)},
     "h200": {"dot": (2, 1, 64, 32), "l2norm": (3, 0, 64, 16), "sqnorm": (3, 0, 64, 16),

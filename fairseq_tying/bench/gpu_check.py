@@ -71,19 +71,18 @@ class GpuCheckError(RuntimeError):
 
 
 def require_cuda(with_ctranslate2: bool = True) -> str:
-    """The GPU's name; refuses clearly when torch (or CTranslate2, unless step 4 is skipped) sees
-    no CUDA device."""
+    """The GPU's name; refuses clearly when CTranslate2 (unless step 4 is skipped) is not
+    installed, or when torch or CTranslate2 sees no CUDA device."""
     # a missing install is named first: it is the same fix on any machine
-    ctranslate2 = with_ctranslate2 and require(
-        "ctranslate2", extra="serve",
-        for_what="python -m fairseq_tying.bench --mode gpu-check (or skip step 4 with "
-                 "--no-ctranslate2)")
+    ctranslate2 = require("ctranslate2", extra="serve",
+                          for_what="python -m fairseq_tying.bench --mode gpu-check (or skip "
+                                   "step 4 with --no-ctranslate2)") if with_ctranslate2 else None
     if not torch.cuda.is_available():
         raise GpuCheckError("make gpu-check needs a CUDA GPU, and torch sees none "
                             f"(torch {torch.__version__}, torch.cuda.is_available() is False): "
                             "run it on a machine with one, with a CUDA build of torch "
                             "(make setup TORCH_VERSION=<version> with that build in .venv)")
-    if ctranslate2 and ctranslate2.get_cuda_device_count() < 1:
+    if ctranslate2 is not None and ctranslate2.get_cuda_device_count() < 1:
         raise GpuCheckError("torch sees a CUDA GPU but CTranslate2 does not: install a "
                             "CTranslate2 wheel built for your CUDA version (pip install "
                             "ctranslate2) and CUDA 12's cuBLAS, or skip step 4 with "
