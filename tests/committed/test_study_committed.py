@@ -223,3 +223,13 @@ def test_no_answer_row_calls_seeds_that_disagree_the_test_sets_noise(page, block
         noise = "within the test set's noise" in verdict
         assert ("seeds disagree" in verdict) == (len(signs) == 2 and test["n_seeds"] >= 3), row
         assert not noise or (len(signs) < 2 and test["p"] >= 0.05), row
+
+
+def test_the_equal_training_study_has_every_run_of_its_sweep():
+    """Every run that slurm/bible_equal.yaml expands to has its record (27 + 23 = 50), and no
+    record is outside the sweep."""
+    sweep = load_sweep(REPO / "slurm" / "bible_equal.yaml", check_data=False)
+    expected = {run.name for run in sweep.runs}
+    recorded = [r.run.name for r in _records(DOCS / "equal")]
+    assert len(expected) == 50 and len(recorded) == len(set(recorded))
+    assert set(recorded) == expected, sorted(expected ^ set(recorded))
