@@ -81,8 +81,12 @@ def building_dir(dest: str | os.PathLike) -> Iterator[Path]:
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+    """The lines of a UTF-8 text file, broken at ``\\n`` alone, as fairseq and the Moses
+    scripts read them (``str.splitlines`` also breaks at \\r, \\x0b, \\x1c-\\x1e, \\x85
+    and \\u2028, which would misalign the two sides of a pair); a ``\\r`` before the break is
+    dropped."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return [line.removesuffix("\n").removesuffix("\r") for line in f]
 
 
 def markers(block: str) -> tuple[str, str]:

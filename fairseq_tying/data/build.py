@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,7 +25,7 @@ from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 from tqdm import tqdm
 
-from fairseq_tying.common.atomic import building_dir, write_lines
+from fairseq_tying.common.atomic import building_dir, read_lines, write_lines
 from fairseq_tying.common.moses import moses_tokenize
 from fairseq_tying.data import bible
 
@@ -37,9 +39,11 @@ class PrepareError(Exception):
     """Bad input to the preparation (the message names the flag or file and the fix)."""
 
 
-def read_corpus(corpus: str, langs: tuple[str, ...], train_limit: int | None) -> dict:
+def read_corpus(corpus: str, langs: tuple[str, ...], train_limit: int | None,
+                train_fraction: float | None = None, sample_seed: int = 1) -> dict:
     """``{(split, lang): lines}`` of the embedded Bible or of a directory of plain text files:
-    a translation pair (``langs`` = src, tgt) or one language (a language model)."""
+    a translation pair (``langs`` = src, tgt) or one language (a language model); the
+    training set cut to its first ``train_limit`` lines or to a random ``train_fraction``."""
     if corpus == "bible":
         if not set(langs) <= set(bible.LANGS):
             raise PrepareError(f"--corpus bible has languages {' and '.join(bible.LANGS)}, "
@@ -57,7 +61,19 @@ def read_corpus(corpus: str, langs: tuple[str, ...], train_limit: int | None) ->
     if train_limit is not None:
         for lang in langs:
             data[("train", lang)] = data[("train", lang)][:train_limit]
+    if train_fraction is not None:
+        keep = sample_indices(len(data[("train", langs[0])]), train_fraction, sample_seed)
+        for lang in langs:
+            data[("train", lang)] = [data[("train", lang)][i] for i in keep]
     return data
+
+
+def sample_indices(n: int, fraction: float, seed: int) -> list[int]:
+    """``floor(fraction x n)`` of ``range(n)`` drawn without replacement by ``seed``, in order:
+    a sample spread over the whole corpus (a corpus in book or document order cut at its
+    start would change the domain along with the size)."""
+    k = max(1, math.floor(fraction * n))
+    return sorted(random.Random(seed).sample(range(n), k))
 
 
 def _lang_flags(langs: tuple[str, ...]) -> str:
@@ -79,7 +95,9 @@ def _read_dir(corpus: str, langs: tuple[str, ...]) -> dict:
                     f"--corpus {corpus}: {path} is missing; a corpus directory needs "
                     f"{{train,valid,test}}.{exts} with one sentence per line"
                 )
-            data[(s, lang)] = path.read_text(encoding="utf-8").splitlines()
+            # a carriage return inside a line is a line break to fairseq-preprocess (Python's
+            # universal newlines): a space here keeps the two sides aligned
+            data[(s, lang)] = [line.replace("\r", " ") for line in read_lines(path)]
     return data
 
 
@@ -182,6 +200,8 @@ def prep_record(args) -> dict:
         "vocab_size": args.vocab_size,
         "spm_type": args.spm_type if args.subword == "sentencepiece" else None,
         "train_limit": args.train_limit,
+        "train_fraction": args.train_fraction,
+        "sample_seed": args.sample_seed if args.train_fraction is not None else None,
     }
 
 
@@ -207,7 +227,8 @@ def build_data_dir(args, record: dict, langs: tuple[str, ...], segmenter: Segmen
             f"--out {out} exists but was not prepared with these settings; "
             "choose another --out or pass --force to replace it"
         )
-    data = read_corpus(args.corpus, langs, args.train_limit)
+    data = read_corpus(args.corpus, langs, args.train_limit, args.train_fraction,
+                       args.sample_seed)
     with building_dir(out) as work:
         for folder, texts in (("raw", data), ("subword", segmenter(work, data, langs, args))):
             (work / folder).mkdir()

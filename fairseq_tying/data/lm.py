@@ -29,7 +29,8 @@ def lm_record(args: Namespace) -> dict:
     return {"task": LM_TASK, "corpus": build.corpus_id(args.corpus),
             "lang": args.lm, "subword": args.subword, "vocab_size": args.vocab_size,
             "spm_type": args.spm_type if args.subword == "sentencepiece" else None,
-            "train_limit": args.train_limit,
+            "train_limit": args.train_limit, "train_fraction": args.train_fraction,
+            "sample_seed": args.sample_seed if args.train_fraction is not None else None,
             "post_process": args.subword if args.subword != "word" else None}
 
 

@@ -39,6 +39,8 @@ class Prepare:
     subword: str = "sentencepiece"
     spm_type: str = "unigram"
     train_limit: int | None = None
+    train_fraction: float | None = None
+    sample_seed: int = 1
     force: bool = False
 
     def argv(self) -> list[str]:
@@ -98,6 +100,16 @@ def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser,
         metavar="N",
         help="use only the first N training pairs",
     )
+    p.add_argument(
+        "--train-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="use a random F of the training pairs (e.g. 0.25: floor(F x pairs), drawn with "
+        "--sample-seed, kept in corpus order); valid and test stay whole",
+    )
+    p.add_argument("--sample-seed", type=int, default=Prepare.sample_seed, metavar="S",
+                   help=f"the seed of --train-fraction's draw (default {Prepare.sample_seed})")
     p.add_argument("--out", required=out_required, help="the data dir to create")
     p.add_argument("--force", action="store_true", help="replace an --out prepared differently")
     return p
@@ -120,6 +132,13 @@ def prepare(args: Prepare) -> int:
             raise PrepareError(f"--vocab-size {args.vocab_size} is too small (use >= 10)")
         if args.train_limit is not None and args.train_limit < 1:
             raise PrepareError(f"--train-limit {args.train_limit} must be positive")
+        if args.train_fraction is not None:
+            if not 0 < args.train_fraction <= 1:
+                raise PrepareError(f"--train-fraction {args.train_fraction}: a fraction in "
+                                   "(0, 1], e.g. 0.25 for a quarter of the training pairs")
+            if args.train_limit is not None:
+                raise PrepareError("--train-limit and --train-fraction both cut the training "
+                                   "set: give one (a random sample: --train-fraction)")
         out, built = _prepare_lm(args) if args.lm else _prepare_pair(args)
     except (PrepareError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,4 +1,5 @@
 """``python -m fairseq_tying.launch slurm/SWEEP.yaml ...``: one sweep (launch/sweeps.py);
+``python -m fairseq_tying.launch new-sweep --data DIR ...``: write a sweep (launch/new_sweep.py);
 ``python -m fairseq_tying.launch study NAME ...``: a study of slurm/studies.yaml
 (launch/studies.py)."""
 
@@ -11,6 +12,10 @@ from fairseq_tying.common.extras import run_main
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["new-sweep"]:  # write an equal-training sweep file for a prepared data dir
+        from fairseq_tying.launch import new_sweep
+
+        return new_sweep.run(argv[1:])
     if argv[:1] == ["study"]:  # a study of slurm/studies.yaml, by name
         # imported on use, so that a missing extra gets its message (run_main): a sweep needs
         # the launch extra, a study also the analysis extra (its views' plots)

@@ -1,0 +1,225 @@
+"""``python -m fairseq_tying.launch new-sweep --data DIR ...``: write the equal-training sweep
+file that answers "which tying mode and output layer?" on a prepared data dir.
+
+    python -m fairseq_tying.launch new-sweep --data work/mine/data --pilot --out mine_pilot.yaml
+    python -m fairseq_tying.launch new-sweep --data work/mine/data --epochs 40 --out mine.yaml
+
+The sweep follows the equal-training study's protocol (slurm/bible_equal.yaml): every run
+trains exactly ``--epochs`` epochs (no early stopping), keeps its last ``--average-last`` epoch
+checkpoints and is scored on the data dir's test set as their average (beam 5), the
+best-validation checkpoint beside it; logs are JSON, which the answer (``python -m
+fairseq_tying.studies answer``) reads. Its grid, per family: the tying table with ``dot``
+(each of ``--tying``), then three-way tying with every other ``--output-layers``; ``--seeds``
+of each. ``--pilot`` writes the first of those runs (the baseline: the first ``--tying`` with
+``dot``, the first seed) trained until its validation NLL flattens (the plateau rule, at most
+``--max-epochs``); the epoch it stops at is the budget to give ``--epochs``. The file is plain
+YAML with comments: edit it before launching.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from fairseq_tying.common.atomic import write_text
+from fairseq_tying.core.models.tying import TYING_MODES
+from fairseq_tying.core.scoring import OUTPUT_LAYERS
+
+FAMILIES = {"transformer": "transformer_twwt", "dynamicconv": "dynamicconv_twwt"}
+BASELINE_LAYER = "dot"
+TIED = "three_way"  # the tying mode every output layer is compared under
+# model sizes: the studies' small model, and fairseq's transformer_iwslt_de_en
+MODELS = {
+    "small": {"layers": 2, "embed_dim": 128, "ffn_embed_dim": 512, "attention_heads": 4,
+              "dropout": 0.1, "lr": 0.003, "warmup_updates": 200, "max_tokens": 4096},
+    "iwslt": {"layers": 6, "embed_dim": 512, "ffn_embed_dim": 1024, "attention_heads": 4,
+              "dropout": 0.3, "lr": 0.0005, "warmup_updates": 4000, "max_tokens": 4096},
+}
+PILOT = {"patience": 3, "min_gain": 0.005}  # the converged study's plateau rule
+
+
+class NewSweepError(ValueError):
+    """A bad option of new-sweep; the message names the flag and the fix."""
+
+
+def grid_blocks(families: list[str], tyings: list[str], layers: list[str],
+                seeds: list[int]) -> list[dict]:
+    """The grid: per family, the tying table with ``dot`` and three-way tying with each other
+    layer, in that priority order."""
+    blocks = []
+    for family in families:
+        arch = FAMILIES[family]
+        if BASELINE_LAYER in layers:
+            blocks.append({"arch": arch, "tying": tyings, "output_layer": [BASELINE_LAYER]})
+        others = [la for la in layers if la != BASELINE_LAYER]
+        if others:
+            blocks.append({"arch": arch, "tying": [TIED], "output_layer": others})
+    return [dict(b, seed=seeds) for b in blocks]
+
+
+def _flow(values: list) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def render(args: argparse.Namespace, prep: dict) -> str:
+    """The sweep file's text."""
+    model = MODELS[args.model]
+    dataset = args.dataset
+    if args.pilot:
+        blocks = [{"arch": FAMILIES[args.families[0]], "tying": [args.tying[0]],
+                   "output_layer": [BASELINE_LAYER], "seed": [args.seeds[0]]}]
+        stopping = (f"stopping:                 # the pilot: until the validation NLL flattens\n"
+                    f"  patience: {PILOT['patience']}\n  min_gain: {PILOT['min_gain']}\n"
+                    f"  min_epoch: {args.average_last}\n  max_epoch: {args.max_epochs}\n")
+        what = ("The pilot: the baseline trained until its validation NLL flattens; the epoch "
+                "it stops at\n# is the budget of the sweep (new-sweep --epochs E).")
+    else:
+        blocks = grid_blocks(args.families, args.tying, args.output_layers, args.seeds)
+        stopping = (f"stopping:                 # equal training: exactly max_epoch epochs\n"
+                    f"  max_epoch: {args.epochs}\n  plateau: false\n")
+        what = (f"Equal training: every run {args.epochs} epochs, scored as the average of "
+                f"its last {args.average_last} epoch\n# checkpoints.")
+    grid = "\n".join(
+        f"  - {{dataset: [{dataset}], arch: [{b['arch']}], tying: {_flow(b['tying'])}, "
+        f"output_layer: {_flow(b['output_layer'])}, seed: {_flow(b['seed'])}, "
+        f"priority: {i + 1}}}" for i, b in enumerate(blocks))
+    gpus = args.gpus
+    resources = (f"  nodes: 1\n  gpus_per_node: {gpus}\n  tasks_per_node: {gpus}\n"
+                 f"  cpus_per_task: 8\n  mem_gb: 32\n  time: \"24:00:00\"\n") if gpus else \
+        "  nodes: 1\n  gpus_per_node: 0\n  tasks_per_node: 1\n  cpus_per_task: 1\n" \
+        "  mem_gb: 4\n  time: \"24:00:00\"\n"
+    batch = f"  max_tokens: {model['max_tokens']}\n  update_freq: 1\n" + \
+        ("  fp16: true\n" if gpus else "")
+    src, tgt = prep["src"], prep["tgt"]
+    dims = "".join(f"  {side}_{k}: {model[k]}\n" for side in ("encoder", "decoder")
+                   for k in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads"))
+    return f"""# {args.name}: tying and output layer on {dataset} ({src}->{tgt}); written by
+#   python -m fairseq_tying.launch new-sweep {' '.join(args.argv)}
+# {what}
+# Train:   python -m fairseq_tying.launch THIS_FILE --local --workers N   (or on SLURM: no --local)
+# Answer:  python -m fairseq_tying.studies answer THIS_FILE
+name: {args.name}
+output_dir: {args.output_dir}
+datasets:
+  {dataset}: {args.data}
+grid:
+{grid}
+{stopping}fairseq:
+  task: translation
+  source_lang: {src}
+  target_lang: {tgt}
+{dims}  dropout: {model['dropout']}
+  criterion: label_smoothed_cross_entropy_pr
+  label_smoothing: 0.1
+  optimizer: adam
+  adam_betas: "(0.9, 0.98)"
+  clip_norm: 1.0
+  lr: {model['lr']}
+  lr_scheduler: inverse_sqrt
+  warmup_updates: {model['warmup_updates']}
+  best_checkpoint_metric: nll_loss  # checkpoint_best.pt and the pilot's plateau rule follow it
+  keep_last_epochs: {args.average_last}               # the epoch checkpoints that are averaged
+  update_epoch_batch_itr: "True"    # a run resumed at an epoch boundary trains as one that was not
+  required_batch_size_multiple: 1
+  num_workers: 0
+  log_format: json                  # the answer reads the parameter count and validation lines
+  log_interval: 100
+batch:
+{batch}resources:
+{resources}evaluation:
+  # fixed before training: the average of the last {args.average_last} epoch checkpoints is the
+  # run's score, the best single checkpoint is recorded beside it (beam 5, length penalty 1)
+  args: [--average-last, "{args.average_last}", --preset, transformer_iwslt]
+  also:
+    best: [--checkpoint, checkpoint_best.pt, --preset, transformer_iwslt]
+  time: 60
+"""
+
+
+def read_prep(data: Path) -> dict:
+    """The data dir's prep.json (a translation pair), or a NewSweepError saying how to make
+    one."""
+    path = data / "prep.json"
+    if not path.is_file():
+        raise NewSweepError(f"--data {data}: no prep.json; prepare it first: python -m "
+                            "fairseq_tying.data.prepare --corpus DIR --src SRC --tgt TGT "
+                            f"--vocab-size 8000 --out {data}")
+    prep = json.loads(path.read_text())
+    if not prep.get("src") or not prep.get("tgt"):
+        raise NewSweepError(f"--data {data}: a language-model data dir; the sweep compares "
+                            "translation models (prepare with --src and --tgt)")
+    return prep
+
+
+def check(args: argparse.Namespace) -> None:
+    """Refuse contradictory options before anything is written."""
+    if args.pilot == (args.epochs is not None):
+        raise NewSweepError("give --pilot (train the baseline until it flattens) or --epochs E "
+                            "(the sweep's budget, e.g. the pilot's stop epoch), not both")
+    if args.epochs is not None and args.epochs < args.average_last:
+        raise NewSweepError(f"--epochs {args.epochs}: fewer than --average-last "
+                            f"{args.average_last} epoch checkpoints to average")
+    if args.max_epochs < args.average_last:
+        raise NewSweepError(f"--max-epochs {args.max_epochs}: below --average-last")
+    if not args.pilot and TIED not in args.tying and set(args.output_layers) - {BASELINE_LAYER}:
+        raise NewSweepError(f"--output-layers are compared under --tying {TIED}: add it to "
+                            "--tying or keep --output-layers dot")
+    for flag in ("tying", "output_layers", "seeds", "families"):
+        values = getattr(args, flag)
+        if len(set(values)) != len(values):
+            raise NewSweepError(f"--{flag.replace('_', '-')} {' '.join(map(str, values))}: a "
+                                "value twice")
+    if args.out.exists() and not args.force:
+        raise NewSweepError(f"--out {args.out} exists; give another file or --force")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fairseq_tying.launch new-sweep",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, required=True,
+                   help="a data dir of python -m fairseq_tying.data.prepare (a pair)")
+    p.add_argument("--out", type=Path, required=True, help="the sweep file to write (YAML)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--epochs", type=int, help="every run's epoch budget")
+    budget.add_argument("--pilot", action="store_true",
+                        help="the baseline alone, until its validation NLL flattens")
+    p.add_argument("--max-epochs", type=int, default=100,
+                   help="--pilot: stop there if it has not flattened (default 100)")
+    p.add_argument("--name", help="the sweep's name (default: --out's stem)")
+    p.add_argument("--dataset", help="the dataset's name in run names (default: --data's name)")
+    p.add_argument("--output-dir", help="the run folders (default: runs/NAME)")
+    p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=["transformer"])
+    p.add_argument("--tying", nargs="+", choices=TYING_MODES, default=list(TYING_MODES),
+                   help="the tying table (with dot); the first is the baseline")
+    p.add_argument("--output-layers", nargs="+", choices=OUTPUT_LAYERS,
+                   default=list(OUTPUT_LAYERS), help=f"compared under {TIED} tying")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--average-last", type=int, default=5,
+                   help="epoch checkpoints averaged into the scored model (default 5)")
+    p.add_argument("--model", choices=list(MODELS), default="small",
+                   help="small: 2 layers of 128 (the studies'); iwslt: fairseq's "
+                   "transformer_iwslt_de_en sizes")
+    p.add_argument("--gpus", type=int, default=0,
+                   help="GPUs per run (fp16 on SLURM); 0: a CPU run (default)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    return p
+
+
+def run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    args.name = args.name or args.out.stem
+    args.dataset = args.dataset or args.data.name
+    args.output_dir = args.output_dir or f"runs/{args.name}"
+    try:
+        check(args)
+        prep = read_prep(args.data)
+    except NewSweepError as err:
+        print(f"error: new-sweep: {err}", file=sys.stderr)
+        return 2
+    write_text(args.out, render(args, prep))
+    print(f"wrote {args.out}; train: python -m fairseq_tying.launch {args.out} --local")
+    return 0
