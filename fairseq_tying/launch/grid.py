@@ -32,6 +32,8 @@ OWNED_FLAGS = {"arch", "tying", "output_layer", "seed", "save_dir", "update_freq
 # flags that decide a run's length and checkpoints: one value for the whole sweep
 STOPPING_FLAGS = {"max_epoch", "max_update", "patience", "no_epoch_checkpoints",
                   "disable_validation", "no_save"}
+# what a record reads from fairseq's log (the parameter count, every validation's statistics)
+LOG_FORMAT = "json"
 # one grid point: (priority, dataset, arch, tying, output_layer, seed, tag, flags)
 Point = tuple[Any, ...]
 
@@ -149,6 +151,12 @@ def train_flags(fairseq: Any, batch: Batch, res: Resources,
     ``stopping`` rule's epoch budget), and the update frequency."""
     update_freq = _update_freq(batch, res)
     common = fairseq_flags(fairseq)
+    if "--log-format" not in common:
+        common += ["--log-format", LOG_FORMAT]
+    elif (given := common[common.index("--log-format") + 1]) != LOG_FORMAT:
+        raise SweepError(f"fairseq.log_format: {given}; a run's record and the answer read "
+                         f"fairseq's {LOG_FORMAT} log lines: set log_format: {LOG_FORMAT} or "
+                         "leave it out")
     if batch.max_tokens is not None:
         common += ["--max-tokens", str(batch.max_tokens)]
     common += ["--update-freq", str(update_freq)]

@@ -22,7 +22,7 @@ from fairseq_tying.launch import FOR_WHAT
 from fairseq_tying.launch.config import Run, Sweep, SweepError
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, LocalRunJob, TrainJob, hold_run
 from fairseq_tying.launch.plateau import Plateau, read_history
-from fairseq_tying.launch.submit import Submitted, prepare_run_dir
+from fairseq_tying.launch.submit import Inline, Submitted, prepare_run_dir
 
 submitit = require("submitit", "launch", FOR_WHAT)
 
@@ -108,11 +108,12 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | Non
             ex, job, run.name,
             lambda job: tqdm.write(f"training {run.name} (local job {job.job_id}, log {log})",
                                    file=sys.stderr))
-        if one_task:
+        if one_task:  # trained and evaluated by one job
+            out.evaluate.append(out.train[run.name])
             return True
     if evaluation is not None:
         ex = _local_executor(sweep, 1, min(res.gpus_per_node, 1))
-        jobs.run(ex, evaluation, run.name)
+        out.evaluate.append(jobs.run(ex, evaluation, run.name))
     return True
 
 
@@ -301,4 +302,5 @@ def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
                    f"{', '.join(out.not_started)}; the same command trains them", file=sys.stderr)
     if sweep.eval_enabled and sweep.task != LM_TASK:  # collect compares BLEU
         CollectJob(str(sweep.output_dir), str(sweep.output_dir))()
+        out.collect = Inline()
     return out

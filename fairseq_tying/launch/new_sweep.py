@@ -30,8 +30,10 @@ from fairseq_tying.core.scoring import OUTPUT_LAYERS
 FAMILIES = {"transformer": "transformer_twwt", "dynamicconv": "dynamicconv_twwt"}
 BASELINE_LAYER = "dot"
 TIED = "three_way"  # the tying mode every output layer is compared under
-# model sizes: the studies' small model, and fairseq's transformer_iwslt_de_en
+# model sizes: a smoke test's, the studies' small model, and fairseq's transformer_iwslt_de_en
 MODELS = {
+    "tiny": {"layers": 1, "embed_dim": 16, "ffn_embed_dim": 32, "attention_heads": 2,
+             "dropout": 0.1, "lr": 0.005, "warmup_updates": 5, "max_tokens": 400},
     "small": {"layers": 2, "embed_dim": 128, "ffn_embed_dim": 512, "attention_heads": 4,
               "dropout": 0.1, "lr": 0.003, "warmup_updates": 200, "max_tokens": 4096},
     "iwslt": {"layers": 6, "embed_dim": 512, "ffn_embed_dim": 1024, "attention_heads": 4,
@@ -200,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--average-last", type=int, default=5,
                    help="epoch checkpoints averaged into the scored model (default 5)")
     p.add_argument("--model", choices=list(MODELS), default="small",
-                   help="small: 2 layers of 128 (the studies'); iwslt: fairseq's "
-                   "transformer_iwslt_de_en sizes")
+                   help="tiny: 1 layer of 16 (a smoke test); small: 2 layers of 128 (the "
+                   "studies'); iwslt: fairseq's transformer_iwslt_de_en sizes")
     p.add_argument("--gpus", type=int, default=0,
                    help="GPUs per run (fp16 on SLURM); 0: a CPU run (default)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")

@@ -22,6 +22,13 @@ _make_sbatch_string = require("submitit.slurm.slurm", "launch", FOR_WHAT)._make_
 
 
 @dataclass
+class Inline:
+    """A step the launcher ran in its own process (a local sweep's collect)."""
+
+    job_id: str = "launcher"
+
+
+@dataclass
 class Submitted:
     train: dict[str, Any] = field(default_factory=dict)  # run name -> job
     evaluate: list[Any] = field(default_factory=list)

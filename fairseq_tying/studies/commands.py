@@ -1,5 +1,6 @@
-"""``python -m fairseq_tying.studies {collect,study}``: compare evaluated runs. ``collect`` reads
-a sweep's run folders; ``study`` rebuilds a report from a folder of records (a study of
+"""``python -m fairseq_tying.studies {answer,collect,study}``: compare evaluated runs. ``answer``
+gives "Does it help?" for a sweep's runs (``studies.answer``); ``collect`` reads a sweep's run
+folders; ``study`` rebuilds a report from a folder of records (a study of
 slurm/studies.yaml by name: ``python -m fairseq_tying.launch study NAME``)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +18,15 @@ def build_parser() -> argparse.ArgumentParser:
         "and plots (evaluate one run: python -m fairseq_tying.evaluation).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    an = sub.add_parser("answer", help="\"Does it help?\" for a sweep's runs: the verdicts, the "
+                        "claims and the tables of the README's answer, for your own data")
+    an.add_argument("sweep", type=Path, metavar="SWEEP", help="the sweep file the runs came from")
+    an.add_argument("--runs", type=Path, help="the run folders (default: the sweep's output_dir)")
+    an.add_argument("--out", type=Path, help="where the answer goes (default: answers/NAME)")
+    an.add_argument("--references", type=Path, help="the test references the runs were scored "
+                    "on (default: the data dir's raw/test.TGT)")
+    an.add_argument("--bootstrap-samples", type=int, default=1000)
 
     co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
     co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
@@ -56,6 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fairseq_tying.studies.collect import collect
     from fairseq_tying.studies.report import Target, build, references
 
+    if args.command == "answer":
+        from fairseq_tying.studies.answer import answer
+
+        try:
+            return answer(args.sweep, args.runs, args.out, args.references,
+                          args.bootstrap_samples)
+        except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
+            print(f"error: answer: {e}", file=sys.stderr)
+            return 2
     try:
         if args.command == "collect":
             done = collect(args.runs_root, args.out, args.baseline, args.bootstrap_samples)

@@ -1,0 +1,158 @@
+"""``python -m fairseq_tying.studies answer SWEEP.yaml``: "Does it help?" for any sweep's runs.
+
+The same engine, claims and verdict rule as the README's block (``report.build`` with the
+``does_it_help`` and ``equal`` views), the family of claims being this sweep's. Every run of the
+sweep is checked before any record is written; a run that cannot be compared is named with the
+reason and left out, never mixed in:
+
+- *unfinished*: no ``eval.json`` yet (not trained, still training, or not evaluated);
+- *another budget*: under an equal-training sweep (``stopping.plateau: false``) a run that did
+  not stop for its budget at the sweep's ``max_epoch``;
+- *other references*: scored on a file whose sha256 differs from ``--references`` (default:
+  the test references of the sweep's data dir, ``D/raw/test.TGT``); the file it was scored on
+  is named;
+- *no JSON log*: trained with another ``--log-format`` than json, so its parameter count and
+  validations cannot be read.
+
+``OUT`` (default ``answers/NAME``) receives ``records/`` (one record per compared run, those of
+runs no longer compared removed), ``answer.md`` (the answer, the claims and the tables),
+``summary.json`` and the plots. A cell with fewer seeds than the verdict rule needs says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fairseq_tying.common import EVAL_JSON, TRAIN_DONE
+from fairseq_tying.common.atomic import markers, write_text
+from fairseq_tying.launch.config import Run, Sweep, load_sweep
+from fairseq_tying.studies import records
+from fairseq_tying.studies.report import Target, build, references
+
+ANSWER = "answer.md"
+# the answer's blocks in the file's order; the tables' view also writes summary.json and plots
+BLOCKS = (("does_it_help", "does_it_help"), ("tables", "equal"))
+PLOTTED = "tables"
+NEW_FILE = "# Does it help?\n"
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    run: str
+    why: str
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def default_references(sweep: Sweep) -> Path:
+    """The target side of the test set in the sweep's data dir (``D/raw/test.TGT``)."""
+    dirs = sorted({r.data_dir for r in sweep.runs})
+    if len(dirs) != 1:
+        raise ValueError(f"{sweep.path}: {len(dirs)} datasets; give --references (the test "
+                         "set the runs were scored on)")
+    tgt = _flag(sweep.runs[0].train_args, "--target-lang")
+    path = dirs[0] / "raw" / f"test.{tgt}"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the test references of the sweep's data dir are not "
+                                "here; give --references FILE (the file the runs were scored on)")
+    return path
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def budget(sweep: Sweep) -> int | None:
+    """The epoch budget every run trains (None: not an equal-training sweep)."""
+    stopping = sweep.runs[0].stopping if sweep.runs else None
+    if not stopping or stopping.get("plateau", True):
+        return None
+    return int(stopping["max_epoch"])
+
+
+def why_left_out(run: Run, refs: Path, digest: str, epochs: int | None) -> str | None:
+    """Why ``run`` cannot be compared, or None."""
+    ev_path = run.run_dir / EVAL_JSON
+    if not ev_path.is_file():
+        return f"unfinished (no {EVAL_JSON} in {run.run_dir})"
+    ev = json.loads(ev_path.read_text())
+    if ev.get("references_sha256") != digest:
+        return (f"scored on other references: {ev.get('references')} (sha256 "
+                f"{str(ev.get('references_sha256'))[:12]}…), not {refs} ({digest[:12]}…)")
+    if epochs is not None:
+        done = run.run_dir / TRAIN_DONE
+        stop = json.loads(done.read_text()).get("stop") if done.is_file() else None
+        if not stop or stop.get("reason") != "budget" or stop.get("epoch") != epochs:
+            got = f"epoch {stop['epoch']} ({stop['reason']})" if stop else "no stop record"
+            return f"trained with another budget: {got}, the sweep's is {epochs} epochs"
+    try:
+        records.train_facts(run.run_dir)
+    except (ValueError, FileNotFoundError) as err:
+        return f"no JSON training log: {err}"
+    return None
+
+
+def check_runs(sweep: Sweep, refs: Path) -> tuple[list[Run], list[LeftOut]]:
+    """The runs that can be compared, and those left out with the reason."""
+    digest, epochs = file_sha256(refs), budget(sweep)
+    kept, left = [], []
+    for run in sweep.runs:
+        why = why_left_out(run, refs, digest, epochs)
+        (left.append(LeftOut(run.name, why)) if why else kept.append(run))
+    return kept, left
+
+
+def write_records(runs: list[Run], out: Path) -> list[str]:
+    """One record per compared run in ``out`` (rebuilt from its folder); records of runs no
+    longer compared are removed. Returns the names removed."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = {r.name for r in runs}
+    for run in runs:
+        records.build_record(run.run_dir).save(out / f"{run.name}.json")
+    removed = []
+    for path in sorted(out.glob("*.json")):
+        if path.stem not in names:
+            path.unlink()
+            (out / f"{path.stem}.hyp.gz").unlink(missing_ok=True)
+            removed.append(path.stem)
+    return removed
+
+
+def answer(sweep_file: Path, runs: Path | None, out: Path | None, refs: Path | None,
+           n_samples: int) -> int:
+    sweep = load_sweep(sweep_file, runs, check_data=False)
+    out = out or Path("answers") / sweep.name
+    refs = refs or default_references(sweep)
+    kept, left = check_runs(sweep, refs)
+    for lo in left:
+        print(f"left out {lo.run}: {lo.why}", file=sys.stderr)
+    if not kept:
+        print(f"error: answer: none of the {len(sweep.runs)} runs of {sweep_file} can be "
+              "compared yet (see above)", file=sys.stderr)
+        return 2
+    write_records(kept, out / "records")
+    targets = sorted((Target(out / ANSWER, block, view) for block, view in BLOCKS),
+                     key=lambda t: t.block != PLOTTED)
+    _start(out / ANSWER, sweep_file, sweep, left)
+    done = build(out / "records", targets, out, references(refs), None, n_samples,
+                 len(sweep.runs))
+    print((out / ANSWER).read_text())
+    print(f"{len(kept)} of {len(sweep.runs)} runs compared; wrote {', '.join(done['written'])}")
+    return 0
+
+
+def _start(path: Path, sweep_file: Path, sweep: Sweep, left: list[LeftOut]) -> None:
+    """The answer file's head (rewritten each time): what it answers, the runs left out."""
+    lines = [NEW_FILE, f"The runs of `{sweep_file}` ({sweep.name}), compared by `python -m "
+             f"fairseq_tying.studies answer {sweep_file}`.\n"]
+    if left:
+        lines += ["Left out:\n", *(f"- `{lo.run}`: {lo.why}" for lo in left), ""]
+    for block, _ in BLOCKS:
+        lines += [*markers(block), ""]
+    write_text(path, "\n".join(lines))
