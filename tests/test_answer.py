@@ -128,3 +128,19 @@ def test_a_sweep_without_json_logs_is_refused_before_training(answered, tmp_path
     assert result.returncode == 2
     assert "fairseq.log_format: simple" in result.stderr and "json" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_answer_is_rebuilt_from_its_records_alone_into_a_report(answered, tmp_path):
+    out = tmp_path / "answer"
+    shutil.copytree(answered["root"] / "answer" / "records", out / "records")
+    report = tmp_path / "results.md"
+    report.write_text("# Results\n\n<!-- mine:begin -->\nold\n<!-- mine:end -->\n\nafter\n")
+    refs = answered["data"] / "raw" / "test.es"
+    run_module("fairseq_tying.studies", "answer", answered["sweep"], "--records-only",
+               "--runs", tmp_path / "no_runs", "--references", refs, "--out", out,
+               "--report", report, "--block", "mine")
+    original = (answered["root"] / "answer" / "answer.md").read_text()
+    assert (out / "answer.md").read_text() == original  # the same answer, byte for byte
+    body = report.read_text()
+    assert "old" not in body and body.endswith("<!-- mine:end -->\n\nafter\n")
+    assert original.split("\n\n", 2)[2].strip() in body  # the answer without its head

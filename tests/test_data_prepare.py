@@ -191,3 +191,44 @@ def test_cli_module(tmp_path):
                       "de", "--vocab-size", "100", "--out", tmp_path / "d", check=False)
     assert proc.returncode == 2
     assert "--corpus bible has languages es and en" in proc.stderr
+
+
+def test_a_training_fraction_is_a_seeded_sample_in_corpus_order():
+    full = build.read_corpus("bible", ("es", "en"), None)
+    cut = build.read_corpus("bible", ("es", "en"), None, 0.25, sample_seed=1)
+    n = len(full[("train", "es")])
+    assert len(cut[("train", "es")]) == n // 4 == 7159
+    keep = build.sample_indices(n, 0.25, 1)
+    assert keep == sorted(keep) and len(set(keep)) == len(keep)
+    for lang in ("es", "en"):  # the pairs stay pairs, in the corpus's order
+        assert cut[("train", lang)] == [full[("train", lang)][i] for i in keep]
+        for split in ("valid", "test"):
+            assert cut[(split, lang)] == full[(split, lang)]
+    # drawn over the whole corpus (the test books are late in it), not from its start
+    assert keep[0] < n // 100 and keep[-1] > n - n // 100
+    assert build.sample_indices(n, 0.25, 1) == keep != build.sample_indices(n, 0.25, 2)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train-fraction", "0"], "--train-fraction 0.0: a fraction in (0, 1]"),
+    (["--train-fraction", "1.5"], "--train-fraction 1.5: a fraction in (0, 1]"),
+    (["--train-fraction", "0.5", "--train-limit", "10"], "give one"),
+])
+def test_a_bad_training_cut_is_refused_by_name(tmp_path, capsys, flags, message):
+    args = ["--corpus", "bible", "--src", "es", "--tgt", "en", "--vocab-size", "100",
+            "--out", str(tmp_path / "d"), *flags]
+    assert prepare.main(args) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_lines_break_at_newline_alone(tmp_path):
+    """\\x0b, \\x1c-\\x1e, \\x85 and \\u2028 are inside a line (str.splitlines breaks there);
+    \\r\\n ends one, a lone \\r becomes a space."""
+    for lang, text in (("es", "uno\x85dos\u2028\r\ntres\x1cx\rcuatro\n"),
+                       ("en", "one\r\ntwo\n")):
+        for split in ("train", "valid", "test"):
+            (tmp_path / f"{split}.{lang}").write_text(text, encoding="utf-8", newline="")
+    data = build.read_corpus(str(tmp_path), ("es", "en"), None)
+    assert data[("train", "es")] == ["uno\x85dos\u2028", "tres\x1cx cuatro"]
+    assert data[("train", "en")] == ["one", "two"]

@@ -1,7 +1,7 @@
 """``python -m fairseq_tying.studies answer SWEEP.yaml``: "Does it help?" for any sweep's runs.
 
-The same engine, claims and verdict rule as the README's block (``report.build`` with the
-``does_it_help`` and ``equal`` views), the family of claims being this sweep's. Every run of the
+The same engine, claims and verdict rule as the README's block (the ``does_it_help`` and
+``equal`` views of ``report.Renderer``), the family of claims being this sweep's. Every run of the
 sweep is checked before any record is written; a run that cannot be compared is named with the
 reason and left out, never mixed in:
 
@@ -16,7 +16,9 @@ reason and left out, never mixed in:
 
 ``OUT`` (default ``answers/NAME``) receives ``records/`` (one record per compared run, those of
 runs no longer compared removed), ``answer.md`` (the answer, the claims and the tables),
-``summary.json`` and the plots. A cell with fewer seeds than the verdict rule needs says so.
+``summary.json`` and the plots; ``--report FILE`` also puts the answer into a marked block of
+a report, and ``--records-only`` rebuilds it from ``OUT/records`` alone (a clone's committed
+records). A cell with fewer seeds than the verdict rule needs says so.
 """
 
 from __future__ import annotations
@@ -28,16 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fairseq_tying.common import EVAL_JSON, TRAIN_DONE
-from fairseq_tying.common.atomic import markers, write_text
+from fairseq_tying.common.atomic import replace_block, write_text
 from fairseq_tying.launch.config import Run, Sweep, load_sweep
 from fairseq_tying.studies import records
-from fairseq_tying.studies.report import Target, build, references
+from fairseq_tying.studies.report import Renderer, references
 
 ANSWER = "answer.md"
-# the answer's blocks in the file's order; the tables' view also writes summary.json and plots
-BLOCKS = (("does_it_help", "does_it_help"), ("tables", "equal"))
-PLOTTED = "tables"
-NEW_FILE = "# Does it help?\n"
+TITLE = "# Does it help?\n"
 
 
 @dataclass(frozen=True)
@@ -124,35 +123,53 @@ def write_records(runs: list[Run], out: Path) -> list[str]:
     return removed
 
 
-def answer(sweep_file: Path, runs: Path | None, out: Path | None, refs: Path | None,
-           n_samples: int) -> int:
+def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
+           refs: Path | None = None, n_samples: int = 1000, records_only: bool = False,
+           report: Path | None = None, block: str = "answer") -> int:
+    """Check the sweep's runs, record those that can be compared and write the answer; with
+    ``records_only``, the answer of the records already in ``OUT/records`` alone (e.g. a
+    clone's committed records); with ``report``, the answer also into its marked ``block``."""
     sweep = load_sweep(sweep_file, runs, check_data=False)
     out = out or Path("answers") / sweep.name
     refs = refs or default_references(sweep)
-    kept, left = check_runs(sweep, refs)
-    for lo in left:
-        print(f"left out {lo.run}: {lo.why}", file=sys.stderr)
-    if not kept:
-        print(f"error: answer: none of the {len(sweep.runs)} runs of {sweep_file} can be "
-              "compared yet (see above)", file=sys.stderr)
-        return 2
-    write_records(kept, out / "records")
-    targets = sorted((Target(out / ANSWER, block, view) for block, view in BLOCKS),
-                     key=lambda t: t.block != PLOTTED)
-    _start(out / ANSWER, sweep_file, sweep, left)
-    done = build(out / "records", targets, out, references(refs), None, n_samples,
-                 len(sweep.runs))
+    if records_only:
+        have = {p.stem for p in (out / "records").glob("*.json")}
+        left = [LeftOut(r.name, f"no record in {out / 'records'}") for r in sweep.runs
+                if r.name not in have]
+    else:
+        kept, left = check_runs(sweep, refs)
+        for lo in left:
+            print(f"left out {lo.run}: {lo.why}", file=sys.stderr)
+        if not kept:
+            print(f"error: answer: none of the {len(sweep.runs)} runs of {sweep_file} can be "
+                  "compared yet (see above)", file=sys.stderr)
+            return 2
+        write_records(kept, out / "records")
+    body, written = render(out, references(refs), n_samples, len(sweep.runs))
+    write_text(out / ANSWER, head(sweep_file, sweep, left) + body + "\n")
+    if report is not None:
+        replace_block(report, block, body)
+        written.append(str(report))
     print((out / ANSWER).read_text())
-    print(f"{len(kept)} of {len(sweep.runs)} runs compared; wrote {', '.join(done['written'])}")
+    print(f"{len(sweep.runs) - len(left)} of {len(sweep.runs)} runs compared; wrote "
+          + ", ".join([str(out / ANSWER), *written]))
     return 0
 
 
-def _start(path: Path, sweep_file: Path, sweep: Sweep, left: list[LeftOut]) -> None:
-    """The answer file's head (rewritten each time): what it answers, the runs left out."""
-    lines = [NEW_FILE, f"The runs of `{sweep_file}` ({sweep.name}), compared by `python -m "
+def render(out: Path, refs: list[str], n_samples: int, expected: int) -> tuple[str, list[str]]:
+    """The answer's text from ``OUT/records`` (the verdicts, then the tables), and
+    ``summary.json`` and the plots written beside them."""
+    renderer = Renderer(records.load(out / "records"), refs, n_samples, expected)
+    tables, summary = renderer.block("equal")
+    verdicts, _ = renderer.block("does_it_help", count=False)
+    plots = renderer.plots("equal", out, summary)
+    return f"{verdicts}\n\n{tables}", [str(p) for p in plots]
+
+
+def head(sweep_file: Path, sweep: Sweep, left: list[LeftOut]) -> str:
+    """What the answer answers, and the runs left out."""
+    lines = [TITLE, f"The runs of `{sweep_file}` ({sweep.name}), compared by `python -m "
              f"fairseq_tying.studies answer {sweep_file}`.\n"]
     if left:
         lines += ["Left out:\n", *(f"- `{lo.run}`: {lo.why}" for lo in left), ""]
-    for block, _ in BLOCKS:
-        lines += [*markers(block), ""]
-    write_text(path, "\n".join(lines))
+    return "\n".join(lines) + "\n"

@@ -27,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--references", type=Path, help="the test references the runs were scored "
                     "on (default: the data dir's raw/test.TGT)")
     an.add_argument("--bootstrap-samples", type=int, default=1000)
+    an.add_argument("--records-only", action="store_true", help="read no run folder: the "
+                    "answer of the records already in OUT/records (e.g. committed ones)")
+    an.add_argument("--report", type=Path, help="also write the answer into this Markdown "
+                    "file's <!-- BLOCK:begin --> ... <!-- BLOCK:end --> block")
+    an.add_argument("--block", default="answer", help="the --report block (default: answer)")
 
     co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
     co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
@@ -72,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return answer(args.sweep, args.runs, args.out, args.references,
-                          args.bootstrap_samples)
+                          args.bootstrap_samples, args.records_only, args.report, args.block)
         except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
             print(f"error: answer: {e}", file=sys.stderr)
             return 2
