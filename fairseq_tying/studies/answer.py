@@ -163,7 +163,7 @@ def render(out: Path, refs: list[str], n_samples: int, expected: int) -> tuple[s
     tables, summary = renderer.block("equal")
     verdicts, _ = renderer.block("does_it_help", count=False)
     plots = renderer.plots("equal", out, summary)
-    return f"{verdicts}\n\n{tables}", [str(p) for p in plots]
+    return f"{verdicts.strip()}\n\n{tables.strip()}", [str(p) for p in plots]
 
 
 def head(sweep_file: Path, sweep: Sweep, left: list[LeftOut]) -> str:
