@@ -250,13 +250,17 @@ def test_download_failure_is_clear(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no partial file left behind
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's name)
+        pass
+
+
 @pytest.fixture
 def local_server(tmp_path) -> Iterator[tuple[str, Path]]:
     """An HTTP server on 127.0.0.1 serving a folder: (its base URL, the folder)."""
     root = tmp_path / "served"
     root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    handler = functools.partial(_QuietHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
