@@ -3,6 +3,10 @@
 tst2010-2012 test) as a fairseq_tying data dir.
 
     python scripts/prepare_iwslt14.py --pair de-en --out data-bin/iwslt14-de-en
+    python scripts/prepare_iwslt14.py --pair es-en --archive 2014-01.tgz --out data-bin/es-en
+
+De-En is downloaded from fairseq's copy. WIT3's links for Es-En and Ro-En answer 404: download
+WIT3's 2014-01.tgz by hand (https://wit3.fbk.eu/2014-01) and pass it with --archive.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from fairseq_tying.data import benchmarks
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", choices=sorted(benchmarks.IWSLT_URLS), default="de-en")
-    p.add_argument("--archive", type=Path, help="an already downloaded <pair>.tgz")
+    p.add_argument("--archive", type=Path,
+                   help="an already downloaded <pair>.tgz, or WIT3's 2014-01.tgz that holds it")
     p.add_argument("--cased", action="store_true", help="keep case (fairseq's recipe lowercases)")
     benchmarks.add_prepare_args(p, "subword_nmt", "unigram", 10000, "10k joint BPE as fairseq")
     args = p.parse_args(argv)
@@ -27,11 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         archive = args.archive
         if archive is None:
             url = benchmarks.IWSLT_URLS[args.pair]
-            archive = benchmarks.download(url, work / f"{args.pair}.tgz")
-        elif not archive.is_file():
-            raise FileNotFoundError(f"--archive {archive} does not exist")
-        benchmarks.extract_tgz(archive, work / "extracted")
-        pairs = benchmarks.build_iwslt14(work / "extracted", args.pair, not args.cased)
+            archive = benchmarks.download(url, work / f"{args.pair}.tgz",
+                                          by_hand=benchmarks.iwslt_by_hand(args.pair))
+        extracted = benchmarks.unpack_iwslt(archive, args.pair, work)
+        pairs = benchmarks.build_iwslt14(extracted, args.pair, not args.cased)
     except (benchmarks.DownloadError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

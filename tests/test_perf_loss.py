@@ -102,8 +102,9 @@ def test_a_peak_is_extrapolated_linearly_in_the_vocabulary():
 
 
 def test_a_cut_off_report_names_what_it_lacks_and_each_skip_once():
-    """A run stopped before its last configurations says which (and the missing largest-batch
-    fit) under its table; a model skipped everywhere for one reason is named once."""
+    """A report without some of its run's configurations names them (and the missing
+    largest-batch fit) under its table; a model skipped everywhere for one reason is named
+    once. Memory is in MiB (2**20 bytes)."""
     skip = {"skipped": "torch 2.11.0+cu130 has no F.linear_cross_entropy"}
     res = {"builtin": {"loss_extra": 4e8, "wall_s": 0.01, "loss": 1.0},
            "chunked": {"loss_extra": 1e8, "wall_s": 0.02, "loss": 1.0}, "chunked_old": skip}
@@ -113,7 +114,9 @@ def test_a_cut_off_report_names_what_it_lacks_and_each_skip_once():
     text = loss_report.setup_table(entry, report)
     assert "Not measured: torch's op (every batch and V): torch 2.11.0+cu130 has no " \
            "F.linear_cross_entropy." in text
-    assert ("Not in this report (the run ended before them): 16,384 tokens, V = 8k; "
+    assert ("Not in this report: 16,384 tokens, V = 8k; "
             "16,384 tokens, V = 64k; the largest-batch fit.") in text
+    assert "| 4,096 | 8k | 381 / — / 95 |" in text  # 4e8 and 1e8 bytes in MiB
+    assert "loss extra MiB: built-in / torch's op / chunked" in text
     assert "Not in this report" not in loss_report.setup_table(
         entry, {"config": {"tokens": 4096, "vocab": [8000, 64000], "no_max_tokens": True}})

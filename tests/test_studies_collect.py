@@ -16,7 +16,7 @@ from matplotlib import image as mpimg
 
 from fairseq_tying.evaluation import metrics
 from fairseq_tying.evaluation.cli import main as evaluation
-from fairseq_tying.launch.job import machines
+from fairseq_tying.launch.job import machines, rank_facts
 from fairseq_tying.studies import engine, specs
 from fairseq_tying.studies.collect import collect
 from fairseq_tying.studies.commands import main
@@ -229,3 +229,33 @@ def test_a_record_names_every_processor_that_trained_its_run(tmp_path):
     (run / "ranks" / "rank0.json").write_text(json.dumps(rank0))
     facts = train_facts(run)
     assert (facts.device, facts.cpu) == ("cpu", f"{a}; then {b}")
+
+
+def test_a_record_names_torch_and_the_day_its_training_ended(tmp_path):
+    """The rank file names torch's version and the day of its write (the last one is the
+    run's end); the record's train carries both, and a record made before it held them reads
+    without them."""
+    import datetime
+
+    import torch
+
+    before = datetime.datetime.now(datetime.timezone.utc).date()
+    facts = rank_facts(torch.device("cpu"), None)
+    after = datetime.datetime.now(datetime.timezone.utc).date()
+    assert facts["torch"] == torch.__version__ and facts["device"] == "cpu"
+    assert before <= datetime.date.fromisoformat(facts["date"]) <= after
+    assert "kernels" in facts["cpu"]
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "ranks").mkdir()
+    (run / "logs" / "train.rank0.log").write_text(
+        "x | num. shared model params: 10 (num. trained: 10)\n"
+        + _log_line("00:00:01", "valid", {"valid_loss": "6.0", "valid_num_updates": "5"}) + "\n")
+    (run / "ranks" / "rank0.json").write_text(json.dumps({**facts, "rank": 0, "pid": 1}))
+    train = train_facts(run)
+    assert (train.torch, train.date, train.cpu) == (facts["torch"], facts["date"], facts["cpu"])
+    again = Training.from_dict(json.loads(json.dumps(train.to_dict())), "train")
+    assert (again.torch, again.date) == (train.torch, train.date)
+    old = {k: v for k, v in train.to_dict().items() if k not in ("torch", "date")}
+    assert (Training.from_dict(old, "train").torch, Training.from_dict(old, "train").date) == (
+        None, None)

@@ -340,3 +340,20 @@ def test_the_short_answer_says_each_verdict_in_words():
     assert text.endswith(f"- `D`, {words[-1]}\n") and f"- `T`, {words[0]}\n" in text
     text, _ = view_help.render([Section("T", {}, cells)])
     assert "\n- Decoder tying against untied (`dot`): **better**" in text
+
+
+def test_a_partial_grid_tables_only_what_its_runs_compare():
+    """Rows are the output layers with runs; the Δ against dot needs another layer, the Δ of
+    tying an untied column and another, the paper's table three-way runs (the committed GPU
+    studies: two baselines; seven three-way runs)."""
+    from fairseq_tying.studies.view_grid import tables
+
+    gpu = REPO / "docs" / "converged_gpu"
+    baselines = tables(json.loads((gpu / "summary.json").read_text()))
+    assert "| dot " in baselines and "| l2norm " not in baselines
+    assert "Δ BLEU of tying against the untied model" in baselines
+    assert "Δ BLEU against `dot`" not in baselines and "Side by side" not in baselines
+    three_way = tables(json.loads((gpu / "patience3" / "summary.json").read_text()))
+    assert "Δ BLEU against `dot`" in three_way and "Side by side" in three_way
+    assert "Δ BLEU of tying against the untied model" not in three_way
+    assert all(f"| {layer} " in three_way for layer in ("l2norm", "sqnorm", "distance", "cosine"))

@@ -11,7 +11,7 @@ from fairseq_tying.common import atomic
 
 MODELS = ("builtin", "chunked_old", "chunked")
 LABELS = {"builtin": "built-in", "chunked_old": "torch's op", "chunked": "chunked"}
-MB = 2**20
+MIB = 2**20  # the tables give memory in MiB
 TABLE_BLOCK, SUMMARY_BLOCK = "loss_bench", "loss_summary"  # --report's and --readme's blocks
 SUMMARY_TOKENS = "4096"  # the README's batch
 
@@ -46,7 +46,7 @@ def _clock(entry: dict) -> tuple[str, str]:
     return ("CPU", "cpu_s") if entry["device"] == "cpu" else ("wall", "wall_s")
 
 
-def _cells(res: dict, field: str, scale: float = MB, fmt: str = "{:,.0f}") -> str:
+def _cells(res: dict, field: str, scale: float = MIB, fmt: str = "{:,.0f}") -> str:
     return " / ".join(fmt.format(res[m][field] / scale) if field in res.get(m, {}) else "—"
                       for m in MODELS)
 
@@ -88,7 +88,7 @@ def setup_table(entry: dict, report: dict | None = None) -> str:
     """The markdown table of one setup: loss memory and step time by batch and V."""
     clock, key = _clock(entry)
     names = " / ".join(LABELS[m] for m in MODELS)
-    rows = [f"| target tokens | V | loss extra MB: {names} | chunked ÷ built-in memory "
+    rows = [f"| target tokens | V | loss extra MiB: {names} | chunked ÷ built-in memory "
             f"| step {clock} ms: {names} | torch's op ÷ built-in time "
             "| chunked ÷ built-in time |",
             "|---:|---:|---|---:|---|---:|---:|"]
@@ -108,8 +108,7 @@ def setup_table(entry: dict, report: dict | None = None) -> str:
     if report and "max_tokens" not in entry and not report["config"].get("no_max_tokens"):
         unreached.append("the largest-batch fit")
     if unreached:
-        lines.append("Not in this report (the run ended before them): " + "; ".join(unreached)
-                     + ".")
+        lines.append("Not in this report: " + "; ".join(unreached) + ".")
     if "max_tokens" in entry:
         mt = entry["max_tokens"]
         memory = "resident memory" if entry["device"] == "cpu" else "CUDA memory allocated"
@@ -161,7 +160,7 @@ def summary(reports: list[dict]) -> str:
     head, rule = ["V"], ["---:"]
     for e in entries:
         name = f"{e['device'].upper()} {e['dtype']}"
-        head += [f"{name}: loss extra MB, built-in → torch's op → chunked",
+        head += [f"{name}: loss extra MiB, built-in → torch's op → chunked",
                  f"{name} time ÷ built-in: torch's op / chunked"]
         rule += ["---", "---"]
     rows = ["| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
@@ -174,7 +173,7 @@ def summary(reports: list[dict]) -> str:
                 cells += ["—", "—"]
                 continue
             _, key = _clock(e)
-            memory = [f"{res[m]['loss_extra'] / MB:,.0f}" if "loss_extra" in res.get(m, {})
+            memory = [f"{res[m]['loss_extra'] / MIB:,.0f}" if "loss_extra" in res.get(m, {})
                       else "not measured" for m in MODELS]
             cells += [" → ".join(memory),
                       f"{_ratio(res, 'chunked_old', key)} / {_ratio(res, 'chunked', key)}"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import html
 import re
+import shutil
 import tarfile
 import urllib.error
 import urllib.request
@@ -29,6 +30,10 @@ IWSLT_URLS = {
     "es-en": "https://wit3.fbk.eu/archive/2014-01/texts/es/en/es-en.tgz",
     "ro-en": "https://wit3.fbk.eu/archive/2014-01/texts/ro/en/ro-en.tgz",
 }
+# The es-en and ro-en links above answer 404 since about December 2020 (fairseq issues #2984,
+# #4361): WIT3 serves the 2014-01 texts as one archive, 2014-01.tgz, from this page.
+WIT3_2014_01 = "https://wit3.fbk.eu/2014-01"
+WIT3_RELEASE = "2014-01"
 # (valid sets, test sets) from the archive's XML files; None: every 23rd training line is valid.
 IWSLT_SETS: dict[str, tuple[list[str] | None, list[str]]] = {
     "de-en": (None, ["TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012"]),
@@ -57,8 +62,10 @@ class DownloadError(RuntimeError):
     pass
 
 
-def download(url: str, dest: Path, timeout: float = 30.0) -> Path:
-    """Fetch ``url`` to ``dest`` (kept if already there); a clear error when offline."""
+def download(url: str, dest: Path, timeout: float = 30.0, by_hand: str | None = None) -> Path:
+    """Fetch ``url`` to ``dest`` (kept if already there); a clear error when offline or when
+    the server has no such file, ending with ``by_hand`` (how to get the file another way)
+    or, without it, with where to put a copy fetched elsewhere."""
     dest = Path(dest)
     if dest.is_file():
         return dest
@@ -73,13 +80,32 @@ def download(url: str, dest: Path, timeout: float = 30.0) -> Path:
                     bar.update(len(chunk))
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         tmp.unlink(missing_ok=True)
-        reason = getattr(e, "reason", e)
-        raise DownloadError(
-            f"could not download {url} ({reason}). This machine cannot reach it: download the "
-            f"file elsewhere and put it at {dest} (or pass it with --archive), then rerun."
-        ) from e
+        if isinstance(e, urllib.error.HTTPError):
+            why = f"the server answered HTTP {e.code} {e.reason}: the file is not there"
+        else:
+            why = f"{getattr(e, 'reason', e)}; this machine cannot reach it"
+        then = by_hand or (f"Download the file elsewhere and put it at {dest} (or pass it with "
+                           "--archive), then rerun.")
+        raise DownloadError(f"could not download {url} ({why}). {then}") from e
     tmp.replace(dest)
     return dest
+
+
+def iwslt_by_hand(pair: str) -> str | None:
+    """How to get a pair's IWSLT'14 archive whose link is dead (None for de-en: fairseq's
+    copy)."""
+    if pair == "de-en":
+        return None
+    return (f"WIT3 serves the {WIT3_RELEASE} texts as one archive now: download "
+            f"{WIT3_RELEASE}.tgz by hand from {WIT3_2014_01} and rerun with --archive "
+            f"PATH/{WIT3_RELEASE}.tgz (the {pair} archive inside it, "
+            f"{wit3_member(pair)}, is read; that {pair}.tgz alone works too).")
+
+
+def wit3_member(pair: str) -> str:
+    """Where WIT3's release archive holds a pair's archive: ``2014-01/texts/es/en/es-en.tgz``."""
+    src, tgt = pair.split("-")
+    return f"{WIT3_RELEASE}/texts/{src}/{tgt}/{pair}.tgz"
 
 
 def extract_tgz(archive: Path, dest: Path) -> None:
@@ -88,23 +114,97 @@ def extract_tgz(archive: Path, dest: Path) -> None:
         tar.extractall(dest, filter="data")
 
 
+def unpack_iwslt(archive: Path, pair: str, work: Path) -> Path:
+    """Extract ``pair``'s IWSLT files from ``archive`` into ``work/extracted/<pair>/``, and
+    return ``work/extracted``. ``archive`` is the pair's own archive (``<pair>/...``, as
+    fairseq's de-en.tgz) or WIT3's release archive holding it (``2014-01.tgz`` with
+    ``2014-01/texts/<src>/<tgt>/<pair>.tgz``, taken out to ``work/<pair>.tgz`` first)."""
+    archive, dest = Path(archive), Path(work) / "extracted"
+    if not archive.is_file():
+        raise FileNotFoundError(f"--archive {archive} does not exist")
+    try:
+        with tarfile.open(archive) as tar:
+            names = tar.getnames()
+            if any(n == pair or n.startswith(f"{pair}/") for n in names):
+                dest.mkdir(parents=True, exist_ok=True)
+                tar.extractall(dest, filter="data")
+                return dest
+            inner = _copy_member(tar, _inner_archive(tar, names, archive, pair),
+                                 Path(work) / f"{pair}.tgz")
+        extract_tgz(inner, dest)
+    except tarfile.TarError as e:
+        why = str(e).splitlines()[0].rstrip(":")
+        raise ValueError(f"{archive} is not a readable .tgz ({why}); a download that gave a web "
+                         "page instead of the archive is one cause: delete it and fetch the "
+                         f"archive by hand from {iwslt_source(pair)}") from e
+    return dest
+
+
+def iwslt_source(pair: str) -> str:
+    """Where a person gets ``pair``'s archive: fairseq's link for de-en, WIT3's page else."""
+    return IWSLT_URLS[pair] if pair == "de-en" else WIT3_2014_01
+
+
+def _inner_archive(tar: tarfile.TarFile, names: list[str], archive: Path, pair: str
+                   ) -> tarfile.TarInfo:
+    """The member of a WIT3 release archive that is ``pair``'s archive; an error naming the
+    missing pair, and the pairs it holds, when there is none."""
+    want = wit3_member(pair).split("/", 1)[1]  # texts/es/en/es-en.tgz, under any top folder
+    found = [n for n in names if n == want or n.endswith(f"/{want}")]
+    if found:
+        return tar.getmember(found[0])
+    held = sorted({m.group(1) for n in names
+                   if (m := re.search(r"(?:^|/)texts/[^/]+/[^/]+/([^/]+)\.tgz$", n))})
+    holds = (f"the pair archives {', '.join(held)}" if held else
+             f"the entries {', '.join(sorted({n.split('/')[0] for n in names})[:10])}")
+    raise ValueError(f"--archive {archive} holds no {pair} archive: neither {pair}/ (the pair's "
+                     f"own archive) nor {wit3_member(pair)} (WIT3's {WIT3_RELEASE}.tgz); it "
+                     f"holds {holds}. Pass the archive of {pair} (from {iwslt_source(pair)}) or "
+                     "choose one of those with --pair.")
+
+
+def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> Path:
+    """Copy a file member of ``tar`` to ``dest`` (atomically)."""
+    source = tar.extractfile(member)
+    if source is None:
+        raise ValueError(f"{member.name} in the archive is not a file")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part")
+    with source, open(tmp, "wb") as f:
+        shutil.copyfileobj(source, f, 1 << 20)
+    tmp.replace(dest)
+    return dest
+
+
 # ---- parsing -------------------------------------------------------------------------------
 
-_DROP_TAG_LINE = ("<url>", "<talkid>", "<keywords>", "<speaker>", "<reviewer", "<translator")
+# fairseq's prepare-iwslt14.sh: grep -v these lines, sed the title/description tags away
+_DROP_TAG_LINE = ("<url>", "<talkid>", "<keywords>")
 _STRIP_TAGS = re.compile(r"</?(?:title|description)>")
 _SEG = re.compile(r"<seg id=\"?\d+\"?>\s*(.*?)\s*</seg>")
+
+
+def text_lines(text: str) -> list[str]:
+    """The lines of ``text`` broken at ``\\n`` alone, as the recipes' grep, sed and Moses read
+    them (``str.splitlines`` also breaks at \\r, \\x0b, \\x1c-\\x1e, \\x85 and
+    \\u2028, which would misalign the two sides of a pair); a ``\\r`` before the break is
+    dropped."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final line break ends the last line; it starts no new one
+    return [line.removesuffix("\r") for line in lines]
 
 
 def iwslt_train_lines(text: str) -> list[str]:
     """Sentences of an IWSLT ``train.tags`` file, as fairseq's recipe takes them.
 
     Lines containing ``<url>``, ``<talkid>`` or ``<keywords>`` are dropped; the ``<title>`` and
-    ``<description>`` tags are removed and their text is kept as a sentence. Lines of the
-    metadata tags of later IWSLT releases (``<speaker>``, ``<reviewer>``, ``<translator>``) are
-    dropped too.
+    ``<description>`` tags are removed and their text is kept as a sentence. Every other line is
+    kept, as in the recipe: the ``<speaker>``, ``<reviewer ...>`` and ``<translator ...>``
+    lines too (one line more or less would move every later line between train and valid).
     """
     lines = []
-    for line in text.splitlines():
+    for line in text_lines(text):
         if any(tag in line for tag in _DROP_TAG_LINE):
             continue
         lines.append(_STRIP_TAGS.sub("", line).strip())
@@ -117,7 +217,7 @@ def seg_lines(text: str) -> list[str]:
     As in fairseq's recipes ’ becomes ', and the XML entities are unescaped.
     """
     segs = []
-    for line in text.splitlines():
+    for line in text_lines(text):
         m = _SEG.search(line)
         if m:
             segs.append(html.unescape(m.group(1)).replace("\u2019", "'").strip())
@@ -158,9 +258,11 @@ def every_nth(lines: list[str], n: int) -> tuple[list[str], list[str]]:
 
 
 def _read(path: Path) -> str:
+    """The file's text as it is (no line breaks translated; ``text_lines`` breaks it)."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the extracted archive")
-    return path.read_text(encoding="utf-8")
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read()
 
 
 def build_iwslt14(root: Path, pair: str, lowercase: bool = True) -> Pairs:
@@ -207,8 +309,8 @@ def build_wmt16_en_de(root: Path) -> Pairs:
     tr_s: list[str] = []
     tr_t: list[str] = []
     for corpus in WMT16_TRAIN:
-        s = _read(root / f"{corpus}.en").splitlines()
-        t = _read(root / f"{corpus}.de").splitlines()
+        s = text_lines(_read(root / f"{corpus}.en"))
+        t = text_lines(_read(root / f"{corpus}.de"))
         s, t = clean_pairs(s, t, max_len=250)
         tr_s += s
         tr_t += t

@@ -9,6 +9,7 @@ training entry point in this process. On SIGUSR2 (SLURM's timeout/preemption sig
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import hashlib
 import json
@@ -183,9 +184,7 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
             ranks = run_dir / "ranks" / f"rank{rank}.json"
             before = json.loads(ranks.read_text()).get("cpu") if ranks.is_file() else None
             write_json(ranks, {"rank": rank, "num_updates": updates, "param_sum": params,
-                               "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-                               "device": device_name(device), "cpu": machines(before, cpu_name()),
-                               "torch": torch.__version__, "pid": os.getpid()})
+                               **rank_facts(device, before), "pid": os.getpid()})
         if stop.item() > 0 and not should_stop:
             checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, valid_losses[0])
             logger.warning("stop requested: saved checkpoint_last.pt at update %d", updates)
@@ -194,6 +193,16 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
 
     validate_and_save.__wrapped__ = original
     fairseq_train.validate_and_save = validate_and_save
+
+
+def rank_facts(device: torch.device, before: str | None) -> dict[str, str]:
+    """What a rank's file says of the machine, for the run's record (``train``): the node, the
+    device, the processors so far (``before``: the file's ``cpu`` of an earlier epoch), torch's
+    version and the day (ISO 8601, UTC) of this write; the last write is the run's end."""
+    return {"node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+            "device": device_name(device), "cpu": machines(before, cpu_name()),
+            "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat()}
 
 
 def machines(before: str | None, now: str) -> str:

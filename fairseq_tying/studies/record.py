@@ -74,6 +74,7 @@ class Training:
     device: str | None = None  # "cpu" or the GPU's name
     cpu: str | None = None  # the processor model and torch's kernels (reproducible.cpu_name)
     torch: str | None = None  # torch's version
+    date: str | None = None  # the day training ended (ISO 8601, UTC)
     continued_from: dict[str, Any] | None = None  # the run its first epochs are from
 
     @classmethod

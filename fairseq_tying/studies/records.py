@@ -101,8 +101,8 @@ def plateau_summary(run_dir: Path) -> dict[str, Any]:
 
 def train_facts(run_dir: Path) -> Training:
     """A record's ``train``: what fairseq's log and the plateau rule's files say, and the
-    device and processor that trained it (``ranks/rank0.json``; records made before it kept
-    them have none)."""
+    device, processor, torch version and end date of its training (``ranks/rank0.json``; a
+    record made before the rank file held one of them has none of that one)."""
     logs = sorted((run_dir / "logs").glob("train.rank0*.log"))
     if not logs:
         raise FileNotFoundError(f"{run_dir}/logs/train.rank0.log: missing")
@@ -113,7 +113,7 @@ def train_facts(run_dir: Path) -> Training:
         continued = {k: v for k, v in json.loads(path.read_text()).items()
                      if k in ("run", "epochs")}
     return replace(training_summary(logs[-1]), **plateau_summary(run_dir),
-                   **{k: where[k] for k in ("device", "cpu", "torch") if where.get(k)},
+                   **{k: where[k] for k in ("device", "cpu", "torch", "date") if where.get(k)},
                    continued_from=continued)
 
 

@@ -74,9 +74,11 @@ def claims_table(summary: dict[str, Any]) -> str | None:
 
 
 def tables(summary: dict[str, Any]) -> str:
+    """The study's tables: a row per output layer and a column per tying mode that has runs;
+    a Δ table only where it has a pair to compare, the paper's beside ours only where three-way
+    tying has runs."""
     tyings = [t for t in TYINGS if any(cell_of(summary, t, la) for la in LAYERS)]
-    layers = [la for la in LAYERS if la in PAPER_IWSLT14_ES_EN
-              or any(cell_of(summary, t, la) for t in tyings)]  # the paper's, and any run
+    layers = [la for la in LAYERS if any(cell_of(summary, t, la) for t in tyings)]
     seeds = sorted({s for c in summary.values() for s in c["seeds"]})
 
     def grid(fmt) -> str:
@@ -86,18 +88,20 @@ def tables(summary: dict[str, Any]) -> str:
 
     parts = [f"Seeds: {', '.join(map(str, seeds))}. Mean ± 95 % CI (Student t over seeds).\n",
              "**BLEU** (sacrebleu, detokenized, test set)\n",
-             grid(lambda c: f"{format_stat(c['bleu'])} (n={len(c['seeds'])})"),
-             "\n**Δ BLEU against `dot` with the same tying**: mean over seeds of the paired "
-             "difference ± its 95 % CI over seeds (training variance); p of the paired bootstrap "
-             "over test sentences, pooled over the seeds (test-set variance); per-seed p in "
-             "brackets\n",
-             grid(lambda c: _delta(c, "vs_dot", c["output_layer"] == "dot")),
-             "\n**Δ BLEU of tying against the untied model with the same output layer** "
-             "(p as above)\n",
-             grid(lambda c: _delta(c, "vs_untied", c["tying"] == "none")),
-             "\n**chrF**\n", grid(lambda c: format_stat(c["chrf"])),
-             "\n**Validation NLL** (base 2, per token, last validation)\n",
-             grid(lambda c: format_stat(c["valid_nll"], 3))]
+             grid(lambda c: f"{format_stat(c['bleu'])} (n={len(c['seeds'])})")]
+    if "dot" in layers and len(layers) > 1:
+        parts += ["\n**Δ BLEU against `dot` with the same tying**: mean over seeds of the paired "
+                  "difference ± its 95 % CI over seeds (training variance); p of the paired "
+                  "bootstrap over test sentences, pooled over the seeds (test-set variance); "
+                  "per-seed p in brackets\n",
+                  grid(lambda c: _delta(c, "vs_dot", c["output_layer"] == "dot"))]
+    if "none" in tyings and len(tyings) > 1:
+        parts += ["\n**Δ BLEU of tying against the untied model with the same output layer** "
+                  "(p as above)\n",
+                  grid(lambda c: _delta(c, "vs_untied", c["tying"] == "none"))]
+    parts += ["\n**chrF**\n", grid(lambda c: format_stat(c["chrf"])),
+              "\n**Validation NLL** (base 2, per token, last validation)\n",
+              grid(lambda c: format_stat(c["valid_nll"], 3))]
     if all("stop" in c for c in summary.values()):
         parts += ["\n**Epochs trained** (mean over seeds; stop reasons)\n",
                   grid(epochs_text),
@@ -115,8 +119,9 @@ def tables(summary: dict[str, Any]) -> str:
                   "epochs\n",
                   grid(lambda c: format_stat(c["valid_nll_common"], 3))]
     parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
-    parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: three-way "
-              "tying on the Bible, mean over seeds)\n", paper_table(summary)]
+    if "three_way" in tyings:
+        parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: "
+                  "three-way tying on the Bible, mean over seeds)\n", paper_table(summary)]
     if table := claims_table(summary):
         parts += [f"\n**The papers' claims**: {verdicts.RULE} (Δ and p as above)\n", table]
     return "\n".join(parts)

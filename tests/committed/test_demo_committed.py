@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from fairseq_tying import demo
 from fairseq_tying.common.atomic import block_text
@@ -30,3 +31,17 @@ def test_the_serving_table_is_the_committed_reports():
         assert round(report["results"]["fairseq"]["bleu"], 2) == row["bleu"]
     block = block_text((REPO / "docs" / "serving.md").read_text(), "serving")
     assert serve.summary_table(reports) in block
+
+
+def test_the_serving_example_quotes_its_models_record():
+    """docs/serving.md's raw-text example names its model and that model's BLEU: the BLEU is
+    the one of the record it links to."""
+    text = " ".join((REPO / "docs" / "serving.md").read_text().split())
+    found = re.search(r"one-epoch study model `([^`]+)` \(BLEU ([\d.]+) on the Bible test set, "
+                      r"\[its record\]\(([^)]+)\)", text)
+    assert found, "the example's model, BLEU and record link"
+    name, bleu, link = found.groups()
+    assert link == f"study/records/{name}.json"
+    record = json.loads((REPO / "docs" / link).read_text())
+    assert record["checkpoint"] == "checkpoint_last.pt"  # the checkpoint the example exports
+    assert bleu == f"{record['eval']['bleu']:.2f}"

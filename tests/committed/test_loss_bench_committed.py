@@ -71,3 +71,38 @@ def test_the_cpu_report_meets_the_goals_and_names_its_processor():
         res = entry["results"]["4096"][vocab]
         assert res["chunked"]["cpu_s"] <= res["builtin"]["cpu_s"], vocab
         assert res["chunked"]["loss_extra"] <= res["builtin"]["loss_extra"] / 4, vocab
+
+
+def _prose(path) -> str:
+    """The page's text, every run of whitespace one space (the prose wraps anywhere)."""
+    return " ".join(path.read_text().split())
+
+
+def test_the_prose_quotes_the_h200_reports():
+    """The range of "chunked ÷ built-in time" the prose gives per precision, and of "chunked ÷
+    built-in memory", are the H200 reports' (every batch and V of each)."""
+    text = _prose(DOCS / "performance.md")
+    memory = []
+    for report in REPORTS[1:]:
+        (entry,) = loss_report.setups(report).values()
+        results = [r for by_vocab in entry["results"].values() for r in by_vocab.values()]
+        times = [r["chunked"]["wall_s"] / r["builtin"]["wall_s"] for r in results]
+        memory += [r["chunked"]["loss_extra"] / r["builtin"]["loss_extra"] for r in results]
+        quoted = f"{min(times):.2f}–{max(times):.2f}× the built-in's wall time in fp16" \
+            if entry["dtype"] == "fp16" else f"{min(times):.2f}–{max(times):.2f}× in bf16"
+        assert quoted in text, entry["dtype"]
+    assert f"{min(memory):.2f}–{max(memory):.2f} of the built-in's loss memory on the H200" in text
+
+
+def test_the_rows_per_chunk_quoted_are_the_rule():
+    """performance.md's rows per chunk at the default budget and V = 32,000 are what
+    rows_per_chunk gives, for fp32 and for a half model."""
+    import torch
+
+    from fairseq_tying.core.criterions.chunked import DEFAULT_MB, rows_per_chunk
+
+    fp32, half = (rows_per_chunk(32000, dtype, DEFAULT_MB) for dtype in (torch.float32,
+                                                                        torch.float16))
+    assert (fp32, half) == (524, 349)
+    text = _prose(DOCS / "performance.md")
+    assert f"{fp32} rows at V = 32,000; 6 bytes a score for a half model, {half} rows" in text

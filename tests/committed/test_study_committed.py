@@ -144,7 +144,9 @@ def test_equal_training_records_trained_the_longest_plateau_run_of_p1():
 def test_the_gpu_records_say_where_and_how_they_were_trained(tmp_path):
     """Patience 3: seven H100 runs. Patience 6: the two H200 baselines, stopped by the sweep's
     rule, exported from their committed logs; and (results_gpu.md) both overfit: validation NLL
-    rose from its best epoch to the stop while training NLL fell."""
+    rose from its best epoch to the stop while training NLL fell, and their BLEU is less than
+    half the CPU study's with the same tying, layer and seed."""
+    cpu = {(r.run.tying, r.run.output_layer, r.run.seed): r for r in _records(DOCS / "converged")}
     for r in _records(GPU_PATIENCE3):
         assert r.train.device == "NVIDIA H100 80GB HBM3" and "--fp16" in r.run.train_args
         assert r.run.arch == "transformer_twwt_iwslt_de_en" and r.run.tying == "three_way"
@@ -168,6 +170,7 @@ def test_the_gpu_records_say_where_and_how_they_were_trained(tmp_path):
                   if "| train |" in line)}
         best, stop = min(epochs, key=lambda e: e[2]), epochs[-1]
         assert stop[2] > best[2] and train[stop[0]] < train[best[0]]
+        assert r.eval.bleu < cpu[r.run.tying, r.run.output_layer, r.run.seed].eval.bleu / 2
 
 
 def test_the_fp16_runs_are_their_logs_and_rank_as_results_gpu_says(tmp_path):

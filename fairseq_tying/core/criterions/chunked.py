@@ -34,10 +34,11 @@ from fairseq import utils
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from torch import Tensor
 
-# Scores per chunk: 64 MiB of fp32 scores is 512 rows at V = 32k, 128 at V = 128k. On the CPU
-# (one thread, D = 512, 4k tokens) 32 to 256 MiB took about the same time at V = 8k to 128k
-# (256 MiB 7 % less at 128k), 16 MiB 15 % more at 64k (each chunk adds Gᵀ·h into the whole V×D
-# gradient); 64 MiB keeps the loss's memory under 1/4 of the built-in's from V = 32k.
+# Scores per chunk: 64 MiB of fp32 scores is 524 rows at V = 32,000, 131 at V = 128,000 (a
+# half model's 6 bytes a score: 349 and 87; rows_per_chunk). On the CPU (one thread, D = 512,
+# 4k tokens) 32 to 256 MiB took about the same time at V = 8k to 128k (256 MiB 7 % less at
+# 128k), 16 MiB 15 % more at 64k (each chunk adds Gᵀ·h into the whole V×D gradient); 64 MiB
+# keeps the loss's memory under 1/4 of the built-in's from V = 32k.
 DEFAULT_MB = 64.0
 # |G| ≤ 1, so G·2¹⁵ fits fp16 (max 65504) and keeps entries down to ~1e-12 that fp16 flushes to 0
 HALF_SCALE = 2.0**15
