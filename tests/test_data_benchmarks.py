@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_tying.common.atomic import split_lines
 from fairseq_tying.data import benchmarks
 from tests.helpers import REPO, load_script
 
@@ -33,10 +34,10 @@ def test_train_tags_follow_fairseqs_recipe():
     assert len(lines) == 2 * (2 + 12) + 1 and lines[-1] == "<speaker>Al Gore</speaker>"
 
 
-def test_text_lines_break_at_newline_only():
+def test_split_lines_break_at_newline_only():
     text = "a\x85b\nc\u2028d\r\ne\x1cf\x0bg\rh\n\nlast"
-    assert benchmarks.text_lines(text) == ["a\x85b", "c\u2028d", "e\x1cf\x0bg\rh", "", "last"]
-    assert benchmarks.text_lines("x\n") == ["x"] and benchmarks.text_lines("") == []
+    assert split_lines(text) == ["a\x85b", "c\u2028d", "e\x1cf\x0bg\rh", "", "last"]
+    assert split_lines("x\n") == ["x"] and split_lines("") == []
     assert len(text.splitlines()) == 10  # what str.splitlines would have made of it
 
 
@@ -91,7 +92,7 @@ def _recipe_split(path: Path) -> tuple[list[str], list[str]]:
     def run(keep: str) -> list[str]:
         cmd = f"cat '{path}' | {RECIPE} | awk '{{if (NR%23 {keep} 0) print $0; }}'"
         out = subprocess.run(["bash", "-c", cmd], capture_output=True, check=True).stdout
-        return [" ".join(x.split()) for x in benchmarks.text_lines(out.decode())]
+        return [" ".join(x.split()) for x in split_lines(out.decode())]
 
     return run("!="), run("==")
 

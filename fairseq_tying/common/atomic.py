@@ -80,13 +80,21 @@ def building_dir(dest: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """The lines of a UTF-8 text file, broken at ``\\n`` alone, as fairseq and the Moses
+def split_lines(text: str) -> list[str]:
+    """The lines of ``text`` broken at ``\\n`` alone, as fairseq, grep, sed and the Moses
     scripts read them (``str.splitlines`` also breaks at \\r, \\x0b, \\x1c-\\x1e, \\x85
-    and \\u2028, which would misalign the two sides of a pair); a ``\\r`` before the break is
-    dropped."""
-    with open(path, encoding="utf-8", newline="\n") as f:
-        return [line.removesuffix("\n").removesuffix("\r") for line in f]
+    and \\u2028, which would misalign the two sides of a pair); a ``\\r`` before the break
+    is dropped."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final line break ends the last line; it starts no new one
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 text file (``split_lines``)."""
+    with open(path, encoding="utf-8", newline="") as f:
+        return split_lines(f.read())
 
 
 def markers(block: str) -> tuple[str, str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fairseq_tying.common import moses
-from fairseq_tying.common.atomic import building_dir, write_lines
+from fairseq_tying.common.atomic import building_dir, split_lines, write_lines
 from fairseq_tying.data import prepare
 from fairseq_tying.data.build import SUBWORDS
 
@@ -184,17 +184,6 @@ _STRIP_TAGS = re.compile(r"</?(?:title|description)>")
 _SEG = re.compile(r"<seg id=\"?\d+\"?>\s*(.*?)\s*</seg>")
 
 
-def text_lines(text: str) -> list[str]:
-    """The lines of ``text`` broken at ``\\n`` alone, as the recipes' grep, sed and Moses read
-    them (``str.splitlines`` also breaks at \\r, \\x0b, \\x1c-\\x1e, \\x85 and
-    \\u2028, which would misalign the two sides of a pair); a ``\\r`` before the break is
-    dropped."""
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the final line break ends the last line; it starts no new one
-    return [line.removesuffix("\r") for line in lines]
-
-
 def iwslt_train_lines(text: str) -> list[str]:
     """Sentences of an IWSLT ``train.tags`` file, as fairseq's recipe takes them.
 
@@ -204,7 +193,7 @@ def iwslt_train_lines(text: str) -> list[str]:
     lines too (one line more or less would move every later line between train and valid).
     """
     lines = []
-    for line in text_lines(text):
+    for line in split_lines(text):
         if any(tag in line for tag in _DROP_TAG_LINE):
             continue
         lines.append(_STRIP_TAGS.sub("", line).strip())
@@ -217,7 +206,7 @@ def seg_lines(text: str) -> list[str]:
     As in fairseq's recipes ’ becomes ', and the XML entities are unescaped.
     """
     segs = []
-    for line in text_lines(text):
+    for line in split_lines(text):
         m = _SEG.search(line)
         if m:
             segs.append(html.unescape(m.group(1)).replace("\u2019", "'").strip())
@@ -258,7 +247,7 @@ def every_nth(lines: list[str], n: int) -> tuple[list[str], list[str]]:
 
 
 def _read(path: Path) -> str:
-    """The file's text as it is (no line breaks translated; ``text_lines`` breaks it)."""
+    """The file's text as it is (no line breaks translated; ``split_lines`` breaks it)."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the extracted archive")
     with open(path, encoding="utf-8", newline="") as f:
@@ -309,8 +298,8 @@ def build_wmt16_en_de(root: Path) -> Pairs:
     tr_s: list[str] = []
     tr_t: list[str] = []
     for corpus in WMT16_TRAIN:
-        s = text_lines(_read(root / f"{corpus}.en"))
-        t = text_lines(_read(root / f"{corpus}.de"))
+        s = split_lines(_read(root / f"{corpus}.en"))
+        t = split_lines(_read(root / f"{corpus}.de"))
         s, t = clean_pairs(s, t, max_len=250)
         tr_s += s
         tr_t += t
