@@ -32,7 +32,7 @@ from pathlib import Path
 from fairseq_tying.common import EVAL_JSON, TRAIN_DONE
 from fairseq_tying.common.atomic import replace_block, write_text
 from fairseq_tying.launch.config import Run, Sweep, load_sweep
-from fairseq_tying.studies import records
+from fairseq_tying.studies import across, records
 from fairseq_tying.studies.report import Renderer, references
 
 ANSWER = "answer.md"
@@ -125,10 +125,13 @@ def write_records(runs: list[Run], out: Path) -> list[str]:
 
 def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
            refs: Path | None = None, n_samples: int = 1000, records_only: bool = False,
-           report: Path | None = None, block: str = "answer") -> int:
+           report: Path | None = None, block: str = "answer",
+           beside: tuple[Path, str] | None = None) -> int:
     """Check the sweep's runs, record those that can be compared and write the answer; with
     ``records_only``, the answer of the records already in ``OUT/records`` alone (e.g. a
-    clone's committed records); with ``report``, the answer also into its marked ``block``."""
+    clone's committed records); with ``report``, the answer also into its marked ``block``;
+    with ``beside`` (another study's ``summary.json`` and its name), each shared comparison's
+    change from there to here (``studies.across``)."""
     sweep = load_sweep(sweep_file, runs, check_data=False)
     out = out or Path("answers") / sweep.name
     refs = refs or default_references(sweep)
@@ -145,7 +148,7 @@ def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
                   "compared yet (see above)", file=sys.stderr)
             return 2
         write_records(kept, out / "records")
-    body, written = render(out, references(refs), n_samples, len(sweep.runs))
+    body, written = render(out, references(refs), n_samples, len(sweep.runs), beside)
     write_text(out / ANSWER, head(sweep_file, sweep, left) + body + "\n")
     if report is not None:
         replace_block(report, block, body)
@@ -156,14 +159,19 @@ def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
     return 0
 
 
-def render(out: Path, refs: list[str], n_samples: int, expected: int) -> tuple[str, list[str]]:
-    """The answer's text from ``OUT/records`` (the verdicts, then the tables), and
-    ``summary.json`` and the plots written beside them."""
+def render(out: Path, refs: list[str], n_samples: int, expected: int,
+           beside: tuple[Path, str] | None = None) -> tuple[str, list[str]]:
+    """The answer's text from ``OUT/records`` (the verdicts, the tables, the changes from
+    the study ``beside``), and ``summary.json`` and the plots written beside them."""
     renderer = Renderer(records.load(out / "records"), refs, n_samples, expected)
     tables, summary = renderer.block("equal")
     verdicts, _ = renderer.block("does_it_help", count=False)
     plots = renderer.plots("equal", out, summary)
-    return f"{verdicts.strip()}\n\n{tables.strip()}", [str(p) for p in plots]
+    parts = [verdicts.strip(), tables.strip()]
+    if beside is not None:
+        there = json.loads(beside[0].read_text())
+        parts.append(across.render(json.loads(json.dumps(summary)), there, beside[1]))
+    return "\n\n".join(p for p in parts if p), [str(p) for p in plots]
 
 
 def head(sweep_file: Path, sweep: Sweep, left: list[LeftOut]) -> str:

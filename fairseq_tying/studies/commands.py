@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--report", type=Path, help="also write the answer into this Markdown "
                     "file's <!-- BLOCK:begin --> ... <!-- BLOCK:end --> block")
     an.add_argument("--block", default="answer", help="the --report block (default: answer)")
+    an.add_argument("--beside", nargs=2, metavar=("SUMMARY", "NAME"), help="another study's "
+                    "summary.json and its name: each comparison both make, its Δ there and "
+                    "here and the change (e.g. with more data)")
 
     co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
     co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
@@ -77,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return answer(args.sweep, args.runs, args.out, args.references,
-                          args.bootstrap_samples, args.records_only, args.report, args.block)
+                          args.bootstrap_samples, args.records_only, args.report, args.block,
+                          (Path(args.beside[0]), args.beside[1]) if args.beside else None)
         except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
             print(f"error: answer: {e}", file=sys.stderr)
             return 2

@@ -1,0 +1,89 @@
+"""The same claims on two data sets: does a difference grow or shrink with the data?
+
+A claim's comparison gives per-seed differences d_1..d_n on each data set (``per_seed_delta``
+of a ``summary.json``). The seeds of the two sets are independent runs, so the change of the
+claim's Δ from the other set (A) to this one (B) is Welch's difference of two means:
+
+    Δ = mean(d^B) − mean(d^A)        s² = v_A + v_B,  v = var(d)/n
+    df = s⁴ / (v_A²/(n_A − 1) + v_B²/(n_B − 1))       (Welch–Satterthwaite)
+    95 % CI:  Δ ± t_{0.975, df}·s
+
+"larger here" when the interval lies above 0, "smaller here" when below, else "no change
+shown". Both sets need at least 2 seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from fairseq_tying.common.extras import require
+from fairseq_tying.common.tables import markdown_table
+from fairseq_tying.studies import FOR_WHAT
+
+_st = require("scipy.stats", "analysis", FOR_WHAT)
+
+LARGER, SMALLER, NO_CHANGE = "larger here", "smaller here", "no change shown"
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """(mean(b) − mean(a), half width of its 95 % Welch interval)."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"Welch's interval needs 2 seeds a side, got {len(a)} and {len(b)}")
+    va, vb = (_var(x) / len(x) for x in (a, b))
+    s2 = va + vb
+    diff = sum(b) / len(b) - sum(a) / len(a)
+    if s2 == 0:
+        return diff, 0.0
+    df = s2**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return diff, float(_st.t.ppf(0.975, df)) * math.sqrt(s2)
+
+
+def _var(x: Sequence[float]) -> float:
+    m = sum(x) / len(x)
+    return sum((v - m) ** 2 for v in x) / (len(x) - 1)
+
+
+def word(diff: float, half: float) -> str:
+    return LARGER if diff - half > 0 else SMALLER if diff + half < 0 else NO_CHANGE
+
+
+def _deltas(test: dict[str, Any]) -> list[float]:
+    return list(test["per_seed_delta"].values())
+
+
+def _comparisons(summary: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Every (model, cell, comparison) of a summary that has per-seed differences."""
+    return {(model, cell, name): test for model, cells in summary.items()
+            for cell, values in cells.items() for name, test in values.items()
+            if isinstance(test, dict) and "per_seed_delta" in test}
+
+
+def rows(here: dict[str, Any], there: dict[str, Any]) -> list[list[str]]:
+    """A row per comparison both summaries make (same model, cell and comparison)."""
+    out = []
+    mine, theirs = _comparisons(here), _comparisons(there)
+    for key in [k for k in mine if k in theirs]:
+        a, b = _deltas(theirs[key]), _deltas(mine[key])
+        if len(a) < 2 or len(b) < 2:
+            continue
+        diff, half = welch(a, b)
+        model, cell, name = key
+        against = "untied" if name == "vs_untied" else "`dot`"
+        out.append([f"`{model}`", f"{cell.replace('/', ' × ')} vs {against}",
+                    f"{sum(a) / len(a):+.2f} (n={len(a)})", f"{sum(b) / len(b):+.2f} (n={len(b)})",
+                    f"{diff:+.2f} ± {half:.2f}", word(diff, half)])
+    return out
+
+
+def render(here: dict[str, Any], there: dict[str, Any], name: str) -> str:
+    """The table of every shared comparison's Δ on both sets and its change."""
+    table = rows(here, there)
+    if not table:
+        return ""
+    return (f"**Beside {name}**: each comparison's Δ BLEU (mean over seeds of the paired "
+            f"difference) there and here, and its change here − there ± the 95 % Welch "
+            "interval over the two sets' seeds (independent runs).\n\n"
+            + markdown_table(["model", "comparison", f"Δ {name}", "Δ here", "change",
+                              "verdict"], table))

@@ -1,0 +1,42 @@
+"""``studies.across``: a claim's Δ on two data sets and its change, by Welch's interval."""
+
+from __future__ import annotations
+
+import pytest
+from scipy import stats
+
+from fairseq_tying.studies import across
+
+
+@pytest.mark.parametrize("a, b", [([1.33, 1.44, 1.06], [2.1, 2.5, 1.8]),
+                                  ([0.5, -0.2, 0.3, 0.1, 0.4], [0.2, 0.0, 0.35]),
+                                  ([1.0, 1.2], [0.9, 1.4, 1.1, 1.3])])
+def test_welch_is_scipys_interval(a, b):
+    diff, half = across.welch(a, b)
+    ci = stats.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    assert diff == pytest.approx((ci.low + ci.high) / 2)
+    assert half == pytest.approx((ci.high - ci.low) / 2)
+
+
+def test_words_follow_the_interval():
+    assert across.word(0.5, 0.4) == across.LARGER
+    assert across.word(-0.5, 0.4) == across.SMALLER
+    assert across.word(0.3, 0.4) == across.NO_CHANGE
+    with pytest.raises(ValueError, match="2 seeds a side"):
+        across.welch([1.0], [1.0, 2.0])
+
+
+def _summary(deltas: dict[str, list[float]]) -> dict:
+    return {"transformer_twwt": {cell: {"vs_untied" if cell.endswith("dot") else "vs_dot": {
+        "per_seed_delta": {str(i + 1): d for i, d in enumerate(ds)}}} for cell, ds in
+        deltas.items()}}
+
+
+def test_only_comparisons_both_sets_make_are_rows():
+    there = _summary({"three_way/dot": [1.3, 1.4, 1.1], "three_way/sqnorm": [0.1, 0.2, 0.0]})
+    here = _summary({"three_way/dot": [3.0, 3.4, 2.8], "three_way/l2norm": [0.5, 0.6, 0.4]})
+    (row,) = across.rows(here, there)
+    assert row[1] == "three_way × dot vs untied" and row[-1] == across.LARGER
+    assert row[2] == "+1.27 (n=3)" and row[3] == "+3.07 (n=3)"
+    assert "Beside full" in across.render(here, there, "full")
+    assert across.render(here, _summary({}), "full") == ""
