@@ -144,3 +144,9 @@ def test_the_answer_is_rebuilt_from_its_records_alone_into_a_report(answered, tm
     body = report.read_text()
     assert "old" not in body and body.endswith("<!-- mine:end -->\n\nafter\n")
     assert original.split("\n\n", 2)[2].strip() in body  # the answer without its head
+
+
+def test_the_launchers_summary_names_what_ran(answered):
+    jobs = json.loads((answered["root"] / "runs" / "jobs.json").read_text())
+    assert len(jobs["train"]) == 6 and len(jobs["evaluate"]) == 6
+    assert jobs["collect"] == "launcher"
