@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers
 from tests.helpers import LM_TRAIN, TINY_MODEL, run_cli
 
 pytestmark = pytest.mark.slow  # every test runs fairseq's CLI
@@ -59,7 +59,7 @@ def train_both(*args: str) -> tuple[list, list]:
     return tuple(logged(p.stdout + p.stderr) for p in runs)
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_every_output_layer_logs_the_same_losses(joined_bin, output_layer):
     want, got = train_both(*translation_args(joined_bin, "transformer_twwt", "--output-layer",
                                              output_layer, "--output-bias"))
