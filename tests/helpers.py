@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 from argparse import Namespace
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -69,10 +70,11 @@ def _run(argv: list[str], name: str, check: bool, env: dict[str, str] | None,
 
 
 def run_cli(tool: str, *args: str | os.PathLike, check: bool = True,
-            input: str | None = None) -> subprocess.CompletedProcess:
-    """Run one of fairseq's console scripts from this environment (INPUT on its stdin); output
-    captured."""
-    return _run([str(BIN / tool), *map(str, args)], tool, check, None, None, input)
+            input: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run one of fairseq's console scripts from this environment (``cli_env()`` unless ENV;
+    INPUT on its stdin); output captured."""
+    return _run([str(BIN / tool), *map(str, args)], tool, check, env, None, input)
 
 
 def run_module(module: str, *args: str | os.PathLike, check: bool = True,
@@ -215,16 +217,17 @@ def train_args(data: Path, save_dir: Path, arch: str, *flags: str, updates: int 
 
 
 def train_checkpoint(data: Path, save_dir: Path, arch: str, tying: str, output_layer: str,
-                     projection: bool, updates: int = 25, extra: tuple[str, ...] = ()) -> Path:
+                     projection: bool, updates: int = 25, extra: tuple[str, ...] = (),
+                     env: dict[str, str] | None = None) -> Path:
     """``checkpoint_last.pt`` of a tiny model trained through fairseq-train (the exports' and
-    CTranslate2's tests start from it)."""
+    CTranslate2's tests start from it; ``env``: its environment, ``cli_env()`` if None)."""
     run_cli("fairseq-train", str(data), "--user-dir", "fairseq_tying", "--arch", arch,
             *TINY_MODEL, *extra, "--tying", tying, "--output-layer", output_layer,
             *(["--tied-projection"] if projection else []),
             "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
             "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600",
             "--max-update", str(updates), "--save-dir", str(save_dir), "--cpu", "--seed", "2",
-            "--no-progress-bar", "--no-epoch-checkpoints", "--no-save-optimizer-state")
+            "--no-progress-bar", "--no-epoch-checkpoints", "--no-save-optimizer-state", env=env)
     return save_dir / "checkpoint_last.pt"
 
 
@@ -270,10 +273,10 @@ class Trained(NamedTuple):
         return self.decoded.hypotheses
 
 
-def decode(data: Path, ckpt: Path, *extra: str) -> Decoded:
-    """fairseq-generate with DECODING on the test split."""
+def decode(data: Path, ckpt: Path, *extra: str, env: dict[str, str] | None = None) -> Decoded:
+    """fairseq-generate with DECODING on the test split (``env``: as ``run_cli``'s)."""
     proc = run_cli("fairseq-generate", str(data), "--path", str(ckpt), *DECODING_FLAGS,
-                   "--batch-size", str(DECODE_BATCH), "--cpu", *extra)
+                   "--batch-size", str(DECODE_BATCH), "--cpu", *extra, env=env)
     sources = {int(i): s.split() for i, s in re.findall(r"^S-(\d+)\t(.*)$", proc.stdout, re.M)}
     found = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
     hyps = {int(i): h for i, _, h in found}
@@ -295,6 +298,83 @@ def train_and_generate(data: Path, folder: Path, arch: str, tying: str, output_l
     decoded = decode(data, ckpt, "--user-dir", "fairseq_tying")
     saved.write_text(json.dumps(decoded))
     return Trained(ckpt, decoded)
+
+
+# ---- the same training with and without --chunked-loss ---------------------------------------
+
+TIMING = {"wps", "ups", "wall", "gb_free", "cuda_gb_allocated"}  # also as train_/valid_ keys
+# chunks of a few dozen rows (V ≈ 100 in these tests): several per batch
+CHUNKED = ["--chunked-loss", "--chunked-loss-mb", "0.01"]
+
+
+def translation_args(data: Path, arch: str, *flags: str) -> list[str]:
+    """fairseq-train's arguments for 8 logged updates of a tiny model, saving nothing."""
+    return [str(data), "--user-dir", "fairseq_tying", "--arch", arch, *TINY_MODEL,
+            "--dropout", "0.1",  # the same masks with and without: the loss draws no numbers
+            "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600", "--max-update", "8",
+            "--cpu", "--seed", "3", "--no-save", "--log-format", "json", "--log-interval", "1",
+            *flags]
+
+
+def logged(log: str) -> list[tuple[str, dict]]:
+    """fairseq's JSON records (train_inner, train, valid) without the timings."""
+    records = re.findall(r"\| (train_inner|train|valid) \| (\{.*\})\s*$", log, re.M)
+    return [(kind, {k: v for k, v in json.loads(rec).items()
+                    if k.removeprefix(f"{kind}_").removeprefix("train_") not in TIMING})
+            for kind, rec in records]
+
+
+def assert_same_logs(want: list, got: list) -> None:
+    """The same records, keys and values to the printed digits (a value computed in another
+    order may round to the neighbouring last digit). A perplexity is 2**loss of the unrounded
+    loss, so a loss that differs in its 3rd printed digit moves it by up to ppl·ln 2·10⁻³."""
+    assert [kind for kind, _ in got] == [kind for kind, _ in want]
+    assert sum(kind == "train_inner" for kind, _ in want) >= 8
+    for (_, w), (_, g) in zip(want, got, strict=True):
+        assert set(g) == set(w)
+        for key, value in w.items():
+            digits = len(str(value).split(".")[1]) if "." in str(value) else 0
+            tolerance = 1.01 * 10**-digits
+            if key.endswith("ppl"):
+                tolerance += float(value) * math.log(2) * 1.01e-3
+            assert abs(float(g[key]) - float(value)) <= tolerance, (key, w, g)
+
+
+def train_both(*args: str, env: dict[str, str] | None = None) -> tuple[list, list]:
+    """fairseq's logs of the training ``args`` with fairseq's loss and with the chunked one."""
+    runs = [run_cli("fairseq-train", *args, *extra, env=env)
+            for extra in (["--no-chunked-loss"], CHUNKED)]
+    return tuple(logged(p.stdout + p.stderr) for p in runs)
+
+
+# ---- an output layer from outside the package -------------------------------------------------
+
+TOY_LAYER_FILE = REPO / "tests" / "toy_layer.py"
+TOY_LAYER = "scaled_dot"  # s_i = α·h·w_i, the one class of TOY_LAYER_FILE
+
+
+def toy_env() -> dict[str, str]:
+    """``cli_env()`` with the toy layer registered in every process it starts."""
+    from fairseq_tying.core.output_layers import PLUGINS_ENV
+
+    return {**cli_env(), PLUGINS_ENV: str(TOY_LAYER_FILE)}
+
+
+@contextmanager
+def toy_layer_registered() -> Iterator:
+    """The toy layer registered in this process (as ``FAIRSEQ_TYING_LAYERS`` registers it in
+    a CLI process), and gone again afterwards, so that no other test sees it."""
+    from fairseq_tying.core import output_layers
+
+    before = set(sys.modules)
+    output_layers.load_plugins(str(TOY_LAYER_FILE))
+    try:
+        yield output_layers.get(TOY_LAYER)
+    finally:
+        output_layers.OUTPUT_LAYERS.pop(TOY_LAYER, None)
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
 
 
 def export_args(**kw) -> Namespace:

@@ -1,8 +1,8 @@
 """The package's layout rules (docs/design.md, "Layout"): one file name per module, a plugin
 core that imports nothing from the tools, the evaluation of one run that imports nothing from
 the comparison of runs, views that import no other view, no test infrastructure in the
-installed package, no module over 450 lines, no import cycle, and state-dict keys spelled in
-the core only."""
+installed package, no module over 450 lines, no import cycle, state-dict keys spelled in the
+core only, and no decision by an output layer's name outside the layers' registry."""
 
 from __future__ import annotations
 
