@@ -354,3 +354,24 @@ def test_what_a_layer_is_lives_in_the_registry_only():
               'y = {"cosine": 1}\nz = frozenset({"sqnorm"})\nok = ["dot", "distance"]\n'
               'fine = la == BASELINE\n')
     assert layer_name_tests(source, layers) == [1, 3, 4, 5]
+
+
+def _room(module: str) -> str:
+    """The part of the package a module belongs to: ``fairseq_tying.bench.serve`` → ``bench``,
+    ``fairseq_tying.demo`` → ``demo``."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def test_common_holds_only_what_several_rooms_use():
+    """A module of common/ serves at least two of the package's rooms (data, evaluation,
+    studies, launch, bench, export, analysis, the demo, translate); what one room alone uses
+    lives in that room."""
+    graph = import_graph(_package_sources())
+    users: dict[str, set[str]] = {m: set() for m in graph
+                                  if m.startswith("fairseq_tying.common.")}
+    for module, deps in graph.items():
+        for dep in deps & users.keys():
+            if _room(module) != "common":
+                users[dep].add(_room(module))
+    assert {m: sorted(rooms) for m, rooms in users.items() if len(rooms) < 2} == {}
+    assert "fairseq_tying.common.blocks" in users and _room("fairseq_tying.demo") == "demo"

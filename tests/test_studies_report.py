@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from fairseq_tying.common.atomic import block_text, markers, replace_block
+from fairseq_tying.common.blocks import block_text, markers, replace_block
 from fairseq_tying.launch.__main__ import main as launch
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest

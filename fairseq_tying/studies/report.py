@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.common.atomic import read_lines, replace_block, write_json
+from fairseq_tying.common.atomic import read_lines, write_json
+from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.data.bible import read_split
 from fairseq_tying.studies import engine, records, view_equal, view_grid, view_help, view_lm
 from fairseq_tying.studies.engine import Section, Spec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from fairseq_tying import demo
-from fairseq_tying.common.atomic import block_text
+from fairseq_tying.common.blocks import block_text
 from tests.helpers import REPO
 
 
