@@ -12,20 +12,7 @@ import torch
 
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.core import output_layers, scoring
-from tests.helpers import LM_TRAIN, TINY_LM, reference_scores, run_cli
-
-
-def build_lm(data: Path, *flags: str, arch: str = "transformer_lm_tied"):
-    from fairseq import options, tasks
-
-    import fairseq_tying  # noqa: F401  (registration)
-
-    parser = options.get_training_parser()
-    args: Namespace = options.parse_args_and_arch(
-        parser, [str(data), "--task", "language_modeling", "--arch", arch, "--user-dir",
-                 PLUGIN_DIR, *TINY_LM, *flags])
-    task = tasks.setup_task(args)
-    return task.build_model(args), task
+from tests.helpers import LM_TRAIN, build_lm, reference_scores, run_cli
 
 
 def test_decoder_tying_is_one_tensor_and_none_is_two(lm_bin):
