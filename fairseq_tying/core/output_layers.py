@@ -81,7 +81,7 @@ class OutputLayer:
     # learned scalars besides W, parameters of the scorer under these names
     parameters: ClassVar[tuple[str, ...]] = ()
     # b written out, for a layer whose scores have a per-token bias (stock fairseq has none)
-    bias: ClassVar[str | None] = None
+    bias_formula: ClassVar[str | None] = None
     # why no export (stock fairseq, CTranslate2) can compute these scores; {target} names the
     # decoder it would go into
     export_refusal: ClassVar[str | None] = None
@@ -211,7 +211,7 @@ class Distance(OutputLayer):
     """s_i = h·w_i − ½‖w_i‖² = −½‖h − w_i‖² + ½‖h‖², the negative squared distance up to a term
     constant in i (Liu et al. 2020): W_out = W, b_i = −½‖w_i‖²."""
 
-    bias = "−½‖w_i‖²"
+    bias_formula = "−½‖w_i‖²"
     citation = LIU
     paper_bleu = 34.54
     paper_deltas = {"dynamicconv": (PaperDelta(0.36, "IWSLT'14 De→En"),

@@ -9,10 +9,10 @@ fairseq's stock model, so that ``fairseq-generate`` / ``fairseq-eval-lm`` load O
 
 - every output layer is the affine map ``s = h·W_outᵀ + b`` (``OutputLayer.affine``);
   ``W_out`` becomes ``decoder.output_projection.weight``. An output layer with a bias
-  (``OutputLayer.bias``; ``distance``: −½‖w_i‖²) or a learned output bias (``--output-bias``)
-  has no stock equivalent, nor has a layer that says why none can compute its scores
-  (``OutputLayer.export_refusal``; ``fixnorm``): the export stops with an error and writes
-  nothing;
+  (``OutputLayer.bias_formula``; ``distance``: −½‖w_i‖²) or a learned output bias
+  (``--output-bias``) has no stock equivalent, nor has a layer that says why no export can
+  compute its scores (``OutputLayer.export_refusal``; ``fixnorm``): the export stops with an
+  error and writes nothing;
 - ``--tied-projection`` (L, s = rule(L·h, W)): the translation decoders fold it into the output
   matrix (``W_out·L``, a V×H matrix). A language model whose matrix has D ≠ its model size
   keeps it as fairseq's own ``project_out_dim`` (``--decoder-output-dim D``, composed with an
@@ -101,7 +101,7 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
     Refuses, naming the flag, what the target cannot express: another family, an output
     layer's own ``export_refusal`` (``fixnorm``'s decoder output normalized before the
     projection: no stock or CTranslate2 layer computes g·h/‖h‖ there, so no export gives the
-    same scores), a bias in the scores (``OutputLayer.bias``, ``--output-bias``) unless
+    same scores), a bias in the scores (``OutputLayer.bias_formula``, ``--output-bias``) unless
     ``allow_bias`` (CTranslate2 has an output bias, fairseq's models have none), and a
     translation model's tied matrix narrower than its decoder."""
     arch = getattr(args, "arch", None)
@@ -131,11 +131,11 @@ def _refuse_bias(args: Namespace, family: str) -> None:
     """fairseq's output projections have no bias: refuse the scores that need one."""
     ct2 = ", or export with --format ctranslate2" if family != "lightconv" else ""
     layer = _layer(args)
-    if layer.bias is not None:
-        raise ExportError(f"--output-layer {layer.name} adds a per-token bias {layer.bias} to the "
-                          f"scores, which fairseq's {family} (a bias-free output projection) "
-                          "cannot express; keep using this checkpoint with --user-dir "
-                          f"fairseq_tying{ct2}")
+    if layer.bias_formula is not None:
+        raise ExportError(f"--output-layer {layer.name} adds a per-token bias "
+                          f"{layer.bias_formula} to the scores, which fairseq's {family} (a "
+                          "bias-free output projection) cannot express; keep using this "
+                          f"checkpoint with --user-dir fairseq_tying{ct2}")
     if getattr(args, "output_bias", False):
         raise ExportError(f"--output-bias adds a learned per-token bias b₂ to the scores, which "
                           f"fairseq's {family} (a bias-free output projection) cannot express; "
