@@ -137,6 +137,8 @@ class OutputScorer(_Evicting):
         self.projection = projection
         # b₂: a learned score offset per token (zero at the start), added to the layer's bias
         self.bias = nn.Parameter(weight.new_zeros(weight.shape[0])) if output_bias else None
+        # every registered layer's scalars are attributes, None unless this layer learns them:
+        # a checkpoint's gain is then dropped by name when finetuned into a layer without one
         for name in output_layers.parameter_names():
             setattr(self, name, None)
         for name, value in layer.initial_values(weight.shape[1]).items():
