@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from fairseq_tying.common import PLUGIN_DIR, RUN_JSON
-from fairseq_tying.common.atomic import replace_block, write_json
+from fairseq_tying.common.atomic import write_json
+from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.common.extras import run_main
 from fairseq_tying.common.reproducible import cpu_name_under, pinned_env
 from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines

@@ -122,7 +122,8 @@ def load(path: Path = REPORT) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fairseq_tying.common.atomic import replace_block, write_json
+    from fairseq_tying.common.atomic import write_json
+    from fairseq_tying.common.blocks import replace_block
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 from argparse import Namespace
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -29,13 +30,17 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TINY_MODEL = [
-    "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--dropout", "0",
-]
+
+
+def tiny_transformer(dim: int) -> list[str]:
+    """The flags of a one-layer Transformer of width ``dim`` (2·dim feed-forward, 2 heads)."""
+    return ["--encoder-layers", "1", "--decoder-layers", "1",
+            "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
+            "--encoder-ffn-embed-dim", str(2 * dim), "--decoder-ffn-embed-dim", str(2 * dim),
+            "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+TINY_MODEL = [*tiny_transformer(16), "--dropout", "0"]
 TINY_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
            "--decoder-input-dim", "16", "--decoder-output-dim", "16",  # stock says 512
            "--decoder-attention-heads", "2", "--tokens-per-sample", "32"]
@@ -69,10 +74,11 @@ def _run(argv: list[str], name: str, check: bool, env: dict[str, str] | None,
 
 
 def run_cli(tool: str, *args: str | os.PathLike, check: bool = True,
-            input: str | None = None) -> subprocess.CompletedProcess:
-    """Run one of fairseq's console scripts from this environment (INPUT on its stdin); output
-    captured."""
-    return _run([str(BIN / tool), *map(str, args)], tool, check, None, None, input)
+            input: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run one of fairseq's console scripts from this environment (``cli_env()`` unless ENV;
+    INPUT on its stdin); output captured."""
+    return _run([str(BIN / tool), *map(str, args)], tool, check, env, None, input)
 
 
 def run_module(module: str, *args: str | os.PathLike, check: bool = True,
@@ -152,26 +158,65 @@ def binarize_lm(folder: Path, side: str, dest: Path) -> Path:
 SIZES = {"train": 1500, "valid": 60, "test": 40}  # the tiny data dirs of the sweeps
 
 
+def write_parallel(raw: Path, sizes: dict[str, int], seed: int, words: tuple[list[str], list[str]],
+                   lengths: tuple[int, int] = (3, 7),
+                   sentence: Callable[[list[str]], str] = " ".join) -> None:
+    """``raw/{split}.es`` and ``raw/{split}.en``: ``sizes[split]`` sentences of ``lengths``
+    words, the English the word-for-word translation of the Spanish (``words``: the two
+    vocabularies, the i-th of each a pair), each written by ``sentence``."""
+    rng = random.Random(seed)
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes.items():
+        src_lines, tgt_lines = [], []
+        for _ in range(n):
+            ids = [rng.randrange(len(words[0])) for _ in range(rng.randint(*lengths))]
+            src_lines.append(sentence([words[0][i] for i in ids]))
+            tgt_lines.append(sentence([words[1][i] for i in ids]))
+        (raw / f"{split}.es").write_text("\n".join(src_lines) + "\n")
+        (raw / f"{split}.en").write_text("\n".join(tgt_lines) + "\n")
+
+
 def build_tiny_data(root: Path, seed: int = 0) -> Path:
     """``root/raw``, ``root/bin`` and ``root/prep.json``: a synthetic Es->En corpus in the
     project's data-dir layout, word-level, a word-for-word mapping."""
-    rng = random.Random(seed)
-    src_words = [f"pal{i}" for i in range(24)]
-    tgt_words = [f"word{i}" for i in range(24)]
-    raw = root / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for split, n in SIZES.items():
-        src_lines, tgt_lines = [], []
-        for _ in range(n):
-            ids = [rng.randrange(len(src_words)) for _ in range(rng.randint(3, 7))]
-            src_lines.append(" ".join(src_words[i] for i in ids))
-            tgt_lines.append(" ".join(tgt_words[i] for i in ids))
-        (raw / f"{split}.es").write_text("\n".join(src_lines) + "\n")
-        (raw / f"{split}.en").write_text("\n".join(tgt_lines) + "\n")
-    binarize(raw, root / "bin", joined=True, src="es", tgt="en")
+    words = ([f"pal{i}" for i in range(24)], [f"word{i}" for i in range(24)])
+    write_parallel(root / "raw", SIZES, seed, words)
+    binarize(root / "raw", root / "bin", joined=True, src="es", tgt="en")
     prep = {"corpus": "synthetic", "src": "es", "tgt": "en", "subword": "subword_nmt",
             "post_process": "subword_nmt", "detokenizer": None, "vocab_size": 48}
     (root / "prep.json").write_text(json.dumps(prep, indent=1) + "\n")
+    return root
+
+
+SPM_SIZES = {"train": 400, "valid": 20, "test": 30}  # 30: not a multiple of a batch size
+SPM_WORDS = ("el la casa perro gato come bebe agua pan grande pequeño rojo azul verde corre y "
+             "no".split(), "the the house dog cat eats drinks water bread big small red blue "
+             "green runs and not".split())
+
+
+def build_tiny_spm_data(root: Path) -> Path:
+    """A data dir as ``python -m fairseq_tying.data.prepare`` leaves one: ``raw/`` (sentences
+    of a Spanish-English toy language, capitalized and ending in a full stop), a
+    sentencepiece model of 60 pieces, ``sp/`` (the pieces), ``bin/`` and ``prep.json``."""
+    import sentencepiece as spm  # the sentencepiece tests only
+
+    write_parallel(root / "raw", SPM_SIZES, 0, SPM_WORDS, (3, 8),
+                   lambda words: " ".join(words).capitalize() + ".")
+    spm.SentencePieceTrainer.train(
+        input=[str(root / "raw/train.es"), str(root / "raw/train.en")],
+        model_prefix=str(root / "spm"), vocab_size=60, character_coverage=1.0,
+        model_type="unigram", minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(root / "spm.model"))
+    (root / "sp").mkdir()
+    for split in SPM_SIZES:
+        for lang in ("es", "en"):
+            lines = (root / "raw" / f"{split}.{lang}").read_text().splitlines()
+            (root / "sp" / f"{split}.{lang}").write_text(
+                "".join(" ".join(sp.encode(x, out_type=str)) + "\n" for x in lines))
+    binarize(root / "sp", root / "bin", joined=True, src="es", tgt="en")
+    (root / "prep.json").write_text(json.dumps({
+        "corpus": "toy", "src": "es", "tgt": "en", "subword": "sentencepiece",
+        "post_process": "sentencepiece", "detokenizer": None, "vocab_size": 60}))
     return root
 
 
@@ -214,18 +259,27 @@ def train_args(data: Path, save_dir: Path, arch: str, *flags: str, updates: int 
             "--no-progress-bar", "--log-interval", "1", "--no-epoch-checkpoints", *flags]
 
 
-def train_checkpoint(data: Path, save_dir: Path, arch: str, tying: str, output_layer: str,
-                     projection: bool, updates: int = 25, extra: tuple[str, ...] = ()) -> Path:
-    """``checkpoint_last.pt`` of a tiny model trained through fairseq-train (the exports' and
-    CTranslate2's tests start from it)."""
-    run_cli("fairseq-train", str(data), "--user-dir", "fairseq_tying", "--arch", arch,
-            *TINY_MODEL, *extra, "--tying", tying, "--output-layer", output_layer,
-            *(["--tied-projection"] if projection else []),
-            "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
-            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600",
-            "--max-update", str(updates), "--save-dir", str(save_dir), "--cpu", "--seed", "2",
-            "--no-progress-bar", "--no-epoch-checkpoints", "--no-save-optimizer-state")
+def fairseq_train(data: Path, save_dir: Path, arch: str, *flags: str,
+                  env: dict[str, str] | None = None) -> Path:
+    """fairseq-train of the plugin's ``arch`` on the CPU, ``data`` a fairseq-preprocess folder;
+    its ``checkpoint_last.pt`` (``env``: as ``run_cli``'s)."""
+    run_cli("fairseq-train", str(data), "--user-dir", "fairseq_tying", "--arch", arch, *flags,
+            "--save-dir", str(save_dir), "--cpu", "--no-progress-bar", env=env)
     return save_dir / "checkpoint_last.pt"
+
+
+def train_checkpoint(data: Path, save_dir: Path, arch: str, tying: str, output_layer: str,
+                     projection: bool, updates: int = 25, extra: tuple[str, ...] = (),
+                     env: dict[str, str] | None = None) -> Path:
+    """``checkpoint_last.pt`` of a tiny model trained through fairseq-train (the exports' and
+    CTranslate2's tests start from it; ``env``: its environment, ``cli_env()`` if None)."""
+    return fairseq_train(
+        data, save_dir, arch, *TINY_MODEL, *extra, "--tying", tying, "--output-layer",
+        output_layer, *(["--tied-projection"] if projection else []),
+        "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600",
+        "--max-update", str(updates), "--seed", "2", "--no-epoch-checkpoints",
+        "--no-save-optimizer-state", env=env)
 
 
 # The decoding settings of the export and serving comparisons, by fairseq-generate's flag names
@@ -270,10 +324,10 @@ class Trained(NamedTuple):
         return self.decoded.hypotheses
 
 
-def decode(data: Path, ckpt: Path, *extra: str) -> Decoded:
-    """fairseq-generate with DECODING on the test split."""
+def decode(data: Path, ckpt: Path, *extra: str, env: dict[str, str] | None = None) -> Decoded:
+    """fairseq-generate with DECODING on the test split (``env``: as ``run_cli``'s)."""
     proc = run_cli("fairseq-generate", str(data), "--path", str(ckpt), *DECODING_FLAGS,
-                   "--batch-size", str(DECODE_BATCH), "--cpu", *extra)
+                   "--batch-size", str(DECODE_BATCH), "--cpu", *extra, env=env)
     sources = {int(i): s.split() for i, s in re.findall(r"^S-(\d+)\t(.*)$", proc.stdout, re.M)}
     found = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
     hyps = {int(i): h for i, _, h in found}
@@ -297,6 +351,83 @@ def train_and_generate(data: Path, folder: Path, arch: str, tying: str, output_l
     return Trained(ckpt, decoded)
 
 
+# ---- the same training with and without --chunked-loss ---------------------------------------
+
+TIMING = {"wps", "ups", "wall", "gb_free", "cuda_gb_allocated"}  # also as train_/valid_ keys
+# chunks of a few dozen rows (V ≈ 100 in these tests): several per batch
+CHUNKED = ["--chunked-loss", "--chunked-loss-mb", "0.01"]
+
+
+def translation_args(data: Path, arch: str, *flags: str) -> list[str]:
+    """fairseq-train's arguments for 8 logged updates of a tiny model, saving nothing."""
+    return [str(data), "--user-dir", "fairseq_tying", "--arch", arch, *TINY_MODEL,
+            "--dropout", "0.1",  # the same masks with and without: the loss draws no numbers
+            "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600", "--max-update", "8",
+            "--cpu", "--seed", "3", "--no-save", "--log-format", "json", "--log-interval", "1",
+            *flags]
+
+
+def logged(log: str) -> list[tuple[str, dict]]:
+    """fairseq's JSON records (train_inner, train, valid) without the timings."""
+    records = re.findall(r"\| (train_inner|train|valid) \| (\{.*\})\s*$", log, re.M)
+    return [(kind, {k: v for k, v in json.loads(rec).items()
+                    if k.removeprefix(f"{kind}_").removeprefix("train_") not in TIMING})
+            for kind, rec in records]
+
+
+def assert_same_logs(want: list, got: list) -> None:
+    """The same records, keys and values to the printed digits (a value computed in another
+    order may round to the neighbouring last digit). A perplexity is 2**loss of the unrounded
+    loss, so a loss that differs in its 3rd printed digit moves it by up to ppl·ln 2·10⁻³."""
+    assert [kind for kind, _ in got] == [kind for kind, _ in want]
+    assert sum(kind == "train_inner" for kind, _ in want) >= 8
+    for (_, w), (_, g) in zip(want, got, strict=True):
+        assert set(g) == set(w)
+        for key, value in w.items():
+            digits = len(str(value).split(".")[1]) if "." in str(value) else 0
+            tolerance = 1.01 * 10**-digits
+            if key.endswith("ppl"):
+                tolerance += float(value) * math.log(2) * 1.01e-3
+            assert abs(float(g[key]) - float(value)) <= tolerance, (key, w, g)
+
+
+def train_both(*args: str, env: dict[str, str] | None = None) -> tuple[list, list]:
+    """fairseq's logs of the training ``args`` with fairseq's loss and with the chunked one."""
+    runs = [run_cli("fairseq-train", *args, *extra, env=env)
+            for extra in (["--no-chunked-loss"], CHUNKED)]
+    return tuple(logged(p.stdout + p.stderr) for p in runs)
+
+
+# ---- an output layer from outside the package -------------------------------------------------
+
+TOY_LAYER_FILE = REPO / "tests" / "toy_layer.py"
+TOY_LAYER = "scaled_dot"  # s_i = α·h·w_i, the one class of TOY_LAYER_FILE
+
+
+def toy_env() -> dict[str, str]:
+    """``cli_env()`` with the toy layer registered in every process it starts."""
+    from fairseq_tying.core.output_layers import PLUGINS_ENV
+
+    return {**cli_env(), PLUGINS_ENV: str(TOY_LAYER_FILE)}
+
+
+@contextmanager
+def toy_layer_registered() -> Iterator:
+    """The toy layer registered in this process (as ``FAIRSEQ_TYING_LAYERS`` registers it in
+    a CLI process), and gone again afterwards, so that no other test sees it."""
+    from fairseq_tying.core import output_layers
+
+    before = set(sys.modules)
+    output_layers.load_plugins(str(TOY_LAYER_FILE))
+    try:
+        yield output_layers.get(TOY_LAYER)
+    finally:
+        output_layers.OUTPUT_LAYERS.pop(TOY_LAYER, None)
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
+
+
 def export_args(**kw) -> Namespace:
     """A model config as the exports read it: a three-way tied cosine transformer, changed by
     KW."""
@@ -311,17 +442,23 @@ def export_args(**kw) -> Namespace:
     return Namespace(**{**base, **kw})
 
 
-def build_model(data: Path, arch: str, *flags: str):
-    """Parse flags with fairseq's own training parser and build the model in-process."""
+def build_model(data: Path, arch: str, *flags: str, size: list[str] = TINY_MODEL):
+    """Parse flags with fairseq's own training parser and build the model (of ``size``: the
+    tiny translation model's flags unless given) in-process; (model, task)."""
     from fairseq import options, tasks
 
     import fairseq_tying  # noqa: F401  (registration)
 
     parser = options.get_training_parser()
     args: Namespace = options.parse_args_and_arch(
-        parser, [str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *TINY_MODEL, *flags])
+        parser, [str(data), "--arch", arch, "--user-dir", PLUGIN_DIR, *size, *flags])
     task = tasks.setup_task(args)
     return task.build_model(args), task
+
+
+def build_lm(data: Path, *flags: str, arch: str = "transformer_lm_tied"):
+    """``build_model`` of a tiny language model (TINY_LM) of the LM set ``data``."""
+    return build_model(data, arch, "--task", "language_modeling", *flags, size=TINY_LM)
 
 
 def build_on_meta(data: Path, arch: str, *flags: str) -> tuple:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from fairseq import options, tasks
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers, scoring
 from fairseq_tying.core.criterions import chunked
 from fairseq_tying.core.criterions.chunked import linear_label_smoothed_nll_loss, rows_per_chunk
 from tests.helpers import PLUGIN_DIR, TINY_LM, TINY_MODEL
@@ -188,7 +188,7 @@ def test_without_autograd_no_gradient_is_kept():
 
 @pytest.mark.parametrize("flags", [[], ALL_FLAGS], ids=["plain", "projection-bias-prefix-sent"])
 @pytest.mark.parametrize("tying", ["none", "decoder", "three_way"])
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_transformer_same_loss_and_gradients(joined_bin, output_layer, tying, flags):
     model, criterion, sample = _setup(joined_bin, "transformer_twwt", "--tying", tying,
                                       "--output-layer", output_layer, *TRANSLATION, *flags)
@@ -209,7 +209,7 @@ LM = ["--task", "language_modeling", "--sample-break-mode", "eos"]  # sentences:
 
 @pytest.mark.parametrize("flags", [[], ["--tied-embed-dim", "8", "--tied-projection",
                                          "--output-bias"]], ids=["plain", "tiedL-bias"])
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_language_model_same_loss_and_gradients(lm_bin, output_layer, flags):
     model, criterion, sample = _setup(lm_bin, "transformer_lm_tied", *LM, "--criterion",
                                       "cross_entropy_tying", "--output-layer", output_layer,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers
 from tests.helpers import generate, last_updates, run_cli, train_args
 
 pytestmark = pytest.mark.slow  # every test runs fairseq's CLI
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # every test runs fairseq's CLI
 TYING_ARCH = {"none": "dwt", "decoder": "dwt", "three_way": "twwt"}
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 @pytest.mark.parametrize("tying", ["none", "decoder", "three_way"])
 @pytest.mark.parametrize("family", ["transformer", "dynamicconv"])
 def test_train_then_generate(joined_bin, tmp_path, family, tying, output_layer):
@@ -115,7 +115,7 @@ def subprocess_input(tool: str, text: str, *args: str) -> str:
     return run_cli(tool, *args, input=text).stdout
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_half_precision_training_through_the_cli(joined_bin, tmp_path, output_layer):
     """--memory-efficient-fp16 on CPU keeps parameters and activations in real fp16."""
     proc = run_cli(
@@ -159,7 +159,7 @@ def test_hidden_size_differs_without_projection(joined_bin, tmp_path):
 def test_unknown_output_layer_lists_the_choices(joined_bin, tmp_path):
     err = _train_error(joined_bin, tmp_path, "transformer_twwt", "--output-layer", "softmax")
     assert "--output-layer" in err and "invalid choice: 'softmax'" in err
-    for output_layer in scoring.OUTPUT_LAYERS:
+    for output_layer in output_layers.names():
         assert output_layer in err
 
 

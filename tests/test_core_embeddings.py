@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers
 from tests.helpers import (
     arch_name,
     build_model,
@@ -197,7 +197,7 @@ def _independent_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
     }[output_layer]
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 @pytest.mark.parametrize("tying", ["none", "decoder", "three_way"])
 def test_output_bias_adds_to_every_rule(joined_bin, tying, output_layer):
     torch.manual_seed(0)
@@ -231,7 +231,7 @@ def test_output_bias_adds_to_every_rule(joined_bin, tying, output_layer):
     assert scorer.bias.grad is not None and scorer.bias.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_incremental_decoding_with_output_bias(joined_bin, output_layer):
     torch.manual_seed(0)
     model, task = build_model(
@@ -245,13 +245,13 @@ def test_incremental_decoding_with_output_bias(joined_bin, output_layer):
         without, _ = model.decoder(prev, encoder_out=enc, features_only=True)
     torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-5)
     scorer = model.decoder.scorer
-    shifted = scoring.scores(output_layer, without, scorer.weight, gain=scorer.gain)
+    shifted = output_layers.scores(output_layer, without, scorer.weight, gain=scorer.gain)
     torch.testing.assert_close(
         full - shifted, model.decoder.scorer.bias.expand_as(full), rtol=1e-4, atol=1e-5
     )
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_output_bias_is_saved_and_loaded(joined_bin, tmp_path, output_layer):
     """A state dict written to disk and loaded by fairseq's ``load_state_dict`` (the path of
     every fairseq tool) into a freshly built model, for every rule."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers
 from fairseq_tying.export import ExportError, stock_arch
 from tests.helpers import (
     arch_name,
@@ -38,20 +38,20 @@ def test_scores_and_gradients_match_the_closed_form():
     h = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
     w = torch.randn(9, 6, dtype=torch.float64, requires_grad=True)
     g = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
-    s = scoring.scores("fixnorm", h, w, gain=g)
+    s = output_layers.scores("fixnorm", h, w, gain=g)
     torch.testing.assert_close(s, g * F.cosine_similarity(h[:, None], w[None], dim=-1))
     weights = torch.randn_like(s)
     (s * weights).sum().backward()
     torch.testing.assert_close(g.grad, (weights * s / g).sum())
-    assert torch.autograd.gradcheck(lambda a, b, c: scoring.scores("fixnorm", a, b, gain=c),
+    assert torch.autograd.gradcheck(lambda a, b, c: output_layers.scores("fixnorm", a, b, gain=c),
                                     (h, w, g))
 
 
 def test_the_gain_is_required_and_a_zero_hidden_state_scores_zero():
     with pytest.raises(ValueError, match="fixnorm.*gain"):
-        scoring.scores("fixnorm", torch.randn(2, 4), torch.randn(5, 4))
+        output_layers.scores("fixnorm", torch.randn(2, 4), torch.randn(5, 4))
     h = torch.zeros(2, 4, requires_grad=True)
-    s = scoring.scores("fixnorm", h, torch.randn(5, 4), gain=torch.tensor(2.0))
+    s = output_layers.scores("fixnorm", h, torch.randn(5, 4), gain=torch.tensor(2.0))
     assert not s.any()
     s.sum().backward()
     assert torch.isfinite(h.grad).all() and not h.grad.any()
@@ -62,7 +62,8 @@ def test_half_precision_norms_are_taken_in_fp32(dtype):
     """‖h‖² of these states (≈ 1e7) overflows fp16: the scores stay finite and within each
     format's rounding of g·cos."""
     h, w = torch.randn(4, 64) * 400, torch.randn(30, 64) * 200
-    s = scoring.scores("fixnorm", h.to(dtype), w.to(dtype), gain=torch.tensor(11.3, dtype=dtype))
+    s = output_layers.scores("fixnorm", h.to(dtype), w.to(dtype),
+                             gain=torch.tensor(11.3, dtype=dtype))
     want = 11.3 * F.cosine_similarity(h[:, None], w[None], dim=-1)
     assert s.dtype == dtype and torch.isfinite(s).all()
     torch.testing.assert_close(s.float(), want, rtol=0, atol=0.1)

@@ -11,21 +11,8 @@ import pytest
 import torch
 
 from fairseq_tying.common import PLUGIN_DIR
-from fairseq_tying.core import scoring
-from tests.helpers import LM_TRAIN, TINY_LM, reference_scores, run_cli
-
-
-def build_lm(data: Path, *flags: str, arch: str = "transformer_lm_tied"):
-    from fairseq import options, tasks
-
-    import fairseq_tying  # noqa: F401  (registration)
-
-    parser = options.get_training_parser()
-    args: Namespace = options.parse_args_and_arch(
-        parser, [str(data), "--task", "language_modeling", "--arch", arch, "--user-dir",
-                 PLUGIN_DIR, *TINY_LM, *flags])
-    task = tasks.setup_task(args)
-    return task.build_model(args), task
+from fairseq_tying.core import output_layers, scoring
+from tests.helpers import LM_TRAIN, build_lm, reference_scores, run_cli
 
 
 def test_decoder_tying_is_one_tensor_and_none_is_two(lm_bin):
@@ -45,7 +32,7 @@ def test_decoder_tying_saves_exactly_one_matrix(lm_bin):
     assert count(untied) - count(tied) == len(task.source_dictionary) * 16
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_scores_follow_the_output_layer_formula(lm_bin, output_layer):
     model, task = build_lm(lm_bin, "--output-layer", output_layer)
     h = torch.randn(4, 16)
@@ -63,7 +50,7 @@ def test_l2norm_normalizes_the_input_lookup(lm_bin):
     torch.testing.assert_close(model.decoder.embed_tokens(tokens), scoring.unit_rows(w[tokens]))
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_incremental_decoding_equals_full_forward(lm_bin, output_layer):
     torch.manual_seed(0)
     model, task = build_lm(lm_bin, "--output-layer", output_layer, "--tied-projection",
@@ -89,7 +76,7 @@ def test_tied_plus_l_maps_the_hidden_size_to_the_matrix_width(lm_bin):
     assert scorer.projection.weight.shape == (8, 16)
     h = torch.randn(3, 16)
     torch.testing.assert_close(model.decoder.output_layer(h),
-                               scoring.scores("cosine", scorer.projection(h), scorer.weight))
+                               output_layers.scores("cosine", scorer.projection(h), scorer.weight))
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -143,7 +130,7 @@ def independent_test_loss(checkpoint: Path, data: Path) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_eval_lm_perplexity_equals_an_independent_computation(trained_lms, lm_bin,
                                                               output_layer):
     ckpt = trained_lms(output_layer)

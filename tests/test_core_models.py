@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairseq_tying.core import names, scoring
+from fairseq_tying.core import names, output_layers
 from tests.helpers import arch_name, build_model, decode_full_and_incremental
 
 FAMILIES = ["transformer", "dynamicconv"]
@@ -67,7 +67,7 @@ def test_twwt_has_exactly_the_parameters_of_fairseqs_shared_transformer(joined_b
     assert _n_params(ours) == _n_params(stock)
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_gradients_reach_the_shared_matrix_from_both_roles(joined_bin, output_layer):
     model, task = _model(joined_bin, "transformer", "three_way", output_layer)
     weight = model.decoder.scorer.weight
@@ -82,7 +82,7 @@ def test_gradients_reach_the_shared_matrix_from_both_roles(joined_bin, output_la
     assert weight.grad[8:].abs().sum() > 0  # rows never looked up learn through the output
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 @pytest.mark.parametrize("family", FAMILIES)
 def test_incremental_decoding_equals_full_forward(joined_bin, family, output_layer):
     torch.manual_seed(0)
@@ -99,7 +99,7 @@ def test_output_layer_applies_the_rule_to_the_projected_features(joined_bin, fam
     model, _ = _model(joined_bin, family, "three_way", "distance", "--tied-projection")
     scorer = model.decoder.scorer
     h = torch.randn(3, 16)
-    want = scoring.scores("distance", scorer.projection(h), scorer.weight)
+    want = output_layers.scores("distance", scorer.projection(h), scorer.weight)
     torch.testing.assert_close(model.decoder.output_layer(h), want)
 
 
@@ -139,7 +139,7 @@ class TestCache:
         return model, model.decoder.scorer
 
     def _fresh(self, scorer, h):
-        return scoring.scores(scorer.output_layer, h, scorer.weight, gain=scorer.gain)
+        return output_layers.scores(scorer.output_layer, h, scorer.weight, gain=scorer.gain)
 
     def test_cached_once_in_eval(self, joined_bin):
         model, scorer = self._scorer(joined_bin)

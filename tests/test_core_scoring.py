@@ -6,30 +6,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers, scoring
 from tests.helpers import reference_scores
 
 GAIN = 2.5  # fixnorm's g in these tests (the other layers take no gain)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_scores_match_formula(output_layer, dtype, tol):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(50, 8, generator=g) * torch.rand(50, 1, generator=g) * 3
     h = torch.randn(6, 8, generator=g)
-    got = scoring.scores(output_layer, h.to(dtype), w.to(dtype), gain=GAIN)
+    got = output_layers.scores(output_layer, h.to(dtype), w.to(dtype), gain=GAIN)
     assert got.dtype == dtype
     want = reference_scores(output_layer, h.to(dtype), w.to(dtype), GAIN)
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", output_layers.names())
 def test_zero_padding_row_scores_zero_without_nan_or_huge_gradient(output_layer):
     w = torch.randn(10, 4)
     w[1] = 0
     w.requires_grad_(True)
-    s = scoring.scores(output_layer, torch.randn(3, 4), w, gain=GAIN)
+    s = output_layers.scores(output_layer, torch.randn(3, 4), w, gain=GAIN)
     assert torch.isfinite(s).all() and (s[:, 1] == 0).all()
     s.sum().backward()
     assert torch.isfinite(w.grad).all()
@@ -40,7 +40,7 @@ def test_norms_in_fp32_keep_half_precision_finite():
     w = torch.randn(20, 16) * 120  # ‖w‖ ≈ 480, ‖w‖² ≈ 2.3e5 > fp16 max (65504)
     h = torch.randn(4, 16) * 100
     for output_layer in ("sqnorm", "l2norm", "cosine", "fixnorm"):  # fixnorm: ‖h‖² ≈ 1.6e5 too
-        s = scoring.scores(output_layer, h.half(), w.half(), gain=GAIN)
+        s = output_layers.scores(output_layer, h.half(), w.half(), gain=GAIN)
         assert torch.isfinite(s).all(), output_layer
         want = reference_scores(output_layer, h.half(), w.half(), GAIN)
         torch.testing.assert_close(s.double(), want, rtol=2e-2, atol=0.5)
@@ -62,8 +62,8 @@ def _varied_rows(seed: int, n: int = 200, d: int = 16) -> torch.Tensor:
 def test_identity_holds_for_any_row_norms(output_layer):
     w = _varied_rows(1)
     # l2norm and fixnorm: inputs are normalized too
-    h = scoring.unit_rows(w) if output_layer in scoring.NORMALIZED_INPUT_LAYERS else w
-    scores = scoring.scores(output_layer, h, w, gain=GAIN)
+    h = scoring.unit_rows(w) if output_layers.get(output_layer).unit_inputs else w
+    scores = output_layers.scores(output_layer, h, w, gain=GAIN)
     assert torch.equal(scores.argmax(-1), torch.arange(len(w)))
 
 
@@ -71,15 +71,15 @@ def test_identity_for_sqnorm_holds_on_rows_of_equal_norm_and_can_fail_otherwise(
     """s_i = ‖w_k‖cosθ/‖w_i‖ ≤ 1 = s_k needs ‖w_i‖ ≥ ‖w_k‖cosθ: true for equal norms (the
     regime normalization drives towards), false for a much shorter parallel row."""
     w = scoring.unit_rows(_varied_rows(2)) * 2.5
-    assert torch.equal(scoring.scores("sqnorm", w, w).argmax(-1), torch.arange(len(w)))
+    assert torch.equal(output_layers.scores("sqnorm", w, w).argmax(-1), torch.arange(len(w)))
     w = torch.tensor([[4.0, 0.0], [1.0, 0.0]])
-    assert scoring.scores("sqnorm", w[:1], w).argmax().item() == 1
+    assert output_layers.scores("sqnorm", w[:1], w).argmax().item() == 1
 
 
 def test_identity_can_fail_for_dot():
     w = torch.tensor([[1.0, 0.0], [3.0, 1.0]])  # a longer row wins against h = w_0
-    assert scoring.scores("dot", w[:1], w).argmax().item() == 1
-    assert scoring.scores("l2norm", scoring.unit_rows(w[:1]), w).argmax().item() == 0
+    assert output_layers.scores("dot", w[:1], w).argmax().item() == 1
+    assert output_layers.scores("l2norm", scoring.unit_rows(w[:1]), w).argmax().item() == 0
 
 
 # --- normality: h a convex combination of unit rows => every l2norm score ≤ 1 -----------------
@@ -89,9 +89,9 @@ def test_normality_of_l2norm():
     w = _varied_rows(3)
     mix = torch.distributions.Dirichlet(torch.ones(len(w))).sample((64,))
     h = mix @ scoring.unit_rows(w)
-    assert scoring.scores("l2norm", h, w).max() <= 1 + 1e-6
+    assert output_layers.scores("l2norm", h, w).max() <= 1 + 1e-6
     h_dot = torch.softmax(torch.randn(64, len(w), generator=g) * 5, -1) @ w
-    assert scoring.scores("dot", h_dot, w).max() > 1  # dot has no such bound
+    assert output_layers.scores("dot", h_dot, w).max() > 1  # dot has no such bound
 
 
 # --- unbiasedness: with random unit h, no token wins more often because of its norm ----------
@@ -103,7 +103,7 @@ def _argmax_counts(output_layer: str, seed: int = 4, n_rows: int = 20, trials: i
     norms = torch.linspace(0.3, 3.0, n_rows).view(1, n_rows, 1)
     w = scoring.unit_rows(torch.randn(trials, n_rows, 8, generator=g)) * norms
     h = scoring.unit_rows(torch.randn(trials, 1, 8, generator=g))
-    w_out, bias = scoring.output_matrix_and_bias(output_layer, w)
+    w_out, bias = output_layers.output_matrix_and_bias(output_layer, w)
     s = (h * w_out).sum(-1) + (0 if bias is None else bias)
     return torch.bincount(s.argmax(-1), minlength=n_rows).double()
 

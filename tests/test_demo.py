@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying import demo
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.common.blocks import markers
 from fairseq_tying.common.reproducible import has_avx2
 from fairseq_tying.data import bible
 from tests.helpers import run_module

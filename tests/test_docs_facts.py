@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from fairseq_tying.core.models.tying import TYING_MODES
-from fairseq_tying.core.scoring import OUTPUT_LAYERS
+from fairseq_tying.core.output_layers import OUTPUT_LAYERS
 from tests.helpers import REPO
 
 

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-import sentencepiece as spm
 import torch
 from matplotlib import image as mpimg
 
@@ -24,58 +22,26 @@ import fairseq_tying
 from fairseq_tying.evaluation.average import average_checkpoints
 from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.launch import job
-from tests.helpers import run_cli, run_module
+from tests.helpers import (
+    SPM_SIZES,
+    build_tiny_spm_data,
+    fairseq_train,
+    run_cli,
+    run_module,
+    tiny_transformer,
+)
 
 pytestmark = pytest.mark.slow
 
 PLUGIN = os.path.dirname(fairseq_tying.__file__)
-N_TEST = 30  # not a multiple of the batch size: the last, smaller batch must be translated
-ES = "el la casa perro gato come bebe agua pan grande pequeño rojo azul verde corre y no".split()
-EN = "the the house dog cat eats drinks water bread big small red blue green runs and not".split()
-
-
-def _make_data(d: Path) -> Path:
-    """A data dir following the data contract: raw/, sentencepiece model, bin/, prep.json."""
-    rng = random.Random(0)
-    (d / "raw").mkdir(parents=True)
-    for split, n in (("train", 400), ("valid", 20), ("test", N_TEST)):
-        src, tgt = [], []
-        for _ in range(n):
-            idx = [rng.randrange(len(ES)) for _ in range(rng.randint(3, 8))]
-            src.append(" ".join(ES[i] for i in idx).capitalize() + ".")
-            tgt.append(" ".join(EN[i] for i in idx).capitalize() + ".")
-        (d / "raw" / f"{split}.es").write_text("\n".join(src) + "\n")
-        (d / "raw" / f"{split}.en").write_text("\n".join(tgt) + "\n")
-    spm.SentencePieceTrainer.train(
-        input=[str(d / "raw/train.es"), str(d / "raw/train.en")], model_prefix=str(d / "spm"),
-        vocab_size=60, character_coverage=1.0, model_type="unigram", minloglevel=2)
-    sp = spm.SentencePieceProcessor(model_file=str(d / "spm.model"))
-    (d / "sp").mkdir()
-    for split in ("train", "valid", "test"):
-        for lang in ("es", "en"):
-            lines = (d / "raw" / f"{split}.{lang}").read_text().splitlines()
-            (d / "sp" / f"{split}.{lang}").write_text(
-                "".join(" ".join(sp.encode(x, out_type=str)) + "\n" for x in lines))
-    run_cli("fairseq-preprocess", "--source-lang", "es", "--target-lang", "en",
-            "--trainpref", d / "sp/train", "--validpref", d / "sp/valid",
-            "--testpref", d / "sp/test", "--destdir", d / "bin", "--joined-dictionary",
-            "--workers", "1")
-    (d / "prep.json").write_text(json.dumps({
-        "corpus": "toy", "src": "es", "tgt": "en", "subword": "sentencepiece",
-        "post_process": "sentencepiece", "detokenizer": None, "vocab_size": 60}))
-    return d
+N_TEST = SPM_SIZES["test"]
 
 
 def _train(data: Path, save_dir: Path, output_layer: str, seed: int, epochs: int) -> None:
-    run_cli("fairseq-train", data / "bin", "--user-dir", PLUGIN,
-            "--arch", "transformer_twwt", "--output-layer", output_layer,
-            "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
-            "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-            "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
-            "--decoder-attention-heads", "2", "--optimizer", "adam", "--lr", "0.01",
-            "--criterion", "label_smoothed_cross_entropy", "--max-tokens", "4000",
-            "--max-epoch", str(epochs), "--seed", str(seed), "--cpu", "--no-progress-bar",
-            "--save-dir", save_dir)
+    fairseq_train(data / "bin", save_dir, "transformer_twwt", *tiny_transformer(32),
+                  "--output-layer", output_layer, "--optimizer", "adam", "--lr", "0.01",
+                  "--criterion", "label_smoothed_cross_entropy", "--max-tokens", "4000",
+                  "--max-epoch", str(epochs), "--seed", str(seed))
 
 
 def _evaluate(*args) -> subprocess.CompletedProcess:
@@ -85,7 +51,7 @@ def _evaluate(*args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("eval_e2e")
-    data = _make_data(root / "data")
+    data = build_tiny_spm_data(root / "data")
     run_a = root / "runs" / "dot-s1"  # checkpoints directly in the run dir
     _train(data, run_a, "dot", seed=1, epochs=6)
     run_b = root / "runs" / "l2norm-s1"  # the launcher's layout: checkpoints/ and run.json

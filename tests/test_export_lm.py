@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from fairseq_tying import export, translate
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers
 from fairseq_tying.export.stock import PLUGIN_ARCHS, bake_lm, stock_arch, stock_lm_arch
 from tests.helpers import build_on_meta, run_cli, run_module
 
@@ -327,7 +327,7 @@ def test_tied_l_becomes_project_out_dim_or_folds_into_the_output_matrix():
         torch.randn(5, 6, generator=g)  # D = 4, H = 5, M = 6
     new, flags = bake_lm(_decoder(w, w, proj, out), _lm_args(output_layer="sqnorm",
                                                            decoder_embed_dim=6))
-    want = scoring.scores("sqnorm", (x @ out.T) @ proj.T, w)
+    want = output_layers.scores("sqnorm", (x @ out.T) @ proj.T, w)
     torch.testing.assert_close(stock_scores(new), want)
     assert flags == {"share_decoder_input_output_embed": False, "decoder_input_dim": 4,
                      "decoder_output_dim": 4}
@@ -336,7 +336,7 @@ def test_tied_l_becomes_project_out_dim_or_folds_into_the_output_matrix():
     proj = torch.randn(6, 6, generator=g)
     new, flags = bake_lm(_decoder(w, w_out, proj, None),
                          _lm_args(output_layer="cosine", tying="none", decoder_embed_dim=6))
-    torch.testing.assert_close(stock_scores(new), scoring.scores("cosine", x @ proj.T, w_out))
+    torch.testing.assert_close(stock_scores(new), output_layers.scores("cosine", x @ proj.T, w_out))
     assert "decoder.project_out_dim.weight" not in new
     assert flags["decoder_output_dim"] == 6 and flags["decoder_input_dim"] == 4
     torch.testing.assert_close(new["decoder.embed_tokens.weight"], w)  # none: raw input rows

@@ -11,7 +11,7 @@ import torch
 
 from fairseq_tying import translate
 from fairseq_tying.bench import gpu_check
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers
 from tests.helpers import REPO, TINY_MODEL, run_cli
 
 
@@ -161,7 +161,7 @@ def test_a_checked_layer_is_kept_and_not_checked_again(tmp_path, monkeypatch):
 def test_output_layers_are_checked_side_by_side(tmp_path, monkeypatch):
     """--jobs N runs N layers at once (the stubs wait at a barrier that only N concurrent calls
     pass) and keeps the layers' order; the default is all of them."""
-    assert gpu_check.parse_args([]).jobs == len(scoring.OUTPUT_LAYERS)
+    assert gpu_check.parse_args([]).jobs == len(output_layers.names())
     assert gpu_check.parse_args(["--output-layer", "dot", "cosine"]).jobs == 2
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--jobs", "0"])

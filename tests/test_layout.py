@@ -1,8 +1,8 @@
 """The package's layout rules (docs/design.md, "Layout"): one file name per module, a plugin
 core that imports nothing from the tools, the evaluation of one run that imports nothing from
 the comparison of runs, views that import no other view, no test infrastructure in the
-installed package, no module over 450 lines, no import cycle, and state-dict keys spelled in
-the core only."""
+installed package, no module over 450 lines, no import cycle, state-dict keys spelled in the
+core only, and no decision by an output layer's name outside the layers' registry."""
 
 from __future__ import annotations
 
@@ -312,3 +312,66 @@ def test_reading_a_sweep_file_needs_neither_fairseq_nor_the_evaluation():
                        if (n + ".").startswith(heavy)) for m in needed}
     assert {m: names for m, names in found.items() if names} == {}
     assert "fairseq_tying.launch.grid" in graph["fairseq_tying.launch.config"]
+
+
+REGISTRY = PACKAGE / "core" / "output_layers.py"
+
+
+def layer_name_tests(source: str, layers: set[str]) -> list[int]:
+    """The lines of ``source`` that decide something by an output layer's name: a comparison
+    or membership test with the name (``la == "dot"``, ``la in {"l2norm", "fixnorm"}``), or a
+    set or mapping keyed by it (``{"dot": 34.24}``, ``frozenset({"fixnorm"})``)."""
+    def named(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in layers
+
+    def holds(node: ast.AST) -> bool:
+        return named(node) or (isinstance(node, (ast.Tuple, ast.List, ast.Set))
+                               and any(named(e) for e in node.elts))
+
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(holds(n) for n in (node.left, *node.comparators)):
+            lines.add(node.lineno)
+        elif isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys):
+            lines.add(node.lineno)
+        elif isinstance(node, ast.Set) and any(named(e) for e in node.elts):
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_what_a_layer_is_lives_in_the_registry_only():
+    """Each output layer is one class of core/output_layers.py: its equation, (W_out, b), input
+    lookups, learned scalars, cache, exports, citation and figures. Nothing else in the package
+    decides by a layer's name, so a new layer is one class (and its test)."""
+    from fairseq_tying.core import output_layers
+
+    layers = set(output_layers.PAPER_LAYERS) | set(output_layers.names())
+    found = [f"{p.relative_to(REPO)}:{line}" for p in _modules() if p != REGISTRY
+             for line in layer_name_tests(p.read_text(), layers)]
+    assert found == []
+    assert REGISTRY.is_file()
+    source = ('if la == "dot":\n    pass\nx = la in ("l2norm", "fixnorm")\n'
+              'y = {"cosine": 1}\nz = frozenset({"sqnorm"})\nok = ["dot", "distance"]\n'
+              'fine = la == BASELINE\n')
+    assert layer_name_tests(source, layers) == [1, 3, 4, 5]
+
+
+def _room(module: str) -> str:
+    """The part of the package a module belongs to: ``fairseq_tying.bench.serve`` → ``bench``,
+    ``fairseq_tying.demo`` → ``demo``."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def test_common_holds_only_what_several_rooms_use():
+    """A module of common/ serves at least two of the package's rooms (data, evaluation,
+    studies, launch, bench, export, analysis, the demo, translate); what one room alone uses
+    lives in that room."""
+    graph = import_graph(_package_sources())
+    users: dict[str, set[str]] = {m: set() for m in graph
+                                  if m.startswith("fairseq_tying.common.")}
+    for module, deps in graph.items():
+        for dep in deps & users.keys():
+            if _room(module) != "common":
+                users[dep].add(_room(module))
+    assert {m: sorted(rooms) for m, rooms in users.items() if len(rooms) < 2} == {}
+    assert "fairseq_tying.common.blocks" in users and _room("fairseq_tying.demo") == "demo"

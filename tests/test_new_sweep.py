@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_tying.core.scoring import OUTPUT_LAYERS
+from fairseq_tying.core.output_layers import OUTPUT_LAYERS
 from fairseq_tying.launch.__main__ import main as launch_main
 from fairseq_tying.launch.config import load_sweep
 

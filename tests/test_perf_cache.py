@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_tying.bench import layers
-from fairseq_tying.core import modules, scoring
+from fairseq_tying.core import modules, output_layers, scoring
 from tests.helpers import build_model, run_module
 
 
@@ -21,7 +21,7 @@ def _model(data, output_layer: str):
 
 
 def _fresh(scorer, h):
-    return scoring.scores(scorer.output_layer, h, scorer.weight, gain=scorer.gain)
+    return output_layers.scores(scorer.output_layer, h, scorer.weight, gain=scorer.gain)
 
 
 @pytest.mark.parametrize("output_layer", ["sqnorm", "distance"])
@@ -103,7 +103,7 @@ def test_cached_scoring_is_one_matrix_product_over_all_positions(joined_bin):
     weight = model.decoder.scorer.weight
     assert "aten::bmm" not in {e.key for e in prof.key_averages()}
     assert scores.shape == (5, 3, weight.shape[0])
-    torch.testing.assert_close(scores, scoring.scores("l2norm", features, weight))
+    torch.testing.assert_close(scores, output_layers.scores("l2norm", features, weight))
 
 
 def test_grad_mode_eval_is_not_cached(joined_bin):
@@ -115,7 +115,7 @@ def test_grad_mode_eval_is_not_cached(joined_bin):
         scorer(h)  # a cached W_out exists: it must not be used with autograd on
     scorer(h).sum().backward()
     weight = scorer.weight.detach().clone().requires_grad_()
-    scoring.scores("sqnorm", h, weight).sum().backward()
+    output_layers.scores("sqnorm", h, weight).sum().backward()
     assert scorer.weight.grad.abs().sum() > 0
     torch.testing.assert_close(scorer.weight.grad, weight.grad)
 
@@ -127,7 +127,7 @@ def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
                       "--warmup", "0", "--threads", "1", "--out", out, timeout=900)
     report = json.loads((out / "bench.json").read_text())
     res = report["results"]["64"]
-    assert set(res["train"]) == {"builtin", *scoring.OUTPUT_LAYERS}
+    assert set(res["train"]) == {"builtin", *output_layers.names()}
     for kind in ("train", "generate"):
         assert res[kind]["builtin"]["ratio"]["median"] == 1.0
         for stats in res[kind].values():
@@ -139,7 +139,7 @@ def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
     assert estimate["dot"] == 1.0 and all(estimate[r] > 1.0 for r in ("l2norm", "distance"))
     memory = res["memory"]
     assert memory["builtin"]["train"]["extra_over_builtin"] == 0
-    assert all(memory[r]["train"]["bytes"] > 0 for r in scoring.OUTPUT_LAYERS)
+    assert all(memory[r]["train"]["bytes"] > 0 for r in output_layers.names())
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "builtin" in proc.stdout and "l2norm" in proc.stdout
     assert not list(out.glob("*.tmp*"))

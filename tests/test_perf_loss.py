@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fairseq_tying.bench import loss, loss_budget, loss_report
-from fairseq_tying.common.atomic import block_text
+from fairseq_tying.common.blocks import block_text
 from tests.helpers import run_module
 
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from fairseq_tying.common.atomic import block_text
+from fairseq_tying.common.blocks import block_text
 from tests.helpers import REPO, load_script, run_module
 
 README = REPO / "README.md"

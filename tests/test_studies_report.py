@@ -13,11 +13,11 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from fairseq_tying.common.atomic import block_text, markers, replace_block
+from fairseq_tying.common.blocks import block_text, markers, replace_block
 from fairseq_tying.launch.__main__ import main as launch
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest
-from fairseq_tying.studies import records, verdicts, view_equal, view_help
+from fairseq_tying.studies import records, verdicts, view_answer, view_equal
 from fairseq_tying.studies.engine import Section
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.report import (
@@ -110,12 +110,12 @@ def test_the_short_answer_is_the_study_with_records(manifest, where):
     assert summary.sources == (manifest.study("equal"), manifest.study("converged"))
     source = summary_source(summary)
     equal = records.load(DOCS / "equal" / "records", hypotheses=False)
-    assert source == ("equal" if view_help.answers(equal) else "converged")
+    assert source == ("equal" if view_answer.answers(equal) else "converged")
     folder = manifest.study(source).plots
     cells = json.loads((folder / "summary.json").read_text())
     sections = [Section(arch, {}, s) for arch, s in cells.items()] if source == "equal" \
         else [Section("transformer_twwt", {}, cells)]
-    text, _ = view_help.render(sections)
+    text, _ = view_answer.render(sections)
     n = len(list(manifest.study(source).records.glob("*.json")))
     assert block_text((REPO / where).read_text(), summary.target.block) == \
         f"{summary_lead(source, n)}\n\n{text}"
@@ -274,23 +274,23 @@ def test_only_a_study_with_every_cell_and_seed_answers():
     do; without one seed of one cell, with one seed of every cell, without the baseline, or
     spread over two architectures they do not."""
     recs = records.load(DOCS / "converged" / "records", hypotheses=False)
-    assert len(recs) == 21 and view_help.answers(recs)
-    assert not view_help.answers([r for r in recs if r.name != recs[0].name])
-    assert not view_help.answers([r for r in recs if r.run.tying != "none"])
+    assert len(recs) == 21 and view_answer.answers(recs)
+    assert not view_answer.answers([r for r in recs if r.name != recs[0].name])
+    assert not view_answer.answers([r for r in recs if r.run.tying != "none"])
     other = [replace(r, run=replace(r.run, arch="dynamicconv_twwt"))
              if r.run.output_layer == "cosine" else r for r in recs]
-    assert not view_help.answers(other) and not view_help.answers([])
-    assert not view_help.answers([r for r in recs if r.run.seed == 1])  # whole, but 1 of 3 seeds
+    assert not view_answer.answers(other) and not view_answer.answers([])
+    assert not view_answer.answers([r for r in recs if r.run.seed == 1])  # whole, but 1 of 3 seeds
 
 
 def test_the_short_answer_of_an_architecture_without_untied_runs_starts_at_three_way_dot():
     """DynamicConv in the equal-training study has three-way tied cells only: its ``dot`` row
     is the baseline of its ``l2norm`` row, not a tying claim without an untied run."""
     cells = json.loads((DOCS / "converged" / "summary.json").read_text())
-    full = view_help.rows(cells)
+    full = view_answer.rows(cells)
     assert [r[:2] for r in full if r[-1] == "baseline"] == [["none", "`dot`"]]
     three_way = {k: v for k, v in cells.items() if k.startswith("three_way/")}
-    rows = view_help.rows(three_way)
+    rows = view_answer.rows(three_way)
     assert rows[0][:2] == ["three_way", "`dot`"]
     assert rows[0][-3:] == ["baseline", "–", "baseline"]
     assert rows[1:] == [r for r in full if r[0] == "three_way" and r[1] != "`dot`"]
@@ -321,7 +321,7 @@ def test_the_short_answer_says_each_verdict_in_words():
     difference, with the seeds that disagree; DynamicConv's section, without an untied run,
     has its layer's sentence only."""
     cells = json.loads((DOCS / "converged" / "summary.json").read_text())
-    words = view_help.in_words(cells)
+    words = view_answer.in_words(cells)
     saved = (cells["none/dot"]["params"][0] - cells["three_way/dot"]["params"][0]) / 1e6
     tied = cells["three_way/dot"]["vs_untied"]
     assert words[1] == ("three-way tying against untied (`dot`): **better**, "
@@ -335,10 +335,10 @@ def test_the_short_answer_says_each_verdict_in_words():
                         f"seeds differ in sign ({seeds})).")
     assert len(words) == 6 and all("fewer parameters" not in w for w in words[2:])
     three_way = {k: v for k, v in cells.items() if k.startswith("three_way/")}
-    assert view_help.in_words(three_way) == words[2:]
-    text, _ = view_help.render([Section("T", {}, cells), Section("D", {}, three_way)])
+    assert view_answer.in_words(three_way) == words[2:]
+    text, _ = view_answer.render([Section("T", {}, cells), Section("D", {}, three_way)])
     assert text.endswith(f"- `D`, {words[-1]}\n") and f"- `T`, {words[0]}\n" in text
-    text, _ = view_help.render([Section("T", {}, cells)])
+    text, _ = view_answer.render([Section("T", {}, cells)])
     assert "\n- Decoder tying against untied (`dot`): **better**" in text
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from fairseq_tying.common.atomic import block_text, markers
+from fairseq_tying.common.blocks import block_text, markers
 from fairseq_tying.common.reproducible import cpu_name
 from tests.helpers import load_script
 

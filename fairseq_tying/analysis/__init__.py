@@ -50,7 +50,8 @@ from fairseq_tying.analysis.measures import (
     subword_model,
 )
 from fairseq_tying.common import checkpoints
-from fairseq_tying.common.atomic import markers, replace_block, write_json, write_text
+from fairseq_tying.common.atomic import write_json, write_text
+from fairseq_tying.common.blocks import markers, replace_block
 from fairseq_tying.core.checkpoint_compat import UnreadableCheckpoint
 
 __all__ = ["MatrixReport", "ModelReport", "main", "markdown", "matrices", "run"]

@@ -19,7 +19,7 @@ from fairseq.data.data_utils import infer_language_pair
 
 from fairseq_tying.common import LM_TASK, checkpoints
 from fairseq_tying.common.extras import require
-from fairseq_tying.core import names, scoring
+from fairseq_tying.core import names, output_layers
 
 # its libraries (the analysis extra), imported on use: the package imports without them, and
 # python -m fairseq_tying.analysis names the extra (require_libraries)
@@ -72,7 +72,7 @@ class ModelReport:
     num_updates: int
     matrices: list[MatrixReport] = field(default_factory=list)
     gain: float | None = None  # fixnorm's learned scale g (None under the other layers)
-    initial_gain: float | None = None  # g before training (scoring.initial_gain)
+    initial_gain: float | None = None  # g before training (output_layers.initial_gain)
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -275,7 +275,8 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
                          int(history.get("num_updates", 0)))
     if (gain := state["model"].get(names.SCORER_GAIN)) is not None:
         report.gain = float(gain)
-        report.initial_gain = scoring.initial_gain(state["model"][names.SCORER_WEIGHT].shape[1])
+        dim = state["model"][names.SCORER_WEIGHT].shape[1]
+        report.initial_gain = output_layers.initial_gain(dim)
     words = {w.lower() for name in BENCHMARKS for pair in benchmark_pairs(name)[1] for w in pair}
     for key, roles in matrices(state["model"]):
         matrix = state["model"][key].float().numpy()

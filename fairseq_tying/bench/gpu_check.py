@@ -1,6 +1,6 @@
 """GPU acceptance run (``make gpu-check``): real ``--fp16`` training and decoding on one CUDA GPU.
 
-For each output layer (``--output-layer``, all of ``scoring.OUTPUT_LAYERS`` by default):
+For each output layer (``--output-layer``, every registered one by default):
 
 1. ``fairseq-train`` of ``transformer_twwt_iwslt_de_en`` with ``--fp16`` (fairseq's
    FP16Optimizer: half weights, fp32 master copy, dynamic loss scale) and fairseq's loss from the
@@ -19,7 +19,7 @@ For each output layer (``--output-layer``, all of ``scoring.OUTPUT_LAYERS`` by d
 4. CTranslate2 float16 decoding on the GPU of the checkpoint exported with
    ``python -m fairseq_tying.export --format ctranslate2``: BLEU and the share of sentences with
    the same hypothesis as step 2 (reported, not checked: fp16 rounding differs between the two;
-   ``fixnorm``, which the export refuses, reports the refusal; ``--no-ctranslate2`` skips it
+   a layer the export refuses, as ``fixnorm``, reports the refusal; ``--no-ctranslate2`` skips it
    and says so in the result, for a machine without CTranslate2's CUDA libraries).
 
 The output layers are checked side by side on the one GPU (``--jobs``, default: all of them;
@@ -56,7 +56,7 @@ import torch
 from fairseq_tying import translate
 from fairseq_tying.common import PLUGIN_DIR, atomic
 from fairseq_tying.common.extras import require
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers
 from fairseq_tying.export.ct2 import export_ct2
 
 BIN = Path(sys.executable).parent
@@ -271,8 +271,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--output-layer",
         nargs="+",
-        choices=scoring.OUTPUT_LAYERS,
-        default=list(scoring.OUTPUT_LAYERS),
+        choices=output_layers.OUTPUT_LAYERS,
+        default=list(output_layers.OUTPUT_LAYERS),
         dest="output_layers",
     )
     p.add_argument("--updates", type=int, default=300, help="training updates per output layer")

@@ -45,7 +45,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationTask
 from tqdm import tqdm
 
-from fairseq_tying.bench.layers_report import BUILTIN, MODELS, PLOT_FOR, plot, table
+from fairseq_tying.bench.layers_report import BUILTIN, PLOT_FOR, model_names, plot, table
 from fairseq_tying.bench.measure import (
     CLOCKS,
     PeakMemory,
@@ -58,7 +58,7 @@ from fairseq_tying.bench.measure import (
 )
 from fairseq_tying.common import PLUGIN_DIR, atomic
 from fairseq_tying.common.extras import pyplot
-from fairseq_tying.core import names, scoring
+from fairseq_tying.core import names, output_layers
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ def memory_worker(spec: dict) -> dict:
 
 def measure_memory(vocab: int, size: Size, device: str, fp16: bool, progress) -> dict:
     out = {}
-    for name in MODELS:
+    for name in model_names():
         spec = {"vocab": vocab, "size": asdict(size), "device": device, "fp16": fp16,
                 "model": name}
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -254,21 +254,23 @@ def run_vocab(vocab: int, size: Size, opts, progress) -> dict:
     bench = Bench(vocab, size, opts.device, opts.fp16)
     builtin = bench.build(BUILTIN)
     models = {BUILTIN: builtin}
-    for name in scoring.OUTPUT_LAYERS:
+    layers = output_layers.names()
+    for name in layers:
         models[name] = bench.build(name, reference=builtin)
     train = interleaved({n: bench.trainer(m) for n, m in models.items()}, bench.device,
                         opts.reps, opts.train_steps, opts.warmup, progress)
     isolated = {name: 1 + extra_work(models[name], name, bench.device, opts.reps)
-                / min(train[BUILTIN]) for name in scoring.OUTPUT_LAYERS}
+                / min(train[BUILTIN]) for name in layers}
     # Generation starts from identical parameters again: training moved them apart.
-    for name in scoring.OUTPUT_LAYERS:
+    for name in layers:
         state = dict(builtin.state_dict())
         state[names.SCORER_WEIGHT] = state.pop(names.OUTPUT_PROJECTION)
         models[name].load_state_dict(state)
     if opts.fp16:
         models = {n: m.half() for n, m in models.items()}
     decoders = {n: bench.generator(m) for n, m in models.items()}
-    same = _hypotheses(decoders[BUILTIN]()) == _hypotheses(decoders["dot"]())
+    # fairseq's own layer over the same parameters: the same search, the same hypotheses
+    same = _hypotheses(decoders[BUILTIN]()) == _hypotheses(decoders[output_layers.BASELINE]())
     generate = interleaved(decoders, bench.device, opts.reps, opts.gen_calls, opts.warmup,
                            progress)
     result = {"train": ratios(train), "generate": ratios(generate),
@@ -281,17 +283,19 @@ def run_vocab(vocab: int, size: Size, opts, progress) -> dict:
 
 
 def extra_work(model: torch.nn.Module, output_layer: str, device: torch.device, reps: int) -> float:
-    """Seconds (fastest of ``reps``) of what ``rule`` adds to a training step: computing
-    (W_out, b) from W and back-propagating through it. The fastest run is little disturbed by
-    other processes, so 1 + this / (fastest built-in step) estimates the ratio steadily."""
-    if output_layer == "dot":
-        return 0.0
+    """Seconds (fastest of ``reps``) of what ``output_layer`` adds to a training step: computing
+    (W_out, b) from W and back-propagating through it (nothing where W_out is W and there is no
+    b). The fastest run is little disturbed by other processes, so 1 + this / (fastest
+    built-in step) estimates the ratio steadily."""
+    layer = output_layers.get(output_layer)
     weight = model.decoder.scorer.weight.detach().clone().requires_grad_()
-    w_out, bias = scoring.output_matrix_and_bias(output_layer, weight)
+    w_out, bias = layer.affine(weight)
+    if w_out is weight and bias is None:
+        return 0.0
     grads = [torch.randn_like(w_out), None if bias is None else torch.randn_like(bias)]
 
     def step() -> None:
-        outs = scoring.output_matrix_and_bias(output_layer, weight)
+        outs = layer.affine(weight)
         pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if o is not None]
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
@@ -372,7 +376,7 @@ def run(opts: argparse.Namespace) -> dict | None:
 
     pyplot(PLOT_FOR)  # the figure needs matplotlib: fail before the measurements
     size = SIZES[opts.size]
-    n_models = len(MODELS)
+    n_models = len(model_names())
     total = len(opts.vocab) * n_models * (2 * opts.reps + (0 if opts.no_memory else 1))
     report = {"config": {**{k: (str(v) if isinstance(v, Path) else v)
                             for k, v in vars(opts).items() if k != "memory_worker"},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fairseq_tying.common import atomic
+from fairseq_tying.common import blocks
 
 MODELS = ("builtin", "chunked_old", "chunked")
 LABELS = {"builtin": "built-in", "chunked_old": "torch's op", "chunked": "chunked"}
@@ -185,8 +185,8 @@ def publish(reports: list[tuple[Path, dict]], report_file: Path | None,
             readme: Path | None) -> None:
     """Write the tables into ``report_file``'s and the summary into ``readme``'s block."""
     if report_file:
-        atomic.replace_block(report_file, TABLE_BLOCK, tables(reports, report_file.parent))
+        blocks.replace_block(report_file, TABLE_BLOCK, tables(reports, report_file.parent))
         print(f"wrote the {TABLE_BLOCK} block of {report_file}")
     if readme:
-        atomic.replace_block(readme, SUMMARY_BLOCK, summary([r for _, r in reports]))
+        blocks.replace_block(readme, SUMMARY_BLOCK, summary([r for _, r in reports]))
         print(f"wrote the {SUMMARY_BLOCK} block of {readme}")

@@ -38,7 +38,7 @@ from fairseq import checkpoint_utils, utils
 from fairseq.data import data_utils
 
 from fairseq_tying import translate
-from fairseq_tying.common import LM_TASK, atomic, checkpoints
+from fairseq_tying.common import LM_TASK, atomic, blocks, checkpoints
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.reproducible import cpu_name
 from fairseq_tying.export.ct2 import ExportError, Subword, export_ct2, find_subword
@@ -271,7 +271,7 @@ def summarize(paths: list[Path], into: Path | None) -> str:
              + f"; processor: {'; '.join(cpus)}.\n")
     print(text)
     if into is not None:
-        atomic.replace_block(into, "serving", text)
+        blocks.replace_block(into, "serving", text)
         print(f"wrote the serving block of {into}")
     return text
 

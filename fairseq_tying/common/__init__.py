@@ -1,6 +1,7 @@
-"""What the tools share: atomic file writes, pinned CPU kernels, Moses tokenization, the
-checkpoint reader, Markdown tables, a run's evaluation options, the plugin's location and the
-names of the files in a run folder."""
+"""What several of the tools use (and nothing only one of them does): atomic file writes,
+generated blocks in Markdown reports, pinned CPU kernels, Moses tokenization, the checkpoint
+reader, Markdown tables, a run's evaluation options, the plugin's location and the names of the
+files in a run folder."""
 
 from pathlib import Path
 

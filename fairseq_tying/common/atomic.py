@@ -95,33 +95,3 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     """The lines of a UTF-8 text file (``split_lines``)."""
     with open(path, encoding="utf-8", newline="") as f:
         return split_lines(f.read())
-
-
-def markers(block: str) -> tuple[str, str]:
-    """The Markdown comments around the generated part ``block`` of a hand-written report."""
-    return f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
-
-
-def block_text(text: str, block: str) -> str:
-    """The lines between ``text``'s markers of ``block``, as ``replace_block`` writes them (its
-    text without trailing blanks, and a newline)."""
-    begin, end = markers(block)
-    if begin not in text or end not in text.split(begin, 1)[1]:
-        raise ValueError(f"no marked block {block!r}: expected {begin} ... {end}")
-    return text.split(begin, 1)[1].split(end, 1)[0].removeprefix("\n")
-
-
-def replace_block(report: str | os.PathLike, block: str, text: str, new_file: str = "") -> Path:
-    """Replace the text between ``report``'s markers of ``block`` with ``text``, the rest of the
-    report as written; the block is appended when the markers are missing (to ``new_file``
-    when the report does not exist)."""
-    report = Path(report)
-    begin, end = markers(block)
-    old = report.read_text(encoding="utf-8") if report.exists() else new_file
-    marked = f"{begin}\n{text.rstrip()}\n{end}"
-    if begin in old and end in old:
-        head, rest = old.split(begin, 1)
-        new = head + marked + rest.split(end, 1)[1]
-    else:
-        new = old.rstrip() + "\n\n" + marked + "\n"
-    return write_text(report, new)

@@ -1,4 +1,5 @@
-"""The modules that apply a scoring rule: a tied embedding and the decoder's output scorer."""
+"""The modules that apply an output layer (``output_layers.py``): a tied embedding and the
+decoder's output scorer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers, scoring
+from fairseq_tying.core.output_layers import OutputLayer
 
 # Bumped after every optimizer step (torch's global hook): a cached output matrix keyed on it can
 # never outlive a weight update, even one written through ``param.data`` (fp16 master copies).
@@ -22,10 +24,10 @@ def _count_step(*_args, **_kwargs) -> None:
 
 register_optimizer_step_post_hook(_count_step)
 
-# The rule's (W_out, b) per (weight, rule), shared by every module holding the weight: an
-# ``l2norm`` decoder looks its input rows up in the very matrix it scores with, so inference
-# keeps one extra V×D buffer. An entry pins its weight's storage (``src``), so the storage's
-# address cannot be reused by another tensor while the entry compares that address.
+# A layer's (W_out, b) per (weight, the layer's cache key), shared by every module holding the
+# weight: an ``l2norm`` decoder looks its input rows up in the very matrix it scores with, so
+# inference keeps one extra V×D buffer. An entry pins its weight's storage (``src``), so the
+# storage's address cannot be reused by another tensor while the entry compares that address.
 _Entry = tuple[Tensor, tuple, scoring.Affine]  # (src, key, (W_out, b))
 _entries: dict[tuple[int, str], _Entry] = {}
 _watched: set[int] = set()
@@ -36,17 +38,21 @@ def _key(weight: Tensor) -> tuple:
 
 
 def cached_output_matrix_and_bias(output_layer: str, weight: Tensor) -> scoring.Affine:
-    """``scoring.output_matrix_and_bias(rule, weight)``, computed once until the weight changes
-    (storage, in-place version, dtype, device, or any optimizer step). Inference only."""
-    output_layer = scoring.matrix_rule(output_layer)
-    entry = _entries.get((id(weight), output_layer))
+    """The (W_out, b) of ``output_layer`` over ``weight``, computed once until the weight
+    changes (storage, in-place version, dtype, device, or any optimizer step) and shared by the
+    layers with the same ``cache_key``. Inference only."""
+    layer = output_layers.get(output_layer)
+    cache_key = layer.cache_key()
+    if cache_key is None:  # W_out is W itself
+        return layer.affine(weight)
+    entry = _entries.get((id(weight), cache_key))
     key = _key(weight)
     if entry is None or entry[1] != key or entry[0].data_ptr() != key[0]:
-        w_out, bias = scoring.output_matrix_and_bias(output_layer, weight)
+        w_out, bias = output_layers.get(cache_key).affine(weight)
         # detached: a value that is the weight itself (distance) must not keep it alive
         value = (w_out.detach(), None if bias is None else bias.detach())
         entry = (weight.detach(), key, value)
-        _entries[(id(weight), output_layer)] = entry
+        _entries[(id(weight), cache_key)] = entry
         if id(weight) not in _watched:
             _watched.add(id(weight))
             weakref.finalize(weight, evict, id(weight))
@@ -55,8 +61,8 @@ def cached_output_matrix_and_bias(output_layer: str, weight: Tensor) -> scoring.
 
 def evict(weight_id: int) -> None:
     """Drop the cached matrices of the weight with this ``id``."""
-    for output_layer in scoring.OUTPUT_LAYERS:
-        _entries.pop((weight_id, output_layer), None)
+    for key in [k for k in _entries if k[0] == weight_id]:
+        del _entries[key]
     _watched.discard(weight_id)
 
 
@@ -88,9 +94,10 @@ def _inference() -> bool:
 
 class TiedEmbedding(_Evicting, nn.Embedding):
     """fairseq's token embedding (N(0, d^-1/2) init, zero padding row) whose lookups can use
-    the row-normalized matrix w_i/‖w_i‖ (the ``l2norm`` output layer). fairseq's √d scaling stays
-    in the encoder/decoder, applied after the lookup. In eval mode without autograd the
-    normalized matrix is cached (shared with an ``l2norm`` scorer over the same weight)."""
+    the row-normalized matrix w_i/‖w_i‖ (an output layer's ``unit_inputs``, as ``l2norm``'s).
+    fairseq's √d scaling stays in the encoder/decoder, applied after the lookup. In eval mode
+    without autograd the normalized matrix is cached (shared with a scorer of unit rows over
+    the same weight: ``output_layers.UNIT_ROWS``)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int):
         super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)
@@ -103,36 +110,47 @@ class TiedEmbedding(_Evicting, nn.Embedding):
             return super().forward(tokens)
         if self.training or not _inference():
             return scoring.unit_rows(super().forward(tokens))
-        unit, _ = cached_output_matrix_and_bias("l2norm", self.weight)
+        unit, _ = cached_output_matrix_and_bias(output_layers.UNIT_ROWS, self.weight)
         return F.embedding(tokens, unit, self.padding_idx)
 
 
 class OutputScorer(_Evicting):
-    """Scores h ↦ rule(L·h, W) + b₂ over the (possibly shared) matrix ``weight``.
+    """Scores h ↦ layer(L·h, W) + b₂ over the (possibly shared) matrix ``weight``.
 
     ``projection`` is the optional learned map L from the decoder output (size H) to the
-    embedding size D; ``bias`` the optional per-token output bias b₂; ``gain`` fixnorm's learned
-    scalar g (``scoring.initial_gain``), None under the other layers. In eval mode without
-    autograd the rule's (W_out, b) is cached and reused across decoding steps
-    (``cached_output_matrix_and_bias``); it is dropped on ``train()``, ``load_state_dict``,
-    ``.to()``/``.half()``, and whenever the weight's storage, version, dtype, device or the
-    optimizer step count changes. b₂ is added to the cached b at each call (V additions).
+    embedding size D; ``bias`` the optional per-token output bias b₂. The layer's learned
+    scalars (``OutputLayer.parameters``: fixnorm's ``gain`` g) are parameters of the scorer
+    under their names, at the layer's ``initial_values``; a scalar of another registered layer
+    reads None. In eval mode without autograd the layer's (W_out, b) is cached and reused
+    across decoding steps (``cached_output_matrix_and_bias``); it is dropped on ``train()``,
+    ``load_state_dict``, ``.to()``/``.half()``, and whenever the weight's storage, version,
+    dtype, device or the optimizer step count changes. b₂ is added to the cached b at each
+    call (V additions).
     """
 
     def __init__(self, weight: nn.Parameter, output_layer: str, projection: nn.Linear | None = None,
                  output_bias: bool = False):
         super().__init__()
-        if output_layer not in scoring.OUTPUT_LAYERS:
-            raise ValueError(f"unknown output layer {output_layer!r}; "
-                             f"choose from {scoring.OUTPUT_LAYERS}")
+        layer = output_layers.get(output_layer)
         self.weight = weight
         self.output_layer = output_layer
         self.projection = projection
-        # b₂: a learned score offset per token (zero at the start), added to the rule's bias
+        # b₂: a learned score offset per token (zero at the start), added to the layer's bias
         self.bias = nn.Parameter(weight.new_zeros(weight.shape[0])) if output_bias else None
-        self.gain = None
-        if output_layer in scoring.NORMALIZED_HIDDEN_LAYERS:
-            self.gain = nn.Parameter(weight.new_tensor(scoring.initial_gain(weight.shape[1])))
+        # every registered layer's scalars are attributes, None unless this layer learns them:
+        # a checkpoint's gain is then dropped by name when finetuned into a layer without one
+        for name in output_layers.parameter_names():
+            setattr(self, name, None)
+        for name, value in layer.initial_values(weight.shape[1]).items():
+            setattr(self, name, nn.Parameter(weight.new_tensor(value)))
+
+    @property
+    def layer(self) -> OutputLayer:
+        return output_layers.get(self.output_layer)
+
+    def layer_parameters(self) -> dict[str, Tensor]:
+        """The layer's learned scalars by name."""
+        return {name: getattr(self, name) for name in self.layer.parameters}
 
     def forward(self, features: Tensor) -> Tensor:
         features = self.project(features)
@@ -145,24 +163,25 @@ class OutputScorer(_Evicting):
 
     def project(self, features: Tensor) -> Tensor:
         """ĥ, the vectors that the output layer's affine map scores: L·h (h without a
-        projection), normalized to length g under fixnorm (``scoring.scored_hidden``)."""
+        projection), as the layer scores it (``OutputLayer.scored_hidden``: normalized to
+        length g under fixnorm)."""
         hidden = features if self.projection is None else self.projection(features)
-        return scoring.scored_hidden(self.output_layer, hidden, self.gain)
+        return self.layer.scored_hidden(hidden, **self.layer_parameters())
 
     def output_matrix_and_bias(self) -> scoring.Affine:
         """(W_out, b) of the scores s = (L·h)·W_outᵀ + b; b includes the output bias b₂."""
-        if self.output_layer == "dot":
-            return self.weight, self.bias
-        if self.training or not _inference():
-            # gradients must flow through the normalization
-            return scoring.output_matrix_and_bias(self.output_layer, self.weight, self.bias)
+        layer = self.layer
+        if self.training or not _inference() or layer.cache_key() is None:
+            # gradients must flow through the normalization (none to cache for W_out = W)
+            return layer.output_matrix_and_bias(self.weight, self.bias)
         w_out, bias = cached_output_matrix_and_bias(self.output_layer, self.weight)
         return w_out, scoring.add_output_bias(bias, self.bias)
 
     def extra_repr(self) -> str:
+        scalars = "".join(f", {name}={p.item():.3f}" for name, p in self.layer_parameters().items())
         return (
             f"output_layer={self.output_layer}, vocab={self.weight.shape[0]}, "
             f"dim={self.weight.shape[1]}, "
             f"output_bias={self.bias is not None}"
-            + ("" if self.gain is None else f", gain={self.gain.item():.3f}")
+            + scalars
         )

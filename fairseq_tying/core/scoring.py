@@ -1,22 +1,6 @@
-"""The output layers: scores over a tied embedding matrix W (row w_i per token).
+"""The row arithmetic the output layers are written in (``output_layers.py``): row norms,
+rows scaled by a power of their norm and squared norms, with closed-form gradients.
 
-With h the decoder output, the score of token i is
-
-    dot       s_i = h·w_i
-    l2norm    s_i = h·w_i / ‖w_i‖        and every input lookup uses w_i / ‖w_i‖ too
-    cosine    s_i = h·w_i / ‖w_i‖        input lookups use the raw w_i
-    sqnorm    s_i = h·w_i / ‖w_i‖²
-    distance  s_i = h·w_i − ½‖w_i‖²      (= −½‖h − w_i‖² up to a term constant in i)
-    fixnorm   s_i = g·(h/‖h‖)·(w_i/‖w_i‖) = g·cos(h, w_i), and input lookups use w_i / ‖w_i‖
-
-The first five are the normalization paper's (Liu et al. 2020); ``fixnorm`` is FixNorm with
-ScaleNorm at the output (Nguyen & Chiang 2018; Nguyen & Salazar 2019), g one learned scalar.
-
-Each output layer is an affine map ``s = ĥ·W_outᵀ + b`` of the scored vector ĥ: ĥ = h, except
-under ``fixnorm`` where ĥ = g·h/‖h‖ (``scored_hidden``) and W_out holds l2norm's unit rows.
-``output_matrix_and_bias`` returns (W_out, b), so scoring is one ``F.linear`` whatever the output
-layer. A learned per-token
-output bias b₂ (``--output-bias``; s = V·P·h + b₂ in Press & Wolf's notation) is added to b.
 Norms are computed in fp32, so ‖w‖² cannot overflow in half precision. A row with
 ‖w‖ < ``EPS`` (fairseq's all-zero padding row) is scaled by 0, not by 1/EPS: it scores 0
 and gets no gradient, instead of NaN or a huge one.
@@ -24,16 +8,11 @@ and gets no gradient, instead of NaN or a huge one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
 EPS = 1e-6
-PAPER_LAYERS = ("dot", "l2norm", "sqnorm", "distance", "cosine")  # Liu et al. (2020)
-OUTPUT_LAYERS = (*PAPER_LAYERS, "fixnorm")
-NORMALIZED_INPUT_LAYERS = frozenset({"l2norm", "fixnorm"})
-NORMALIZED_HIDDEN_LAYERS = frozenset({"fixnorm"})  # these score ĥ = g·h/‖h‖, not h
+Affine = tuple[Tensor, Tensor | None]  # (W_out, b): the scores are ĥ·W_outᵀ + b
 
 
 def _wide(x: Tensor) -> Tensor:
@@ -104,62 +83,9 @@ class _SquaredNorms(torch.autograd.Function):
         return (_wide(weight) * (2 * grad).unsqueeze(-1)).to(weight.dtype)
 
 
-Affine = tuple[Tensor, Tensor | None]
-
-_AFFINE_MAPS: dict[str, Callable[[Tensor], Affine]] = {
-    "dot": lambda w: (w, None),
-    "l2norm": lambda w: (unit_rows(w), None),
-    "cosine": lambda w: (unit_rows(w), None),
-    "sqnorm": lambda w: (scaled_rows(w, power=2), None),
-    "distance": lambda w: (w, (-0.5 * squared_norms(w)).to(w.dtype)),
-}
-
-
-def matrix_rule(output_layer: str) -> str:
-    """The layer whose (W_out, b) ``output_layer`` scores with: fixnorm's is l2norm's unit rows,
-    so one cached V×D matrix serves its input lookups and its scores."""
-    return "l2norm" if output_layer == "fixnorm" else output_layer
-
-
-def initial_gain(embed_dim: int) -> float:
-    """fixnorm's g at the start: √D, ScaleNorm's initial scale (Nguyen & Salazar 2019). Cosines
-    lie in [−1, 1], so g bounds every score gap; √D (11.3 at D = 128) lets the softmax put most
-    of its mass on one of thousands of tokens from the first step (log 4000 ≈ 8.3)."""
-    return float(embed_dim) ** 0.5
-
-
-def scored_hidden(output_layer: str, hidden: Tensor, gain: Tensor | float | None = None) -> Tensor:
-    """ĥ, the vector the output layer scores: g·h/‖h‖ under ``fixnorm`` (the norm in fp32, 0 for
-    ‖h‖ < EPS), h itself under the other layers."""
-    if output_layer not in NORMALIZED_HIDDEN_LAYERS:
-        return hidden
-    if gain is None:
-        raise ValueError(f"--output-layer {output_layer} scores g·cos(h, w_i): pass its gain g")
-    unit = unit_rows(hidden)
-    return unit * (gain.to(unit.dtype) if isinstance(gain, Tensor) else gain)
-
-
-def output_matrix_and_bias(
-    output_layer: str, weight: Tensor, output_bias: Tensor | None = None
-) -> Affine:
-    """(W_out, b) such that the scores of ``output_layer`` are ``h @ W_out.T + b``; ``output_bias``
-    (b₂, one value per token) is added to the layer's own bias."""
-    w_out, bias = _AFFINE_MAPS[matrix_rule(output_layer)](weight)
-    return w_out, add_output_bias(bias, output_bias)
-
-
 def add_output_bias(bias: Tensor | None, output_bias: Tensor | None) -> Tensor | None:
     """b + b₂, where either may be absent."""
     if output_bias is None:
         return bias
     return output_bias if bias is None else bias + output_bias.to(bias.dtype)
 
-
-def scores(
-    output_layer: str, hidden: Tensor, weight: Tensor, output_bias: Tensor | None = None,
-    gain: Tensor | float | None = None,
-) -> Tensor:
-    """Scores of every token for decoder outputs ``hidden`` (…, D) under ``output_layer``
-    (``gain``: fixnorm's g, unused by the other layers)."""
-    w_out, bias = output_matrix_and_bias(output_layer, weight, output_bias)
-    return torch.nn.functional.linear(scored_hidden(output_layer, hidden, gain), w_out, bias)

@@ -7,19 +7,23 @@ fairseq's stock model, so that ``fairseq-generate`` / ``fairseq-eval-lm`` load O
 ``--user-dir`` and compute the same scores (every stock decoder scores with
 ``output_projection``):
 
-- every output layer is the affine map ``s = h·W_outᵀ + b`` (``scoring.output_matrix_and_bias``);
+- every output layer is the affine map ``s = h·W_outᵀ + b`` (``OutputLayer.affine``);
   ``W_out`` becomes ``decoder.output_projection.weight``. An output layer with a bias
-  (``distance``: −½‖w_i‖²) or a learned output bias (``--output-bias``) has no stock
-  equivalent: the export stops with an error and writes nothing;
+  (``OutputLayer.bias_formula``; ``distance``: −½‖w_i‖²) or a learned output bias
+  (``--output-bias``) has no stock equivalent, nor has a layer that says why no export can
+  compute its scores (``OutputLayer.export_refusal``; ``fixnorm``): the export stops with an
+  error and writes nothing;
 - ``--tied-projection`` (L, s = rule(L·h, W)): the translation decoders fold it into the output
   matrix (``W_out·L``, a V×H matrix). A language model whose matrix has D ≠ its model size
   keeps it as fairseq's own ``project_out_dim`` (``--decoder-output-dim D``, composed with an
   existing ``project_out_dim``), so its output matrix stays V×D; a D = model size LM folds it
   like the translation decoders (stock builds no ``project_out_dim`` then);
-- ``l2norm`` input lookups use w_i/‖w_i‖: the normalized rows are written into the embeddings;
-- where the decoder's input and output rows differ (cosine, sqnorm, ``none``, a folded
-  projection) the output matrix is untied (``share_decoder_input_output_embed=False``, and
-  ``share_all_embeddings=False`` with the encoder keeping its own copy of the input rows);
+- input lookups of w_i/‖w_i‖ (``OutputLayer.unit_inputs``: ``l2norm``): the normalized rows
+  are written into the embeddings;
+- where the decoder's input and output rows differ (``OutputLayer.scores_input_rows`` false:
+  cosine, sqnorm; ``none``; a folded projection) the output matrix is untied
+  (``share_decoder_input_output_embed=False``, and ``share_all_embeddings=False`` with the
+  encoder keeping its own copy of the input rows);
   where they are equal the checkpoint holds one tensor for both roles.
 
 The checkpoint holds only plain Python values besides tensors (the model config as a dict, no
@@ -45,7 +49,7 @@ from torch import Tensor
 
 from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import atomic_write
-from fairseq_tying.core import names, scoring
+from fairseq_tying.core import names, output_layers, scoring
 from fairseq_tying.core.models.dynamicconv_tying import DynamicConvModel
 from fairseq_tying.core.models.transformer_lm_tying import TiedTransformerLanguageModel
 from fairseq_tying.core.models.transformer_tying import TiedTransformerModel
@@ -61,8 +65,6 @@ PLUGIN_CRITERION_CLASSES = {"LabelSmoothedCrossEntropyPR": "LabelSmoothedCrossEn
 PLUGIN_ARCHS = {"transformer": "transformer_{dwt,twwt}*", "lightconv": "dynamicconv_{dwt,twwt}*",
                 "transformer_lm": "transformer_lm_tied*"}
 CONFIG_FORMATS = ("dict", "namespace")
-# output layers whose output matrix is the input lookup (raw rows, or unit rows for both)
-SHARED_ROWS_LAYERS = frozenset({"dot"}) | scoring.NORMALIZED_INPUT_LAYERS
 
 
 class ExportError(ValueError):
@@ -77,6 +79,15 @@ def _model_args(state: dict) -> Namespace:
     return args
 
 
+def _layer(args: Namespace) -> output_layers.OutputLayer:
+    """The checkpoint's output layer, which must be registered here."""
+    try:
+        return output_layers.get(args.output_layer)
+    except ValueError as e:
+        raise ExportError(f"{e} (a layer of another file is registered by naming that file in "
+                          f"{output_layers.PLUGINS_ENV})") from None
+
+
 def _family(arch: str | None) -> str | None:
     return {TiedTransformerModel: "transformer", DynamicConvModel: "lightconv",
             TiedTransformerLanguageModel: "transformer_lm"}.get(ARCH_MODEL_REGISTRY.get(arch))
@@ -87,26 +98,24 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
     """The stock fairseq model family (``transformer``, ``lightconv``, ``transformer_lm``) the
     checkpoint maps to; ``formats``: the families the caller exports to.
 
-    Refuses, naming the flag, what the target cannot express: another family, a decoder output
-    normalized before the projection (``fixnorm``; no stock or CTranslate2 layer computes
-    g·h/‖h‖ there, so no export gives the same scores), a bias in the
-    scores (``distance``, ``--output-bias``) unless ``allow_bias`` (CTranslate2 has an output
-    bias, fairseq's models have none), and a translation model's tied matrix narrower than its
-    decoder."""
+    Refuses, naming the flag, what the target cannot express: another family, an output
+    layer's own ``export_refusal`` (``fixnorm``'s decoder output normalized before the
+    projection: no stock or CTranslate2 layer computes g·h/‖h‖ there, so no export gives the
+    same scores), a bias in the scores (``OutputLayer.bias_formula``, ``--output-bias``) unless
+    ``allow_bias`` (CTranslate2 has an output bias, fairseq's models have none), and a
+    translation model's tied matrix narrower than its decoder."""
     arch = getattr(args, "arch", None)
     family = _family(arch)
     if family not in formats:
         plugin = " or ".join(PLUGIN_ARCHS[f] for f in formats)
         raise ExportError(f"--arch {arch} is not one of the plugin's {plugin} architectures: "
                           f"only those are exported to {' / '.join(formats)}")
-    if args.output_layer in scoring.NORMALIZED_HIDDEN_LAYERS:
+    layer = _layer(args)
+    if layer.export_refusal is not None:
         target = "CTranslate2's" if allow_bias else f"fairseq's {family}"
         raise ExportError(
-            f"--output-layer {args.output_layer} scores g·cos(h, w_i): it scales the decoder "
-            f"output h to the learned length g before the output projection, which {target} "
-            "decoder cannot express (its last output goes to the projection as it is; its layer "
-            "norms subtract the mean and scale each feature, an L2 normalization does neither); "
-            "keep using this checkpoint with --user-dir fairseq_tying (fairseq-generate, "
+            f"--output-layer {layer.name} {layer.export_refusal.format(target=target)}; keep "
+            "using this checkpoint with --user-dir fairseq_tying (fairseq-generate, "
             "fairseq-interactive)")
     if not allow_bias:
         _refuse_bias(args, family)
@@ -121,11 +130,12 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
 def _refuse_bias(args: Namespace, family: str) -> None:
     """fairseq's output projections have no bias: refuse the scores that need one."""
     ct2 = ", or export with --format ctranslate2" if family != "lightconv" else ""
-    if args.output_layer == "distance":
-        raise ExportError(f"--output-layer distance adds a per-token bias −½‖w_i‖² to the "
-                          f"scores, which fairseq's {family} (a bias-free output projection) "
-                          "cannot express; keep using this checkpoint with --user-dir "
-                          f"fairseq_tying{ct2}")
+    layer = _layer(args)
+    if layer.bias_formula is not None:
+        raise ExportError(f"--output-layer {layer.name} adds a per-token bias "
+                          f"{layer.bias_formula} to the scores, which fairseq's {family} (a "
+                          "bias-free output projection) cannot express; keep using this "
+                          f"checkpoint with --user-dir fairseq_tying{ct2}")
     if getattr(args, "output_bias", False):
         raise ExportError(f"--output-bias adds a learned per-token bias b₂ to the scores, which "
                           f"fairseq's {family} (a bias-free output projection) cannot express; "
@@ -158,10 +168,11 @@ def _decoder_matrices(model: dict[str, Tensor], args: Namespace
                       ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(the decoder's input rows as stock looks them up, the output layer's W_out, the
     ``--tied-projection`` matrix L or None) of a plugin decoder's state dict."""
-    w_out, bias = scoring.output_matrix_and_bias(args.output_layer, model[names.SCORER_WEIGHT])
-    assert bias is None, args.output_layer  # layers with a bias were refused by stock_arch
+    layer = _layer(args)
+    w_out, bias = layer.affine(model[names.SCORER_WEIGHT])
+    assert bias is None, layer.name  # layers with a bias were refused by stock_arch
     decoder_in = model[names.DECODER_EMBED]
-    if args.tying != "none" and args.output_layer in scoring.NORMALIZED_INPUT_LAYERS:
+    if args.tying != "none" and layer.unit_inputs:
         decoder_in = scoring.unit_rows(decoder_in)
     return decoder_in, w_out, model.get(names.SCORER_PROJECTION)
 
@@ -172,10 +183,10 @@ def _matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _shares_rows(args: Namespace, folded: bool) -> bool:
-    """Whether the stock output matrix is the decoder's input lookup (one tensor): the rule
+    """Whether the stock output matrix is the decoder's input lookup (one tensor): the layer
     scores with the input rows, and no projection L was ``folded`` into the output matrix."""
     return (args.tying != "none" and not folded
-            and args.output_layer in SHARED_ROWS_LAYERS)
+            and _layer(args).scores_input_rows)
 
 
 def _bake_decoder(model: dict[str, Tensor], decoder_in: Tensor, w_out: Tensor,

@@ -18,7 +18,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.eval_options import EvalOptions
 from fairseq_tying.core.models.tying import TYING_MODES
-from fairseq_tying.core.scoring import OUTPUT_LAYERS
+from fairseq_tying.core.output_layers import OUTPUT_LAYERS
 from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.launch.sweep import GRID, Batch, Resources, Run, SweepError, section_fields
 from fairseq_tying.launch.sweepfile import check_int, check_keys

@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,13 +27,12 @@ from typing import IO, Any
 import torch
 from fairseq import checkpoint_utils
 from fairseq.distributed import utils as dist_utils
-from fairseq.file_io import PathManager
 
 from fairseq_tying.common import EVAL_JSON, PLUGIN_DIR, TRAIN_DONE, atomic, checkpoints
 from fairseq_tying.common.eval_options import EvalOptions, LMEvalOptions
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.reproducible import cpu_name
-from fairseq_tying.launch import FOR_WHAT, plateau
+from fairseq_tying.launch import FOR_WHAT, fairseq_hooks, plateau
 
 submitit = require("submitit", "launch", FOR_WHAT)
 
@@ -122,13 +120,6 @@ class _StopFlag:
         cls.requested = True
 
 
-def _atomic_copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
-    """fairseq copies checkpoint_last.pt from the epoch checkpoint in place: a process killed
-    mid-copy would leave a truncated file to resume from. Copy beside it, then rename."""
-    atomic.atomic_write(dst_path, lambda tmp: shutil.copyfile(src_path, tmp))
-    return True
-
-
 class _Stopping:
     """The plateau rule's state in this process (None: the run has a fixed budget)."""
 
@@ -156,17 +147,10 @@ def _after_validation(cfg, run_dir: Path, rank: int, epoch_itr, updates: int,
 
 
 def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
-    """Wrap fairseq's validate_and_save: record progress, apply the plateau rule at the end of
-    each epoch, stop and save on a stop request."""
-    # imported by a training job only: the plugin reads an imported fairseq_cli.train as
-    # "running under fairseq-train" (core/models/guards.py), which the launcher is not
-    import fairseq_cli.train as fairseq_train
+    """Wrap fairseq's validate_and_save (``fairseq_hooks``): record progress, apply the plateau
+    rule at the end of each epoch, stop and save on a stop request."""
 
-    PathManager.copy = staticmethod(_atomic_copy)
-    original = getattr(fairseq_train.validate_and_save, "__wrapped__",
-                       fairseq_train.validate_and_save)
-
-    def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
+    def validate_and_save(original, cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
         valid_losses, should_stop = original(cfg, trainer, task, epoch_itr, valid_subsets,
                                              end_of_epoch)
         updates = trainer.get_num_updates()
@@ -191,8 +175,7 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
             raise Preempted(updates)
         return valid_losses, should_stop
 
-    validate_and_save.__wrapped__ = original
-    fairseq_train.validate_and_save = validate_and_save
+    fairseq_hooks.wrap_validate_and_save(validate_and_save)
 
 
 def rank_facts(device: torch.device, before: str | None) -> dict[str, str]:
@@ -272,16 +255,11 @@ class TrainJob(submitit.helpers.Checkpointable):
         signal.signal(signal.SIGUSR2, _StopFlag.handler)
         _install_fairseq_hook(run_dir, rank)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        # imported by a training job only (see _install_fairseq_hook)
-        from fairseq_cli.train import cli_main
-
-        saved_argv, sys.argv = sys.argv, argv
         try:
-            cli_main()
+            fairseq_hooks.run_fairseq_train(argv)
         except Preempted:
             self._requeue(submitit_handler, rank)
         finally:
-            sys.argv = saved_argv
             logging.getLogger().removeHandler(handler)
         result = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())
         return self._finish(run_dir, rank, result)

@@ -25,10 +25,9 @@ from pathlib import Path
 
 from fairseq_tying.common.atomic import write_text
 from fairseq_tying.core.models.tying import TYING_MODES
-from fairseq_tying.core.scoring import OUTPUT_LAYERS
+from fairseq_tying.core.output_layers import BASELINE, OUTPUT_LAYERS
 
 FAMILIES = {"transformer": "transformer_twwt", "dynamicconv": "dynamicconv_twwt"}
-BASELINE_LAYER = "dot"
 TIED = "three_way"  # the tying mode every output layer is compared under
 # model sizes: a smoke test's, the studies' small model, and fairseq's transformer_iwslt_de_en
 MODELS = {
@@ -53,9 +52,9 @@ def grid_blocks(families: list[str], tyings: list[str], layers: list[str],
     blocks = []
     for family in families:
         arch = FAMILIES[family]
-        if BASELINE_LAYER in layers:
-            blocks.append({"arch": arch, "tying": tyings, "output_layer": [BASELINE_LAYER]})
-        others = [la for la in layers if la != BASELINE_LAYER]
+        if BASELINE in layers:
+            blocks.append({"arch": arch, "tying": tyings, "output_layer": [BASELINE]})
+        others = [la for la in layers if la != BASELINE]
         if others:
             blocks.append({"arch": arch, "tying": [TIED], "output_layer": others})
     return [dict(b, seed=seeds) for b in blocks]
@@ -71,7 +70,7 @@ def render(args: argparse.Namespace, prep: dict) -> str:
     dataset = args.dataset
     if args.pilot:
         blocks = [{"arch": FAMILIES[args.families[0]], "tying": [args.tying[0]],
-                   "output_layer": [BASELINE_LAYER], "seed": [args.seeds[0]]}]
+                   "output_layer": [BASELINE], "seed": [args.seeds[0]]}]
         stopping = (f"stopping:                 # the pilot: until the validation NLL flattens\n"
                     f"  patience: {PILOT['patience']}\n  min_gain: {PILOT['min_gain']}\n"
                     f"  min_epoch: {args.average_last}\n  max_epoch: {args.max_epochs}\n")
@@ -165,7 +164,7 @@ def check(args: argparse.Namespace) -> None:
                             f"{args.average_last} epoch checkpoints to average")
     if args.max_epochs < args.average_last:
         raise NewSweepError(f"--max-epochs {args.max_epochs}: below --average-last")
-    if not args.pilot and TIED not in args.tying and set(args.output_layers) - {BASELINE_LAYER}:
+    if not args.pilot and TIED not in args.tying and set(args.output_layers) - {BASELINE}:
         raise NewSweepError(f"--output-layers are compared under --tying {TIED}: add it to "
                             "--tying or keep --output-layers dot")
     for flag in ("tying", "output_layers", "seeds", "families"):

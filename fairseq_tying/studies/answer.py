@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fairseq_tying.common import EVAL_JSON, TRAIN_DONE
-from fairseq_tying.common.atomic import replace_block, write_text
+from fairseq_tying.common.atomic import write_text
+from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.launch.config import Run, Sweep, load_sweep
 from fairseq_tying.studies import across, records
 from fairseq_tying.studies.report import Renderer, references

@@ -1,6 +1,7 @@
 """How the across-run views write numbers: a mean ± its CI, a p-value, the seeds, a paired
-Δ with its test, the epochs a cell trained; and the papers' numbers they print beside ours.
-Every view and ``collect`` take them from here (no view imports another)."""
+Δ with its test, the epochs a cell trained. Every view and ``collect`` take them from here (no
+view imports another); the papers' figures they print beside ours are the output layers'
+(``core/output_layers.py``)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,6 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.studies.verdicts import ALPHA
-
-# Liu et al. (2020), Transformer on IWSLT'14 Es→En, shared input–output embeddings.
-PAPER_IWSLT14_ES_EN = {"dot": 34.24, "l2norm": 34.65, "sqnorm": 34.97, "distance": 34.54,
-                       "cosine": 34.81}
-# Liu et al. (2020), DynamicConv: each normalized layer's Δ BLEU over dot, per table
-PAPER_DYNAMICCONV_DELTA = {
-    "IWSLT'14 De→En": {"l2norm": 0.34, "sqnorm": 0.22, "distance": 0.36, "cosine": 0.41},
-    "WMT'16 En→De": {"l2norm": 0.5, "sqnorm": 0.3, "distance": 0.1, "cosine": 0.2},
-}
-# Nguyen & Salazar (2019): FixNorm + ScaleNorm over their baseline, mean of five low-resource
-# pairs (Transformer)
-PAPER_FIXNORM_LOW_RESOURCE = 1.1
 
 
 def format_ci(mean: float, half: float, digits: int = 2) -> str:

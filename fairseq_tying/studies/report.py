@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.common.atomic import read_lines, replace_block, write_json
+from fairseq_tying.common.atomic import read_lines, write_json
+from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.data.bible import read_split
-from fairseq_tying.studies import engine, records, view_equal, view_grid, view_help, view_lm
+from fairseq_tying.studies import engine, records, view_answer, view_equal, view_grid, view_lm
 from fairseq_tying.studies.engine import Section, Spec
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.specs import GRID, LM
@@ -39,7 +40,7 @@ VIEWS: dict[str, View] = {
     "translation": View(GRID, view_grid.render, view_grid.plots),
     "equal": View(GRID, view_equal.render, view_equal.plots),
     "lm": View(LM, view_lm.render, view_lm.plots, "# Language models\n", sentences=False),
-    "does_it_help": View(GRID, view_help.render),
+    "does_it_help": View(GRID, view_answer.render),
 }
 
 
@@ -182,7 +183,7 @@ def summary_source(summary: Summary) -> str | None:
     with_records = {study.name: records.load(study.records, allow_empty=True, hypotheses=False)
                     for study in summary.sources}
     for name, found in with_records.items():
-        if found and (summary.target.view != "does_it_help" or view_help.answers(found)):
+        if found and (summary.target.view != "does_it_help" or view_answer.answers(found)):
             return name
     return next((name for name, found in with_records.items() if found), None)
 

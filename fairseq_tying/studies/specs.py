@@ -17,7 +17,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.core import output_layers
+from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.studies import verdicts
 from fairseq_tying.studies.engine import (
     Comparison,
@@ -37,7 +38,7 @@ from fairseq_tying.studies.significance import compare
 
 def _vs_dot(key: Key, cells: Collection[Key]) -> Key | None:
     tying, layer = key
-    return None if layer == "dot" else (tying, "dot")
+    return None if layer == BASELINE else (tying, BASELINE)
 
 
 def _vs_untied(key: Key, cells: Collection[Key]) -> Key | None:
@@ -63,9 +64,6 @@ GRID = Spec(
 )
 
 PRESS_WOLF = "Press & Wolf (2017)"
-LIU = "Liu et al. (2020)"
-NGUYEN_SALAZAR = "Nguyen & Salazar (2019)"  # FixNorm with ScaleNorm at the output
-NORMALIZED = tuple(la for la in LAYERS if la != "dot")
 # tying modes whose matrix is shared by the output layer, as in the normalization paper
 SHARED = ("three_way", "decoder")
 
@@ -81,13 +79,19 @@ class Claim:
     expects: str  # verdicts.GAIN or verdicts.UNCHANGED
 
 
+def normalized() -> list[str]:
+    """The registered output layers but ``dot``: each one's claim is that it beats ``dot``."""
+    return [la for la in output_layers.names() if la != BASELINE]
+
+
 def study_claims() -> list[Claim]:
-    """Tying keeps BLEU (with ``dot``); each normalized layer beats ``dot`` on a shared matrix."""
-    tying = [Claim(f"{t.replace('_', '-')} tying keeps BLEU (`dot`)", PRESS_WOLF, f"{t}/dot",
-                   "vs_untied", verdicts.UNCHANGED) for t in SHARED]
-    layers = [Claim(f"`{la}` beats `dot` ({t.replace('_', '-')} tying)",
-                    NGUYEN_SALAZAR if la == "fixnorm" else LIU, f"{t}/{la}", "vs_dot",
-                    verdicts.GAIN) for t in SHARED for la in NORMALIZED]
+    """Tying keeps BLEU (with ``dot``); each normalized layer beats ``dot`` on a shared matrix
+    (its paper's claim: ``OutputLayer.citation``)."""
+    tying = [Claim(f"{t.replace('_', '-')} tying keeps BLEU (`{BASELINE}`)", PRESS_WOLF,
+                   f"{t}/{BASELINE}", "vs_untied", verdicts.UNCHANGED) for t in SHARED]
+    layers = [Claim(f"`{la}` beats `{BASELINE}` ({t.replace('_', '-')} tying)",
+                    output_layers.get(la).citation, f"{t}/{la}", "vs_dot",
+                    verdicts.GAIN) for t in SHARED for la in normalized()]
     return tying + layers
 
 
@@ -110,8 +114,8 @@ def claims_of(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any], str]
 
 # --- language models: (tying, output layer, tag) cells ---------------------------------------
 
-LM_BASELINE: Key = ("none", "dot", "")
-LM_TIED: Key = ("decoder", "dot", "")
+LM_BASELINE: Key = ("none", BASELINE, "")
+LM_TIED: Key = ("decoder", BASELINE, "")
 
 
 def lm_label(key: Key, records: list[Record]) -> str:
@@ -129,7 +133,8 @@ def _flag(args: list[str], flag: str) -> str | None:
 
 def _lm_order(key: Key) -> tuple:
     tying, layer, tag = key
-    return (tag != "", tag, tying != "none", LAYERS.index(layer) if layer in LAYERS else 99)
+    layers = output_layers.names()
+    return (tag != "", tag, tying != "none", layers.index(layer) if layer in layers else 99)
 
 
 
@@ -171,7 +176,7 @@ def test_set(r: Record) -> tuple:
 def default_baseline(records: Collection[Record]) -> str:
     """The first method (by name) with a dot-product output layer, else the first method."""
     methods = {r.run.method for r in records}
-    dot = sorted({r.run.method for r in records if r.run.output_layer == "dot"})
+    dot = sorted({r.run.method for r in records if r.run.output_layer == BASELINE})
     return dot[0] if dot else sorted(methods)[0]
 
 

@@ -1,8 +1,9 @@
 """The equal-training study's tables and plot (``specs.GRID`` cells, every run trained the same
 number of epochs): BLEU per cell with each seed, the Δs that decide the papers' claims at equal
 training with the verdict rule (tying against untied; each normalized layer against ``dot``, for
-each architecture, beside the papers' figures: ``formatting.PAPER_DYNAMICCONV_DELTA`` per layer
-for DynamicConv), and the validation NLL per epoch."""
+each architecture, beside the papers' figures: ``OutputLayer.paper_deltas`` for DynamicConv and
+for layers of another paper, else the Δ of ``OutputLayer.paper_bleu``), and the validation NLL
+per epoch."""
 
 from __future__ import annotations
 
@@ -11,14 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from fairseq_tying.common.tables import markdown_table
+from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
-from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.studies import specs, verdicts
 from fairseq_tying.studies.engine import Cells, Section
 from fairseq_tying.studies.formatting import (
-    PAPER_DYNAMICCONV_DELTA,
-    PAPER_FIXNORM_LOW_RESOURCE,
-    PAPER_IWSLT14_ES_EN,
     format_delta,
     format_stat,
     holm_changes,
@@ -26,14 +25,15 @@ from fairseq_tying.studies.formatting import (
 )
 from fairseq_tying.studies.plots import plot_bands
 from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.specs import LIU, NGUYEN_SALAZAR, PRESS_WOLF, SHARED
+from fairseq_tying.studies.specs import PRESS_WOLF, SHARED
 from fairseq_tying.studies.stats import mean_ci
 
 
 def _cells(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The cells in the grid's order: tying, then output layer."""
+    layers = output_layers.names()
     return sorted(summary.values(), key=lambda c: (TYINGS.index(c["tying"]),
-                                                   LAYERS.index(c["output_layer"])))
+                                                   layers.index(c["output_layer"])))
 
 
 def _budget(sections: list[Section]) -> str:
@@ -71,13 +71,16 @@ def bleu_table(sections: list[Section]) -> str:
 
 
 def _paper(arch: str, layer: str) -> str:
-    """The papers' Δ over dot for this layer and model family."""
-    if layer == "fixnorm":
-        return f"{PAPER_FIXNORM_LOW_RESOURCE:+.1f} (5 low-resource pairs)"
-    if "dynamicconv" in arch:
-        return ", ".join(f"{d[layer]:+.2f} ({table})"
-                         for table, d in PAPER_DYNAMICCONV_DELTA.items())
-    return f"{PAPER_IWSLT14_ES_EN[layer] - PAPER_IWSLT14_ES_EN['dot']:+.2f}"
+    """The papers' Δ over dot for this layer and model family: the figures the layer's paper
+    gives for the family (or for any), else the difference of the Transformer BLEU of Liu et
+    al.'s table, else "–"."""
+    la = output_layers.get(layer)
+    family = "dynamicconv" if "dynamicconv" in arch else "transformer"
+    if figures := la.paper_deltas.get(family) or la.paper_deltas.get("*"):
+        return ", ".join(map(str, figures))
+    if la.paper_bleu is None:
+        return "–"
+    return f"{la.paper_bleu - output_layers.get(BASELINE).paper_bleu:+.2f}"
 
 
 def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[str, str, str]]]:
@@ -86,12 +89,12 @@ def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[st
     them the verdicts Holm–Bonferroni changed (``formatting.holm_changes``)."""
     rows, changes = [], []
     for s in sections:
-        found = [(f"{t.replace('_', '-')} tying vs untied (`dot`)", test, PRESS_WOLF, "–",
+        found = [(f"{t.replace('_', '-')} tying vs untied (`{BASELINE}`)", test, PRESS_WOLF, "–",
                   verdicts.UNCHANGED) for t in SHARED[::-1]  # decoder, then three-way
-                 if (test := s.summary.get(f"{t}/dot", {}).get("vs_untied")) is not None]
-        found += [(f"`{la}` vs `dot` (three-way tying)", test,
-                   NGUYEN_SALAZAR if la == "fixnorm" else LIU, _paper(str(s.key), la),
-                   verdicts.GAIN) for la in LAYERS[1:]
+                 if (test := s.summary.get(f"{t}/{BASELINE}", {}).get("vs_untied")) is not None]
+        found += [(f"`{la}` vs `{BASELINE}` (three-way tying)", test,
+                   output_layers.get(la).citation or "–", _paper(str(s.key), la),
+                   verdicts.GAIN) for la in specs.normalized()
                   if (test := s.summary.get(f"three_way/{la}", {}).get("vs_dot")) is not None]
         for what, test, source, paper, expects in found:
             rows.append([what, f"`{s.key}`", source, paper, format_delta(test),
@@ -159,7 +162,8 @@ def _delta_band(runs: dict, baseline: dict) -> tuple[list, list, list, list] | N
 
 
 def _with_epochs(cells: Cells) -> list[tuple[str, str]]:
-    keys = sorted(cells, key=lambda k: (TYINGS.index(k[0]), LAYERS.index(k[1])))
+    layers = output_layers.names()
+    keys = sorted(cells, key=lambda k: (TYINGS.index(k[0]), layers.index(k[1])))
     return [k for k in keys
             if all(r.train.valid_epochs is not None for r in cells[k].values())]
 
@@ -173,11 +177,11 @@ def _delta_panels(arch: str, cells: Cells) -> dict[str, dict[str, tuple]]:
     ``ARCH: tying − untied``: each tying mode against untied, with ``dot``."""
     keys = _with_epochs(cells)
     pairs = {f"{arch}: layer − dot (three-way)":
-             {f"{la} − dot": (("three_way", la), ("three_way", "dot")) for t, la in keys
-              if t == "three_way" and la != "dot"},
+             {f"{la} − {BASELINE}": (("three_way", la), ("three_way", BASELINE)) for t, la in keys
+              if t == "three_way" and la != BASELINE},
              f"{arch}: tying − untied (dot)":
-             {f"{t} − none": ((t, "dot"), ("none", "dot")) for t, la in keys
-              if la == "dot" and t != "none"}}
+             {f"{t} − none": ((t, BASELINE), ("none", BASELINE)) for t, la in keys
+              if la == BASELINE and t != "none"}}
     out = {}
     for name, lines in pairs.items():
         bands = {label: band for label, (cell, base) in lines.items() if base in keys

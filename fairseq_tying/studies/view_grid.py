@@ -14,12 +14,12 @@ import numpy as np
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
-from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
+from fairseq_tying.core.output_layers import BASELINE
+from fairseq_tying.core.output_layers import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation.norms import plot_norm_histograms
 from fairseq_tying.studies import FOR_WHAT, specs, verdicts
 from fairseq_tying.studies.engine import Cells, Section, band
 from fairseq_tying.studies.formatting import (
-    PAPER_IWSLT14_ES_EN,
     epochs_text,
     format_delta,
     format_p,
@@ -89,12 +89,12 @@ def tables(summary: dict[str, Any]) -> str:
     parts = [f"Seeds: {', '.join(map(str, seeds))}. Mean ± 95 % CI (Student t over seeds).\n",
              "**BLEU** (sacrebleu, detokenized, test set)\n",
              grid(lambda c: f"{format_stat(c['bleu'])} (n={len(c['seeds'])})")]
-    if "dot" in layers and len(layers) > 1:
+    if BASELINE in layers and len(layers) > 1:
         parts += ["\n**Δ BLEU against `dot` with the same tying**: mean over seeds of the paired "
                   "difference ± its 95 % CI over seeds (training variance); p of the paired "
                   "bootstrap over test sentences, pooled over the seeds (test-set variance); "
                   "per-seed p in brackets\n",
-                  grid(lambda c: _delta(c, "vs_dot", c["output_layer"] == "dot"))]
+                  grid(lambda c: _delta(c, "vs_dot", c["output_layer"] == BASELINE))]
     if "none" in tyings and len(tyings) > 1:
         parts += ["\n**Δ BLEU of tying against the untied model with the same output layer** "
                   "(p as above)\n",
@@ -143,19 +143,21 @@ def params_table(summary: dict[str, Any]) -> str:
 
 
 def paper_table(summary: dict[str, Any]) -> str:
+    """Our three-way cells beside the BLEU of Liu et al.'s Transformer on IWSLT'14 Es→En
+    (``OutputLayer.paper_bleu``), for every layer that has one."""
     rows = []
-    base = PAPER_IWSLT14_ES_EN["dot"]
-    for la in PAPER_IWSLT14_ES_EN:
+    base = LAYERS[BASELINE].paper_bleu
+    for la in (name for name, layer in LAYERS.items() if layer.paper_bleu is not None):
         c = cell_of(summary, "three_way", la)
-        paper = PAPER_IWSLT14_ES_EN[la]
+        paper = LAYERS[la].paper_bleu
         ours = format_stat(c["bleu"]) if c else "–"
-        if la == "dot":
+        if la == BASELINE:
             ours_delta = "baseline"
         elif c and "vs_dot" in c:
             ours_delta = _delta(c, "vs_dot", False, per_seed=False)
         else:
             ours_delta = "–"
-        rows.append([la, f"{paper:.2f}", "baseline" if la == "dot" else f"{paper - base:+.2f}",
+        rows.append([la, f"{paper:.2f}", "baseline" if la == BASELINE else f"{paper - base:+.2f}",
                      ours, ours_delta])
     return markdown_table(["output layer", "paper BLEU", "paper Δ", "our BLEU", "our Δ"], rows)
 
@@ -182,7 +184,7 @@ def plots(sections: list[Section], out: Path) -> list[Path]:
 def section_plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
     groups = {}
     for t in TYINGS:
-        marks = [points(la, c["bleu"], baseline=la == "dot")
+        marks = [points(la, c["bleu"], baseline=la == BASELINE)
                  for la in LAYERS if (c := cell_of(summary, t, la))]
         if marks:
             groups[t] = marks

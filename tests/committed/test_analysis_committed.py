@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fairseq_tying import analysis
-from fairseq_tying.common.atomic import block_text
+from fairseq_tying.common.blocks import block_text
 from fairseq_tying.studies.record import Record
 from tests.helpers import REPO
 

@@ -6,7 +6,7 @@ import json
 import re
 
 from fairseq_tying import demo
-from fairseq_tying.common.atomic import block_text
+from fairseq_tying.common.blocks import block_text
 from tests.helpers import REPO
 
 

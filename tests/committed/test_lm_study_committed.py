@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_tying.common.atomic import markers
+from fairseq_tying.common.blocks import markers
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import main as study
 from fairseq_tying.launch.sweeps import recorded_stops

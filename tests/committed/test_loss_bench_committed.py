@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from fairseq_tying.bench import loss, loss_report
-from fairseq_tying.common.atomic import block_text
+from fairseq_tying.common.blocks import block_text
 from fairseq_tying.core.criterions.chunked import CHUNKED_BY_DEFAULT
 from tests.helpers import REPO
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
-from fairseq_tying.common.atomic import markers
-from fairseq_tying.core.scoring import PAPER_LAYERS as LAYERS  # the studies' grid
+from fairseq_tying.common.blocks import markers
+from fairseq_tying.core.output_layers import PAPER_LAYERS as LAYERS  # the studies' grid
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.plateau import Plateau
 from fairseq_tying.launch.studies import main as study

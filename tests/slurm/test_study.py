@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_tying.common.atomic import block_text, markers
+from fairseq_tying.common.blocks import block_text, markers
 from fairseq_tying.studies import records
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.record import Record

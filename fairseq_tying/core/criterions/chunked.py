@@ -1,6 +1,6 @@
 """The output layer and the loss in one chunked pass (``--chunked-loss``).
 
-Every output layer scores s = h·W_outᵀ + b (core/scoring.py). fairseq's label-smoothed
+Every output layer scores s = ĥ·W_outᵀ + b (core/output_layers.py). fairseq's label-smoothed
 cross-entropy (``label_smoothed_nll_loss`` over ``log_softmax(s)``) is, per target y,
 
     nll    = log Z − s_y                        log Z = log Σ_j exp s_j

@@ -1,5 +1,6 @@
 """Label-smoothed cross-entropy + Press & Wolf's projection regularization λ‖P‖², with
-statistics of the tied matrix's row norms (and fixnorm's gain g) logged every update;
+statistics of the tied matrix's row norms (and the output layer's learned scalars, fixnorm's
+gain g) logged every update;
 ``--chunked-loss`` computes the cross-entropy without the N×V scores (``chunked.py``)."""
 
 
@@ -13,6 +14,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.logging import metrics
 
+from fairseq_tying.core import output_layers
 from fairseq_tying.core.criterions.chunked import (
     DEFAULT_MB,
     ChunkedLoss,
@@ -67,8 +69,7 @@ class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterio
             logging_output["proj_reg"] = penalty.item()
         padding = model.decoder.embed_tokens.padding_idx
         logging_output.update(row_norm_stats(scorer.weight, padding))
-        if scorer.gain is not None:
-            logging_output["gain"] = scorer.gain.item()
+        logging_output.update({name: p.item() for name, p in scorer.layer_parameters().items()})
         return loss, sample_size, logging_output
 
     @classmethod
@@ -79,7 +80,7 @@ class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterio
             return
         for key, combine in (("wnorm_mean", _mean), ("wnorm_std", _mean),
                              ("wnorm_min", min), ("wnorm_max", max), ("proj_reg", _mean),
-                             ("gain", _mean)):
+                             *((name, _mean) for name in output_layers.parameter_names())):
             values = [log[key] for log in logs if key in log]
             if values:
                 metrics.log_scalar(key, combine(values), round=4)

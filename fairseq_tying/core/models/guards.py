@@ -16,7 +16,7 @@ import torch
 from fairseq.data import Dictionary
 from torch import Tensor
 
-from fairseq_tying.core import checkpoint_compat, names
+from fairseq_tying.core import checkpoint_compat, names, output_layers
 
 GUARDED_FLAGS = ("output_layer", "tying", "tied_embed_dim", "tied_projection", "output_bias")
 EMBEDDING_KEYS = {
@@ -29,7 +29,7 @@ EMBEDDING_KEYS = {
 def model_flags(args: Namespace) -> dict[str, object]:
     """The guarded flags of a model config, with fairseq's defaults filled in."""
     return {
-        "output_layer": getattr(args, "output_layer", None) or "dot",
+        "output_layer": getattr(args, "output_layer", None) or output_layers.BASELINE,
         "tying": getattr(args, "tying", None),
         "tied_projection": bool(getattr(args, "tied_projection", False)),
         "tied_embed_dim": getattr(args, "tied_embed_dim", None) or args.decoder_embed_dim,

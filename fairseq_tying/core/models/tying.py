@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers
 from fairseq_tying.core.models import guards, pretrained
 from fairseq_tying.core.modules import OutputScorer, TiedEmbedding
 
@@ -25,9 +25,10 @@ def add_tying_args(parser: ArgumentParser) -> None:
     # No defaults here: fairseq's architecture functions fill them in (see ``tying_defaults``).
     parser.add_argument("--tying", choices=TYING_MODES,
                         help="which embeddings share one matrix (default: set by the --arch)")
-    parser.add_argument("--output-layer", choices=scoring.OUTPUT_LAYERS,
+    # the registry itself: a layer registered after this parser was built is a choice too
+    parser.add_argument("--output-layer", choices=output_layers.OUTPUT_LAYERS,
                         help="how decoder outputs are scored against the tied matrix "
-                             "(default: dot)")
+                             f"(default: {output_layers.BASELINE})")
     parser.add_argument("--tied-projection", action="store_true",
                         help="learned linear map from the decoder output (size H) to the "
                              "embedding size D before the output layer; allows H != D")
@@ -46,7 +47,7 @@ def add_tying_args(parser: ArgumentParser) -> None:
 def tying_defaults(args: Namespace, tying: str) -> None:
     """The tying flags' defaults of an architecture whose default mode is ``tying``."""
     args.tying = getattr(args, "tying", None) or tying
-    args.output_layer = getattr(args, "output_layer", None) or "dot"
+    args.output_layer = getattr(args, "output_layer", None) or output_layers.BASELINE
     args.tied_projection = getattr(args, "tied_projection", False)
     args.tied_embed_dim = getattr(args, "tied_embed_dim", None)
     args.output_bias = getattr(args, "output_bias", False)
@@ -89,7 +90,7 @@ class TyingSpec:
 
     @property
     def normalize_inputs(self) -> bool:
-        return self.mode != "none" and self.output_layer in scoring.NORMALIZED_INPUT_LAYERS
+        return self.mode != "none" and output_layers.get(self.output_layer).unit_inputs
 
 
 def prepare_model(args: Namespace, task, max_positions: int):
@@ -155,9 +156,11 @@ class ScorerDecoderMixin:
     def _match_optional_parameters(self, state_dict, prefix: str) -> None:
         """A checkpoint started on purpose (--finetune-from-model, --reset-optimizer) with
         another --output-bias, --tied-projection or --output-layer: a missing output bias starts
-        at zero (the same scores), a missing projection or fixnorm gain at its fresh
-        initialization; parameters this model does not have are dropped, with a warning."""
-        own = {"bias": self.scorer.bias, "gain": self.scorer.gain,
+        at zero (the same scores), a missing projection or learned scalar of the layer
+        (fixnorm's gain) at its fresh initialization; parameters this model does not have are
+        dropped, with a warning."""
+        own = {"bias": self.scorer.bias,
+               **{name: getattr(self.scorer, name) for name in output_layers.parameter_names()},
                "projection.weight": getattr(self.scorer.projection, "weight", None)}
         for key, param in own.items():
             if param is None and state_dict.pop(prefix + key, None) is not None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
-from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
-from fairseq_tying.core.scoring import PAPER_LAYERS
+from fairseq_tying.core.output_layers import BASELINE, PAPER_LAYERS
 from fairseq_tying.studies import specs, verdicts
 from fairseq_tying.studies.engine import Section
 from fairseq_tying.studies.formatting import format_ps, format_seed_delta, seeds_label
@@ -16,15 +16,16 @@ from fairseq_tying.studies.record import Record
 
 def _order(cell: dict[str, Any]) -> tuple:
     """The untied and tied ``dot`` cells first (by tying), then the normalized layers."""
-    return (cell["output_layer"] != "dot", TYINGS.index(cell["tying"]),
-            LAYERS.index(cell["output_layer"]))
+    return (cell["output_layer"] != BASELINE, TYINGS.index(cell["tying"]),
+            output_layers.names().index(cell["output_layer"]))
 
 
 def _baseline(summary: dict[str, Any]) -> str:
     """The untied ``dot`` cell, or the three-way ``dot`` one where there is no untied run (an
     architecture trained with three-way tying only, like the equal-training study's
     DynamicConv)."""
-    return "none/dot" if "none/dot" in summary else "three_way/dot"
+    untied = f"none/{BASELINE}"
+    return untied if untied in summary else f"three_way/{BASELINE}"
 
 
 def _claimed(summary: dict[str, Any]) -> list[tuple[dict[str, Any], specs.Claim | None]]:
@@ -52,7 +53,7 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
         elif (test := cell.get(claim.test)) is None:
             row += ["–", "–", "–"]
         else:
-            against = "untied" if claim.test == "vs_untied" else "`dot`"
+            against = "untied" if claim.test == "vs_untied" else f"`{BASELINE}`"
             row += [f"{format_seed_delta(test)} over {against}", format_ps(test),
                     verdicts.bootstrap(test, claim.expects)]
         out.append(row)
@@ -68,9 +69,10 @@ def in_words(summary: dict[str, Any]) -> list[str]:
     for cell, claim in _claimed(summary):
         if claim is None or (test := cell.get(claim.test)) is None:
             continue
-        what = (f"{cell['tying'].replace('_', '-')} tying against untied (`dot`)"
+        what = (f"{cell['tying'].replace('_', '-')} tying against untied (`{BASELINE}`)"
                 if claim.test == "vs_untied" else
-                f"`{cell['output_layer']}` against `dot` ({cell['tying'].replace('_', '-')} tying)")
+                f"`{cell['output_layer']}` against `{BASELINE}` "
+                f"({cell['tying'].replace('_', '-')} tying)")
         evidence = format_ps(test)
         if test["n_seeds"] >= verdicts.SEEDS and not verdicts.counts(test):
             why = verdicts.why_not(test)
@@ -95,7 +97,7 @@ def answers(records: list[Record]) -> bool:
         seeds.setdefault((r.run.arch, r.run.tying, r.run.output_layer), set()).add(r.run.seed)
     if not seeds:
         return False
-    needed = {(t, "dot") for t in TYINGS} | {("three_way", layer) for layer in PAPER_LAYERS}
+    needed = {(t, BASELINE) for t in TYINGS} | {("three_way", layer) for layer in PAPER_LAYERS}
     return any(all(len(seeds.get((arch, *cell), ())) >= verdicts.SEEDS for cell in needed)
                for arch in {a for a, _, _ in seeds})
 
