@@ -33,19 +33,29 @@ import warnings
 import torch
 from torch import Tensor
 
-try:
-    import triton
-    import triton.language as tl
-except (ImportError, OSError, RuntimeError) as error:  # a CPU install: the eager path
-    triton = tl = None
-    TRITON_ERROR = f"{type(error).__name__}: {error}"
-else:
-    TRITON_ERROR = None
+# Imported on first use (``available``): Triton reads TRITON_INTERPRET when it is imported, and
+# importing the plugin must not fix it before a test (or the GPU script's --tiny) sets it.
+triton = tl = None
+TRITON_ERROR: str | None = None  # why Triton cannot be imported, once tried
 
 ENV = "FAIRSEQ_TYING_FUSED_LOSS"
 HALF_SCALE = 2.0**15  # chunked.HALF_SCALE (this module imports no fairseq)
 BLOCK = 4096  # scores a program holds at once: 16 a thread at 8 warps
 _warned: list[bool] = []
+
+
+def available() -> bool:
+    """Whether Triton imports (tried once)."""
+    global triton, tl, TRITON_ERROR
+    if triton is None and TRITON_ERROR is None:
+        try:  # here, not at the top: see ``triton = tl = None``
+            import triton as triton_module
+            import triton.language as language
+        except (ImportError, OSError, RuntimeError) as error:  # a CPU install: the eager path
+            TRITON_ERROR = f"{type(error).__name__}: {error}"
+        else:
+            triton, tl = triton_module, language
+    return triton is not None
 
 
 def wanted(x: Tensor) -> bool:
@@ -54,7 +64,7 @@ def wanted(x: Tensor) -> bool:
     mode = os.environ.get(ENV, "")
     if mode == "0" or (x.device.type != "cuda" and mode != "1"):
         return False
-    if triton is None:
+    if not available():
         if not _warned:
             _warned.append(True)
             warnings.warn(f"the chunked loss runs its eager path: Triton cannot be imported "
