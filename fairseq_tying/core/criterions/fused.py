@@ -48,8 +48,8 @@ def available() -> bool:
     """Whether Triton imports (tried once)."""
     global triton, tl, TRITON_ERROR
     if triton is None and TRITON_ERROR is None:
-        try:  # here, not at the top: see ``triton = tl = None``
-            import triton as triton_module
+        try:
+            import triton as triton_module  # here, not at the top: see ``triton = tl = None``
             import triton.language as language
         except (ImportError, OSError, RuntimeError) as error:  # a CPU install: the eager path
             TRITON_ERROR = f"{type(error).__name__}: {error}"
