@@ -177,7 +177,8 @@ def chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, e
     n, vocab = hidden.shape[0], w_out.shape[0]
     fp32 = {"dtype": torch.float32, "device": hidden.device}
     grad_h = torch.empty(n, hidden.shape[1], **fp32) if grads[0] else None
-    grad_w = torch.zeros(w_out.shape, **fp32) if grads[1] else None
+    # the first chunk writes ∂/∂W_out (beta = 0), the others add to it: no zero-fill pass
+    grad_w = (torch.empty if n else torch.zeros)(w_out.shape, **fp32) if grads[1] else None
     grad_b = torch.zeros(vocab, **fp32) if grads[2] and bias is not None else None
     row_loss, row_nll = torch.empty(n, **fp32), torch.empty(n, **fp32)
     row_correct = torch.empty(n, dtype=torch.int32, device=hidden.device) if accuracy else None
@@ -193,7 +194,7 @@ def chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, e
         if grad_h is not None:
             _addmm32(grad_h[start:end], s, w_out, 0.0, 1 / scale)
         if grad_w is not None:
-            _addmm32(grad_w, s.t(), hidden[start:end], 1.0, 1 / scale)
+            _addmm32(grad_w, s.t(), hidden[start:end], 1.0 if start else 0.0, 1 / scale)
         if grad_b is not None:
             grad_b.add_(s.sum(0, dtype=torch.float32), alpha=1 / scale)
     n_correct = row_correct.sum() if accuracy else None
