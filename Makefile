@@ -12,7 +12,7 @@ PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.
 WHEEL_DIR := $(WHEEL_CACHE)/$(PY_TAG)-torch$(TORCH_VERSION)-numpy1-fairseq$(FAIRSEQ_VERSION)
 
 .PHONY: setup test test-fast lint demo study study-equal study-one-epoch lm-study reproduce gpu-check \
-  clean fairseq-wheel-dir
+  gpu-fused clean fairseq-wheel-dir
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -95,6 +95,14 @@ reproduce: setup
 # Summary: work/gpu_check/gpu_check.json.
 gpu-check: setup
 	$(PY) -m fairseq_tying.bench --mode gpu-check --out work/gpu_check
+
+# The fused chunked loss on one CUDA GPU (docs/performance.md): every output layer's loss and
+# gradients in fp16 and bf16, then time and memory against fairseq's formula and the eager
+# chunked path, and the fastest chunk budget; at most 8 minutes. It needs torch and Triton only
+# (no fairseq, no make setup): .venv's Python if there is one, else FUSED_PYTHON.
+FUSED_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-fused:
+	$(FUSED_PYTHON) scripts/gpu_fused_loss.py --out work/gpu_fused/gpu_fused_loss.json
 
 lint: setup
 	$(VENV)/bin/ruff check fairseq_tying scripts tests

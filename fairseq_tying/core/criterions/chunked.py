@@ -21,7 +21,8 @@ rows follow from a memory budget (``rows_per_chunk``). The loss and the three gr
 in fp32 during the forward; the backward only multiplies them by the loss's gradient (fairseq's
 loss scale under ``--fp16``), so a small G·W of a half model cannot flush to zero before the scale
 is applied. W_out and b may be functions of the parameters (``unit_rows(W)``, −½‖w‖²): their
-gradients flow on through autograd.
+gradients flow on through autograd. On CUDA with Triton each chunk runs fused.py's path instead
+(cuBLAS products and one kernel between them, the same sums; ``FAIRSEQ_TYING_FUSED_LOSS``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import torch.nn.functional as F
 from fairseq import utils
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from torch import Tensor
+
+from . import fused  # relative: scripts/gpu_fused_loss.py loads this file outside the package
 
 # Scores per chunk: 64 MiB of fp32 scores is 524 rows at V = 32,000, 131 at V = 128,000 (a
 # half model's 6 bytes a score: 349 and 87; rows_per_chunk). On the CPU (one thread, D = 512,
@@ -107,6 +110,9 @@ def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, 
             ignore_index: int, rows: int, grads: tuple[bool, bool, bool], accuracy: bool):
     """(loss, nll, n_correct, (∂/∂h, ∂/∂W_out, ∂/∂b)) in fp32; a gradient is None where its
     ``grads`` flag is False, n_correct None without ``accuracy``."""
+    if fused.wanted(hidden):
+        return fused.chunks(hidden, w_out, bias, target, epsilon, ignore_index, rows, grads,
+                            accuracy)
     n, vocab = hidden.shape[0], w_out.shape[0]
     eps_i = epsilon / (vocab - 1)
     on_target = 1.0 - epsilon - eps_i
@@ -182,7 +188,8 @@ def linear_label_smoothed_nll_loss(hidden: Tensor, w_out: Tensor, bias: Tensor |
         loss, nll = label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index, reduce=False)
         correct = lprobs.argmax(-1).eq(target) & target.ne(ignore_index) if accuracy else None
         return loss, nll, None if correct is None else correct.sum()
-    rows = rows_per_chunk(w_out.shape[0], hidden.dtype, budget_mb)
+    per_chunk = fused.rows_per_chunk if fused.wanted(hidden) else rows_per_chunk
+    rows = per_chunk(w_out.shape[0], hidden.dtype, budget_mb)
     inputs = (hidden, w_out, bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
         loss, nll, n_correct = _LinearLabelSmoothedNLL.apply(*inputs, target, epsilon,
