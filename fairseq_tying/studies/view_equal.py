@@ -22,6 +22,7 @@ from fairseq_tying.studies.formatting import (
     format_delta,
     format_stat,
     holm_changes,
+    legend,
     seeds_label,
 )
 from fairseq_tying.studies.plots import plot_bands
@@ -111,13 +112,15 @@ def render(sections: list[Section]) -> tuple[str, Any]:
              bleu_table(sections)]
     rows, changes = comparisons(sections)
     if rows:
+        tests = [t for s in sections for _, t in specs.claims_tests(s.summary)]
         parts += [f"\n**Δ BLEU after {budget}**: mean over seeds of the paired difference ± its "
-                  "95 % CI over seeds; p of the paired bootstrap over test sentences, pooled "
-                  "over the seeds, raw and Holm-adjusted over the study's claims; per-seed p in "
-                  "brackets. The papers' Δ: Liu et al.'s Transformer on IWSLT'14 Es→En and "
+                  "95 % CI over seeds; p of the paired bootstrap over "
+                  "test sentences, pooled over the seeds, raw and Holm-adjusted over the "
+                  "study's tests; per-seed p in brackets; for a tying claim the equivalence "
+                  "test's p. The papers' Δ: Liu et al.'s Transformer on IWSLT'14 Es→En and "
                   "DynamicConv on IWSLT'14 De→En and WMT'16 En→De; Nguyen & Salazar's FixNorm "
                   "with ScaleNorm, the mean over five low-resource pairs. Verdict: "
-                  + verdicts.RULE + ".\n",
+                  + legend(tests, specs.margins(specs.study_claims())) + ".\n",
                   markdown_table(["comparison", "model", "source", "paper Δ", "Δ BLEU",
                                   "verdict"], rows)]
         if changes:

@@ -16,7 +16,7 @@ from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.scoring import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation.norms import plot_norm_histograms
-from fairseq_tying.studies import FOR_WHAT, specs, verdicts
+from fairseq_tying.studies import FOR_WHAT, specs
 from fairseq_tying.studies.engine import Cells, Section, band
 from fairseq_tying.studies.formatting import (
     PAPER_IWSLT14_ES_EN,
@@ -25,6 +25,7 @@ from fairseq_tying.studies.formatting import (
     format_p,
     format_stat,
     holm_changes,
+    legend,
 )
 from fairseq_tying.studies.plots import (
     plot_bands,
@@ -93,7 +94,7 @@ def tables(summary: dict[str, Any]) -> str:
              "brackets\n",
              grid(lambda c: _delta(c, "vs_dot", c["output_layer"] == "dot")),
              "\n**Δ BLEU of tying against the untied model with the same output layer** "
-             "(p as above)\n",
+             "(p as above; for a tying claim, the equivalence test's p last)\n",
              grid(lambda c: _delta(c, "vs_untied", c["tying"] == "none")),
              "\n**chrF**\n", grid(lambda c: format_stat(c["chrf"])),
              "\n**Validation NLL** (base 2, per token, last validation)\n",
@@ -118,7 +119,10 @@ def tables(summary: dict[str, Any]) -> str:
     parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: three-way "
               "tying on the Bible, mean over seeds)\n", paper_table(summary)]
     if table := claims_table(summary):
-        parts += [f"\n**The papers' claims**: {verdicts.RULE} (Δ and p as above)\n", table]
+        tests = [t for _, t in specs.claims_tests(summary)]
+        parts += [f"\n**The papers' claims**: "
+                  f"{legend(tests, specs.margins(specs.study_claims()))} (Δ and p as above)\n",
+                  table]
     return "\n".join(parts)
 
 
