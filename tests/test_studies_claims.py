@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fairseq_tying.studies import formatting, verdicts
+from fairseq_tying.studies import formatting, verdicts, view_help
 from fairseq_tying.studies.formatting import format_ps, p_digits
 from fairseq_tying.studies.stats import t_test_p, tost
 from fairseq_tying.studies.verdicts import SEEDS, bootstrap, counts, holm, why_not
@@ -115,7 +115,9 @@ def test_the_table_lists_only_the_claims_the_study_has_cells_for():
     # BLEU moved by more than the margin: "keeps BLEU" is contradicted, the other way round
     assert "three-way tying keeps BLEU" in lines[0] and "contradicted (better)" in lines[0]
     assert "+1.87 (p = 0.001; [0.001, 0.001, 0.001])" in lines[0]  # no family adjusted here
-    assert "`l2norm` beats `dot` (three-way tying)" in lines[1] and "-0.30 (p = 0.090" in lines[1]
+    # one seed of l2norm against three of dot: the Δ's two means are over seed 1 alone
+    assert "`l2norm` beats `dot` (three-way tying)" in lines[1]
+    assert "-0.30 (seed 1: 29.60 − 29.90; p = 0.090" in lines[1]
     assert claims_table({"none/dot": {}}) is None
 
 
@@ -229,3 +231,27 @@ def test_the_bootstrap_resolution_decides_no_verdict():
     verdicts.adjust(real)
     assert why_not(real[0]) == "not significant after Holm"
 
+
+def test_a_delta_over_fewer_seeds_than_its_means_gives_their_means():
+    """The short answer's row of a 5-seed cell against a 3-seed baseline: the Δ is over the 3
+    seeds they share, and the row gives the two means over those seeds, which differ by the Δ;
+    a row whose cells have the same seeds gives none (its means already differ by it)."""
+    five = {1: 31.03, 2: 30.79, 3: 30.68, 4: 30.27, 5: 31.04}
+    base = {1: 29.69, 2: 29.35, 3: 29.63}
+    deltas = [five[s] - base[s] for s in base]
+    tied = {**comparison(*deltas, p=0.001), "delta_ci95": 0.49}
+    summary = {"none/dot": {**_cell("none", "dot", base), "params": [2_000_000]},
+               "three_way/dot": {**_cell("three_way", "dot", five, vs_untied=tied),
+                                 "params": [1_000_000]}}
+    for cell in summary.values():
+        cell["bleu"]["mean"] = float(np.mean(cell["bleu"]["values"]))
+    row = view_help.rows(summary)[1]
+    a, b = np.mean([five[s] for s in base]), np.mean(list(base.values()))
+    assert row[4] == f"+1.28 ± 0.49 over untied (seeds 1, 2, 3: {a:.2f} − {b:.2f})"
+    assert f"{a - b:+.2f}" == "+1.28" and row[3].startswith("30.76 (")  # 5-seed mean: 1.20
+    same = {**summary, "three_way/dot": {**_cell("three_way", "dot", {s: five[s] for s in base},
+                                                 vs_untied=tied), "params": [1_000_000]}}
+    same["three_way/dot"]["bleu"]["mean"] = a
+    assert view_help.rows(same)[1][4] == "+1.28 ± 0.49 over untied"
+    assert formatting.shared_means(tied, summary["three_way/dot"], summary["none/dot"]) == \
+        f"seeds 1, 2, 3: {a:.2f} − {b:.2f}"

@@ -75,21 +75,38 @@ def format_seed_delta(test: dict[str, Any]) -> str:
     return f"{test['delta_bleu']:+.2f}{ci}"
 
 
-def seeds_label(seeds: list[int]) -> str:
+def seeds_label(seeds: list[int] | list[str]) -> str:
     """``seed 1`` or ``seeds 1, 2, 3``."""
     return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
 
 
-def format_delta(test: dict[str, Any], per_seed: bool = True) -> str:
-    """``+Δ ± CI (p …, Holm …; [per-seed p]; equivalence p …)`` of a paired bootstrap
-    (``significance.compare``)."""
+def shared_means(test: dict[str, Any], cell: dict[str, Any], base: dict[str, Any],
+                 metric: str = "bleu") -> str:
+    """``seeds 1, 2, 3: 30.84 − 29.56``: the cell's and its baseline's mean ``metric`` over the
+    seeds the paired Δ uses, whose difference the Δ is; "" when the Δ uses every seed of both
+    cells, so that the cells' own means (over all their seeds) already differ by it."""
+    shared = [str(s) for s in test["per_seed_delta"]]
+    if {str(s) for s in cell["seeds"]} == set(shared) == {str(s) for s in base["seeds"]}:
+        return ""
+
+    def mean(c: dict[str, Any]) -> float:
+        by_seed = dict(zip(map(str, c["seeds"]), c[metric]["values"], strict=True))
+        return sum(by_seed[s] for s in shared) / len(shared)
+
+    return f"{seeds_label(shared)}: {mean(cell):.2f} − {mean(base):.2f}"
+
+
+def format_delta(test: dict[str, Any], per_seed: bool = True, note: str = "") -> str:
+    """``+Δ ± CI (NOTE; p …, Holm …; [per-seed p]; equivalence p …)`` of a paired bootstrap
+    (``significance.compare``); ``note`` is ``shared_means``."""
+    lead = f"{note}; " if note else ""
     if not per_seed:
-        return f"{format_seed_delta(test)} ({format_tests(test)})"
+        return f"{format_seed_delta(test)} ({lead}{format_tests(test)})"
     per = ", ".join(p_digits(p, compact=True) for p in test["per_seed_p"].values())
     tests = format_ps(test) + f"; [{per}]"
     if (eq := test.get("equivalence")) is not None:
         tests += f"; equivalence {format_ps(eq)}"
-    return f"{format_seed_delta(test)} ({tests})"
+    return f"{format_seed_delta(test)} ({lead}{tests})"
 
 
 def legend(tests: list[dict[str, Any]], margins: set[float]) -> str:

@@ -13,7 +13,7 @@ which comparisons it makes; the papers' claims that the verdict rule decides.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,13 +121,25 @@ def study_claims() -> list[Claim]:
 
 
 def claims_tests(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any]]]:
+    """The study's claims whose comparison the summary has, each with that comparison."""
     return [(c, test) for c in study_claims()
             if (test := summary.get(c.cell, {}).get(c.test)) is not None]
 
 
-def margins(claims: list[Claim]) -> set[float]:
-    """The margins of the claims that BLEU is unchanged (for the legend)."""
-    return {c.margin for c in claims if c.expects == verdicts.UNCHANGED}
+def baseline_label(cell: dict[str, Any], test: str) -> str:
+    """The summary's key of the cell that a ``GRID`` cell's ``vs_dot`` or ``vs_untied``
+    comparison is made against."""
+    key = {"vs_dot": _vs_dot, "vs_untied": _vs_untied}[test](
+        (cell["tying"], cell["output_layer"]), ())
+    return f"{key[0]}/{key[1]}"
+
+
+def family_of(summaries: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[float]]:
+    """What a legend states of a study's claims (``formatting.legend``): their tests, and the
+    margins of those that BLEU is unchanged."""
+    pairs = [pair for summary in summaries for pair in claims_tests(summary)]
+    return ([test for _, test in pairs],
+            {c.margin for c, _ in pairs if c.expects == verdicts.UNCHANGED})
 
 
 def changed_by_holm(test: dict[str, Any], expects: str) -> tuple[str, str] | None:

@@ -1,6 +1,6 @@
 """The short answer (README's "Does it help?"): per cell of a translation study, its parameters,
-BLEU (mean and each seed), the Δ that decides its claim and the verdict rules' word on it,
-under their legend."""
+BLEU (mean and each seed), the Δ that decides its claim (with the two means over the seeds it
+pairs where a cell has others) and the verdict rules' word on it, under their legend."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from fairseq_tying.studies.formatting import (
     format_tests,
     legend,
     seeds_label,
+    shared_means,
 )
 from fairseq_tying.studies.record import Record
 
@@ -59,8 +60,9 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
             row += ["–", "–", "–"]
         else:
             against = "untied" if claim.test == "vs_untied" else "`dot`"
-            row += [f"{format_seed_delta(test)} over {against}", format_tests(test),
-                    verdicts.bootstrap(test, claim.expects, claim.margin)]
+            note = shared_means(test, cell, summary[specs.baseline_label(cell, claim.test)])
+            row += [f"{format_seed_delta(test)} over {against}" + (f" ({note})" if note else ""),
+                    format_tests(test), verdicts.bootstrap(test, claim.expects, claim.margin)]
         out.append(row)
     return out
 
@@ -110,8 +112,10 @@ def answers(records: list[Record]) -> bool:
 
 
 def _legend(sections: list[Section]) -> str:
-    tests = [t for sec in sections for _, t in specs.claims_tests(sec.summary)]
-    return "Verdict: " + legend(tests, specs.margins(specs.study_claims())) + ".\n"
+    return ("Δ: the paired difference over the seeds both cells share, mean ± its 95 % "
+            "interval over them; where a cell has other seeds, the two means over the shared "
+            "ones follow it. Verdict: " + legend(*specs.family_of(s.summary for s in sections))
+            + ".\n")
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
@@ -121,7 +125,7 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     seeds = {tuple(c["seeds"]) for sec in sections for c in sec.summary.values()}
     per_seed = seeds_label(list(seeds.pop())) if len(seeds) == 1 else "each seed"
     header = [*(["model"] * many), "tying", "output layer", "parameters",
-              f"BLEU: mean ({per_seed})", "Δ BLEU ± 95 % CI over seeds", "p (raw, Holm)",
+              f"BLEU: mean ({per_seed})", "Δ BLEU ± 95 % CI over shared seeds", "p (raw, Holm)",
               "verdict"]
     lines = [_legend(sections), "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for sec in sections:

@@ -255,6 +255,38 @@ def _answer_rows(page: Path, block: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("page, block", [(REPO / "README.md", "does_it_help"),
                                          (DOCS / "results.md", "answer")])
+def test_no_answer_row_sets_a_mean_beside_a_delta_over_other_seeds(page, block):
+    """In each row the Δ is the difference of the two means it is printed with: of the row's
+    mean and its baseline row's mean (up to their rounding) when both cells have exactly the
+    Δ's seeds, else of the two means over the shared seeds that follow it, recomputed here
+    from each seed's BLEU."""
+    summary = json.loads((DOCS / "equal" / "summary.json").read_text())
+    rows = _answer_rows(page, block)
+    means = {(row[0], f"{row[1]}/{row[2].strip('`')}"): float(row[4].split()[0]) for row in rows}
+    for row in rows:
+        if row[-1] == "baseline":
+            continue
+        arch, tying, layer = row[0].strip("`"), row[1], row[2].strip("`")
+        untied = "untied" in row[5]
+        test = summary[arch][f"{tying}/{layer}"]["vs_untied" if untied else "vs_dot"]
+        cell = summary[arch][f"{tying}/{layer}"]
+        against = "none/dot" if untied else f"{tying}/dot"
+        other = summary[arch][against]
+        shared = sorted(int(s) for s in test["per_seed_delta"])
+        delta = float(row[5].split()[0])
+        if sorted(cell["seeds"]) == shared == sorted(other["seeds"]):
+            assert "seeds" not in row[5], row
+            assert float(row[4].split()[0]) - means[row[0], against] == pytest.approx(
+                delta, abs=0.011)
+            continue
+        a, b = (np.mean([dict(zip(c["seeds"], c["bleu"]["values"], strict=True))[s]
+                         for s in shared]) for c in (cell, other))
+        assert f"(seeds {', '.join(map(str, shared))}: {a:.2f} − {b:.2f})" in row[5], row
+        assert a - b == pytest.approx(delta, abs=0.006)
+
+
+@pytest.mark.parametrize("page, block", [(REPO / "README.md", "does_it_help"),
+                                         (DOCS / "results.md", "answer")])
 def test_a_tying_claim_is_supported_by_equivalence_alone(page, block):
     """Each "tying keeps BLEU" row against its seeds' differences: supported exactly where the
     90 % interval (Student t, recomputed here) lies inside ±0.5 and Holm keeps the equivalence
