@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fairseq import options, tasks
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core import output_layers
 from fairseq_tying.core.criterions import chunked, fused
 from fairseq_tying.core.criterions.chunked import linear_label_smoothed_nll_loss
 from tests.helpers import PLUGIN_DIR, TINY_LM, TINY_MODEL
@@ -181,7 +181,7 @@ def test_fp16_gradients_smaller_than_fp16_survive_until_the_loss_scale():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", list(output_layers.OUTPUT_LAYERS))
 def test_every_output_layer_equals_the_eager_path(interpreted, output_layer, dtype):
     """W (a zero padding row), the output bias b₂ and fixnorm's gain g: the gradients of the
     parameters, through each layer's (W_out, b) and ĥ, equal the eager path's."""
@@ -198,8 +198,9 @@ def test_every_output_layer_equals_the_eager_path(interpreted, output_layer, dty
 
     def loss():
         weight, h, b2, gain = params
-        w_out, bias = scoring.output_matrix_and_bias(output_layer, weight, b2)
-        hidden = scoring.scored_hidden(output_layer, h, gain)
+        layer = output_layers.get(output_layer)
+        w_out, bias = layer.output_matrix_and_bias(weight, b2)
+        hidden = layer.scored_hidden(h, **{name: gain for name in layer.parameters})
         out = linear_label_smoothed_nll_loss(hidden, w_out, bias, target, 0.1, PAD,
                                              budget_mb=budget(8, vocab, dtype), accuracy=True)
         grads = torch.autograd.grad(out[0], params, allow_unused=True)
@@ -271,7 +272,7 @@ def assert_same_as_fairseqs(model, criterion, sample, loss_bound=RTOL, grad_boun
             assert got_grads[name].dtype == g.dtype and _relative(got_grads[name], g) < grad_bound
 
 
-@pytest.mark.parametrize("output_layer", scoring.OUTPUT_LAYERS)
+@pytest.mark.parametrize("output_layer", list(output_layers.OUTPUT_LAYERS))
 def test_every_output_layer_with_every_flag(joined_bin, output_layer):
     model, criterion, sample = _setup(joined_bin, "transformer_twwt", "--tying", "three_way",
                                       "--output-layer", output_layer, *TRANSLATION, *ALL_FLAGS)

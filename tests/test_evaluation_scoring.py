@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
@@ -22,7 +23,13 @@ from fairseq_tying.evaluation.perplexity import evaluate_lm_run
 from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
 from fairseq_tying.studies.formatting import format_ci
 from fairseq_tying.studies.record import Identity, Record
-from fairseq_tying.studies.significance import compare, seed_paired_bootstrap
+from fairseq_tying.studies.significance import (
+    bleu_scores,
+    compare,
+    metric_stats,
+    resample_counts,
+    seed_paired_bootstrap,
+)
 from fairseq_tying.studies.stats import mean_ci
 from tests.helpers import run_cli
 
@@ -222,6 +229,25 @@ def test_seed_paired_bootstrap_pools_seeds():
     assert same["p"] == 1.0 and same["delta_bleu"] == 0
     close = seed_paired_bootstrap([(near[0], good), (near[1], good2)], refs, n_samples=300)
     assert close["p"] > 0.05
+
+
+def test_the_resamples_are_sacrebleus_draws_and_their_bleu_is_sacrebleus():
+    """Each resample's statistics are ``counts @ stats``: the counts are the sentences that
+    sacrebleu's ``rng.choice(n, size=(B, n))`` draws (seed 12345), and the vectorized BLEU of
+    every resample, and of rows where sacrebleu smooths or stops, is ``BLEU``'s own score."""
+    refs, good, bad = _corpus(5)
+    stats = metric_stats(bad, refs)
+    idxs = np.random.default_rng(12345).choice(len(refs), size=(1200, len(refs)))
+    counts = resample_counts(len(refs), 1200)
+    assert counts.shape == (1200, len(refs)) and (counts.sum(1) == len(refs)).all()
+    np.testing.assert_array_equal(counts @ stats.astype(np.float64), stats[idxs].sum(1))
+    bleu = BLEU()
+    rows = np.vstack([counts[:300] @ stats.astype(np.float64),
+                      [[5, 7, 3, 1, 0, 0, 5, 4, 3, 2],  # no 3-gram match: exp smoothing
+                       [3, 3, 2, 1, 0, 0, 3, 2, 1, 0],  # no 4-grams at all
+                       [0, 4, 0, 0, 0, 0, 0, 0, 0, 0]]])  # an empty hypothesis
+    want = [bleu._compute_score_from_stats(list(r)).score for r in rows]
+    np.testing.assert_allclose(bleu_scores(rows), want, rtol=1e-12, atol=0)
 
 
 def test_sweep_evaluation_args_are_evaluate_run_keywords():

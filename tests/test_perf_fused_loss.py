@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from fairseq_tying.core import scoring
+from fairseq_tying.core.output_layers import BASELINE, OUTPUT_LAYERS
 from tests.helpers import REPO, load_script
 
 SCRIPT = REPO / "scripts" / "gpu_fused_loss.py"
@@ -52,7 +52,7 @@ def test_the_tiny_run_checks_every_layer_and_times_every_method(tiny_report):
                                "from_vocab": 32000}
     assert set(report["correctness"]) == {"fp16", "bf16"}
     for dtype, by_layer in report["correctness"].items():
-        assert list(by_layer) == list(scoring.OUTPUT_LAYERS)
+        assert list(by_layer) == list(OUTPUT_LAYERS)
         loss_bound, grad_bound = script.BOUNDS[dtype]
         for layer, result in by_layer.items():
             fused = result["fused"]
@@ -64,7 +64,7 @@ def test_the_tiny_run_checks_every_layer_and_times_every_method(tiny_report):
     sizes = report["sizes"]
     want = {f"dot/{v}/{t}" for v in sizes["vocab"] for t in sizes["tokens"]}
     want |= {f"{layer}/{sizes['layer_vocab']}/{sizes['layer_tokens']}"
-             for layer in scoring.OUTPUT_LAYERS[1:]}
+             for layer in (la for la in OUTPUT_LAYERS if la != BASELINE)}
     assert set(report["timing"]) == want
     for key, entry in report["timing"].items():
         for method in ("builtin", "chunked", "fused"):
@@ -84,7 +84,7 @@ def test_the_docs_tables_come_from_the_report(tiny_report, tmp_path):
     path, report = tiny_report
     script = load_script("gpu_fused_loss")
     text = script.markdown(report)
-    for layer in scoring.OUTPUT_LAYERS:
+    for layer in OUTPUT_LAYERS:
         assert f"| {layer} | " in text
     assert "| dot | 16 | 1k | " in text and "| fixnorm | 8 | 300 | " in text
     assert f"Triton {report['machine']['triton']}" in text and "status: done" in text

@@ -1,13 +1,14 @@
-"""The verdict rules (``studies.verdicts``) and the claims table, on hand-made comparisons."""
+"""The verdict rules (``studies.verdicts``: the bootstrap rule, equivalence, Holm, the bootstrap's
+resolution), the claims table and the short answer's rows, on hand-made comparisons."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fairseq_tying.studies import verdicts
+from fairseq_tying.studies import formatting, verdicts, view_answer
 from fairseq_tying.studies.formatting import format_ps, p_digits
-from fairseq_tying.studies.stats import t_test_p
+from fairseq_tying.studies.stats import t_test_p, tost
 from fairseq_tying.studies.verdicts import SEEDS, bootstrap, counts, holm, why_not
 from fairseq_tying.studies.view_grid import claims_table, stop_correlation
 
@@ -27,9 +28,15 @@ def comparison(*deltas: float, p: float, per_seed_p: tuple[float, ...] | None = 
     ((0.5, -0.1, 0.6), 0.01, "gain", "unresolved (seeds disagree)"),  # each seed p = 0.01
     ((0.5, 0.4, 0.6), 0.2, "gain", "unresolved (within the test set's noise)"),
     ((2.0,), 0.001, "gain", f"unresolved (1 of {SEEDS} seeds)"),  # one seed decides nothing
-    ((1.9, 1.5, 2.2), 0.001, "unchanged", "supported (better)"),
-    ((-1.9, -1.5, -2.2), 0.001, "unchanged", "contradicted"),
-    ((0.3, -0.2, 0.1), 0.4, "unchanged", "supported (within the test set's noise)"),
+    # BLEU moved: a counted difference outside the margin contradicts "unchanged", either way
+    ((1.9, 1.5, 2.2), 0.001, "unchanged", "contradicted (better)"),
+    ((-1.9, -1.5, -2.2), 0.001, "unchanged", "contradicted (worse)"),
+    # no difference shown, and the 90 % interval (−0.36, +0.49) inside ±0.5: equivalent
+    ((0.3, -0.2, 0.1), 0.4, "unchanged", "supported (equivalent within ±0.5)"),
+    # no difference shown either, but the seeds spread: no evidence that BLEU is unchanged
+    ((0.6, -0.4, 0.1), 0.4, "unchanged", "unresolved (90 % interval -0.74 to +0.94 exceeds ±0.5)"),
+    # a counted difference inside the margin: equivalent, and better
+    ((0.10, 0.12, 0.11), 0.001, "unchanged", "supported (equivalent within ±0.5; better)"),
     ((-1.9, -1.5), 0.001, "unchanged", f"unresolved (2 of {SEEDS} seeds)"),
 ])
 def test_verdicts_follow_the_rule(deltas, p, expects, expected):
@@ -89,15 +96,28 @@ def test_a_difference_at_p_alpha_does_not_count():
     assert counts(comparison(0.5, 0.4, 0.6, p=0.049))
 
 
+def _cell(tying: str, layer: str, bleu: dict[int, float], **tests: dict) -> dict:
+    """A summary's cell: its seeds' BLEU and its comparisons."""
+    return {"tying": tying, "output_layer": layer, "seeds": list(bleu),
+            "bleu": {"values": list(bleu.values())}, **tests}
+
+
 def test_the_table_lists_only_the_claims_the_study_has_cells_for():
-    summary = {"three_way/dot": {"vs_untied": comparison(1.9, 1.5, 2.2, p=0.001)},
-               "three_way/l2norm": {"vs_dot": comparison(-0.3, p=0.09)},
-               "none/l2norm": {"vs_dot": comparison(0.5, 0.4, 0.6, p=0.01)}}
+    summary = {"none/dot": _cell("none", "dot", {1: 28.0, 2: 28.1, 3: 28.2}),
+               "three_way/dot": _cell("three_way", "dot", {1: 29.9, 2: 29.6, 3: 30.4},
+                                      vs_untied=comparison(1.9, 1.5, 2.2, p=0.001)),
+               "three_way/l2norm": _cell("three_way", "l2norm", {1: 29.6},
+                                         vs_dot=comparison(-0.3, p=0.09)),
+               "none/l2norm": _cell("none", "l2norm", {1: 28.5, 2: 28.5, 3: 28.8},
+                                    vs_dot=comparison(0.5, 0.4, 0.6, p=0.01))}
     lines = claims_table(summary).splitlines()[2:]
     assert len(lines) == 2
-    assert "three-way tying keeps BLEU" in lines[0] and "supported (better)" in lines[0]
+    # BLEU moved by more than the margin: "keeps BLEU" is contradicted, the other way round
+    assert "three-way tying keeps BLEU" in lines[0] and "contradicted (better)" in lines[0]
     assert "+1.87 (p = 0.001; [0.001, 0.001, 0.001])" in lines[0]  # no family adjusted here
-    assert "`l2norm` beats `dot` (three-way tying)" in lines[1] and "-0.30 (p = 0.090" in lines[1]
+    # one seed of l2norm against three of dot: the Δ's two means are over seed 1 alone
+    assert "`l2norm` beats `dot` (three-way tying)" in lines[1]
+    assert "-0.30 (seed 1: 29.60 − 29.90; p = 0.090" in lines[1]
     assert claims_table({"none/dot": {}}) is None
 
 
@@ -120,3 +140,118 @@ def test_a_printed_p_is_on_the_same_side_of_alpha_as_p(p, text):
     """Three digits would print 0.04995 as 0.050 beside a verdict that holds at p < 0.05."""
     assert p_digits(p) == text
     assert format_ps({"p": 0.01, "p_holm": p}).endswith(f"Holm {text}")
+
+
+@pytest.mark.parametrize("deltas", [(0.3, -0.2, 0.1), (0.6, -0.4, 0.1), (0.45, 0.2, 0.4, 0.3),
+                                    (-0.1, -0.35, -0.2, -0.3, -0.05), (1.9, 1.5, 2.2)])
+@pytest.mark.parametrize("margin", [0.5, 0.25])
+def test_equivalence_is_two_one_sided_t_tests(deltas, margin):
+    """TOST against scipy: p is the larger of the one-sided t-tests of mean > −δ and of
+    mean < δ, the interval is Student t's 90 % interval, and p < 0.05 exactly where that
+    interval lies inside (−δ, δ)."""
+    from scipy import stats
+
+    eq = tost(deltas, margin, 0.05)
+    lower = stats.ttest_1samp(deltas, -margin, alternative="greater").pvalue
+    upper = stats.ttest_1samp(deltas, margin, alternative="less").pvalue
+    assert eq["p"] == pytest.approx(max(lower, upper), rel=1e-9)
+    low, high = stats.t.interval(0.90, len(deltas) - 1, loc=np.mean(deltas),
+                                 scale=stats.sem(deltas))
+    assert (eq["low"], eq["high"]) == pytest.approx((low, high), rel=1e-9)
+    inside = -margin < low and high < margin
+    assert (eq["p"] < 0.05) == inside
+    test = comparison(*deltas, p=0.5)  # no difference shown by the bootstrap
+    verdict = bootstrap(test, "unchanged", margin)
+    assert verdict.startswith("supported (equivalent") == inside
+    assert inside or f"exceeds ±{margin:g}" in verdict  # never supported by p ≥ α alone
+
+
+def test_equivalence_needs_two_seeds_for_an_interval(monkeypatch):
+    assert tost([0.1], 0.5) is None
+    monkeypatch.setattr(verdicts, "SEEDS", 1)
+    assert bootstrap(comparison(0.1, p=0.5), "unchanged") == \
+        "unresolved (too few seeds for an interval)"
+
+
+def test_equal_differences_are_equivalent_inside_the_margin_only():
+    assert tost([0.25, 0.25, 0.25], 0.5)["p"] == 0.0
+    assert tost([0.75, 0.75, 0.75], 0.5)["p"] == 1.0
+
+
+def test_the_equivalence_test_joins_the_family_and_holm_can_undo_it():
+    """The family adjusts the equivalence test's p with the bootstraps' (statsmodels' Holm);
+    an interval inside the margin that Holm does not keep supports nothing."""
+    statsmodels = pytest.importorskip("statsmodels.stats.multitest")
+    tied = comparison(0.2, 0.5, 0.35, 0.25, 0.45, p=0.3)  # 90 %: +0.23 to +0.47
+    tied["equivalence"] = tost(list(tied["per_seed_delta"].values()), 0.5)
+    others = [comparison(0.5, 0.4, 0.6, p=0.001) for _ in range(30)]
+    family = [tied, tied["equivalence"], *others]
+    verdicts.adjust(family)
+    want = statsmodels.multipletests([t["p"] for t in family], method="holm")[1]
+    assert [t["p_holm"] for t in family] == pytest.approx(want)
+    assert tied["equivalence"]["p"] < 0.05 <= tied["equivalence"]["p_holm"]
+    assert bootstrap(tied, "unchanged") == "unresolved (equivalence not significant after Holm)"
+    assert verdicts.outcome(bootstrap(verdicts.without_holm(tied), "unchanged")) == "supported"
+    assert verdicts.in_words(tied) == "no difference shown, nor equivalence within ±0.5"
+
+
+@pytest.mark.parametrize("m, samples", [(0, 1000), (1, 1000), (2, 1000), (3, 2000), (8, 5000),
+                                        (12, 5000), (13, 10000), (14, 10000), (60, 50000)])
+def test_the_resamples_grow_with_the_family(m, samples):
+    """B ≥ 20·m/α, rounded up to 1, 2 or 5 × 10^k (at least 1,000): the smallest Holm p the
+    bootstrap can give, m/(B + 1), is at most α/20."""
+    assert verdicts.resamples(m) == samples
+    assert m / (samples + 1) <= verdicts.ALPHA / verdicts.RESOLUTION
+
+
+def test_the_bootstrap_resolution_decides_no_verdict():
+    """Twelve claims whose bootstraps all sit at the floor 1/(B + 1): with B = 200, Holm
+    cannot bring them below 12/201 ≥ α, and the verdict says that the resamples, not the data,
+    stop it (where "not significant after Holm" would read as evidence); with B =
+    ``resamples(12)`` the same data support every claim. The legend prints the bound."""
+    def family(b: int) -> list[dict]:
+        tests = [{**comparison(0.5, 0.4, 0.6, p=1 / (b + 1)), "n_samples": b}
+                 for _ in range(12)]
+        verdicts.adjust(tests)
+        return tests
+
+    coarse = family(200)
+    assert all(t["p_holm"] == pytest.approx(12 / 201) for t in coarse)
+    assert {bootstrap(t, "gain") for t in coarse} == {"unresolved (too few resamples: "
+                                                      "Holm ≥ 12/201)"}
+    assert {verdicts.in_words(t) for t in coarse} == {"no difference shown"}
+    legend = formatting.legend(coarse, set())
+    assert "B = 200 bootstrap resamples: p ≥ 1/(B + 1)" in legend
+    assert "m = 12 tests falls below m/(B + 1) = 0.0597" in legend
+    fine = family(verdicts.resamples(12))
+    assert {bootstrap(t, "gain") for t in fine} == {"supported"}
+    assert "B = 5,000 bootstrap resamples (at least 20·m/α)" in formatting.legend(fine, set())
+    # one p above the floor is decided by the data: Holm's product of a real p
+    real = [{**comparison(0.5, 0.4, 0.6, p=0.03), "n_samples": 200}, *coarse[1:]]
+    verdicts.adjust(real)
+    assert why_not(real[0]) == "not significant after Holm"
+
+
+def test_a_delta_over_fewer_seeds_than_its_means_gives_their_means():
+    """The short answer's row of a 5-seed cell against a 3-seed baseline: the Δ is over the 3
+    seeds they share, and the row gives the two means over those seeds, which differ by the Δ;
+    a row whose cells have the same seeds gives none (its means already differ by it)."""
+    five = {1: 31.03, 2: 30.79, 3: 30.68, 4: 30.27, 5: 31.04}
+    base = {1: 29.69, 2: 29.35, 3: 29.63}
+    deltas = [five[s] - base[s] for s in base]
+    tied = {**comparison(*deltas, p=0.001), "delta_ci95": 0.49}
+    summary = {"none/dot": {**_cell("none", "dot", base), "params": [2_000_000]},
+               "three_way/dot": {**_cell("three_way", "dot", five, vs_untied=tied),
+                                 "params": [1_000_000]}}
+    for cell in summary.values():
+        cell["bleu"]["mean"] = float(np.mean(cell["bleu"]["values"]))
+    row = view_answer.rows(summary)[1]
+    a, b = np.mean([five[s] for s in base]), np.mean(list(base.values()))
+    assert row[4] == f"+1.28 ± 0.49 over untied (seeds 1, 2, 3: {a:.2f} − {b:.2f})"
+    assert f"{a - b:+.2f}" == "+1.28" and row[3].startswith("30.76 (")  # 5-seed mean: 1.20
+    same = {**summary, "three_way/dot": {**_cell("three_way", "dot", {s: five[s] for s in base},
+                                                 vs_untied=tied), "params": [1_000_000]}}
+    same["three_way/dot"]["bleu"]["mean"] = a
+    assert view_answer.rows(same)[1][4] == "+1.28 ± 0.49 over untied"
+    assert formatting.shared_means(tied, summary["three_way/dot"], summary["none/dot"]) == \
+        f"seeds 1, 2, 3: {a:.2f} − {b:.2f}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -103,6 +104,20 @@ def test_default_baseline_is_dot_and_unknown_baseline_is_an_error(runs, capsys):
     err = capsys.readouterr().err
     assert "--baseline 'nope'" in err and "l2norm" in err
     assert not (root / "r2" / "results.md").exists()
+
+
+def test_a_delta_over_fewer_runs_than_the_baseline_gives_the_paired_means(runs):
+    """Without l2norm's seed 3 its Δ pairs seeds 1 and 2 with the baseline's, whose mean over
+    all three seeds sits in the table: the Δ's cell gives the two means over the pairs, which
+    differ by it; with every seed paired it gives none."""
+    root, bleus = runs
+    whole = collect(root / "runs", root / "whole", n_samples=100)["markdown"]
+    assert "paired runs" not in whole
+    shutil.rmtree(root / "runs" / "l2norm-s3")
+    md = collect(root / "runs", root / "out", n_samples=100)["markdown"]
+    mine, base = np.mean(bleus["l2norm"][:2]), np.mean(bleus["dot"][:2])
+    assert f"(paired runs: {mine:.2f} − {base:.2f}; p " in md
+    assert f"{mine - base:+.2f}" in md.split("paired runs")[0].splitlines()[-1]
 
 
 def test_collect_without_runs_is_an_error(tmp_path, capsys):

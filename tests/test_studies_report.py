@@ -187,8 +187,9 @@ def test_the_equal_view_of_real_records(tmp_path):
     """The equal-training tables from the converged study's P1 records (E1 and E3's cells) and
     their three-way cells relabelled as DynamicConv (every layer of Liu et al.'s Tables 2 and
     4): each seed's BLEU, each Δ the mean of the records' per-seed BLEU differences, each
-    verdict the bootstrap rule's, Holm over the ten claims, each row's paper figures, and
-    the plot."""
+    verdict the rules', Holm over the ten claims and the tying claims' two equivalence
+    tests, the verdicts that 200 resamples cannot decide, each row's paper figures, and the
+    plot."""
     recs = records.load(DOCS / "converged" / "records")
     e2 = [_dynamicconv(r) for r in recs if r.run.tying == "three_way"]
     renderer = Renderer(recs + e2, references(None), n_samples=200, expected=36)
@@ -199,7 +200,7 @@ def test_the_equal_view_of_real_records(tmp_path):
         assert f"{r.eval.bleu:.2f}" in text
     bleu = {(r.run.tying, r.run.output_layer, r.run.seed): r.eval.bleu for r in recs}
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
-             if " vs " in line]
+             if line.startswith("|") and " vs " in line]
     rows = {(c[0], c[1]): c for c in cells}
     expect = [("decoder tying vs untied (`dot`)", ("decoder", "dot"), ("none", "dot")),
               ("three-way tying vs untied (`dot`)", ("three_way", "dot"), ("none", "dot"))]
@@ -221,9 +222,15 @@ def test_the_equal_view_of_real_records(tmp_path):
     assert len(rows) == 10
     tests = [test for cells in summary.values() for cell in cells.values()
              for name, test in cell.items() if name in ("vs_dot", "vs_untied")]
-    assert len(tests) == 10 and {t["family"] for t in tests} == {10}
-    assert [t["p_holm"] for t in tests] == pytest.approx(
-        multipletests([t["p"] for t in tests], method="holm")[1])
+    # the family: the ten bootstraps and the two tying claims' equivalence tests
+    family = tests + [t["equivalence"] for t in tests if "equivalence" in t]
+    assert len(family) == 12 and {t["family"] for t in family} == {12}
+    assert [t["p_holm"] for t in family] == pytest.approx(
+        multipletests([t["p"] for t in family], method="holm")[1])
+    # 200 resamples: a p at the floor 1/201 cannot pass Holm over 12 tests, and says so
+    floor = [label for (label, arch), row in rows.items()
+             if "too few resamples: Holm ≥ 12/201" in row[5]]
+    assert floor and "m = 12 tests falls below m/(B + 1) = 0.0597" in text
     pngs = renderer.plots("equal", tmp_path, summary)[1:]
     assert [p.name for p in pngs] == ["valid_nll_epochs.png", "valid_nll_delta_epochs.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
@@ -303,13 +310,14 @@ def _test(deltas: list[float], p: float) -> dict:
 
 
 def test_the_rule_in_words_is_better_worse_no_difference_or_not_decided():
-    """Whatever a paper expected, the words say what the rule found: a counted gain is
+    """Whatever a paper expected, the words say what the rules found: a counted gain is
     "better" and a counted loss "worse", where ``bootstrap`` says supported / contradicted for
-    a claim of a gain but supported for a claim that BLEU is unchanged."""
+    a claim of a gain and contradicted for a claim that BLEU is unchanged."""
     gain, loss = _test([0.2, 0.5, 0.7], 0.003), _test([-0.1, -0.3, -0.4], 0.04)
     assert verdicts.in_words(gain) == "better" and verdicts.in_words(loss) == "worse"
     assert verdicts.bootstrap(loss, verdicts.GAIN) == "contradicted"
-    assert verdicts.bootstrap(gain, verdicts.UNCHANGED) == "supported (better)"
+    # BLEU rose beyond the margin (90 % interval +0.04 to +0.89): not unchanged
+    assert verdicts.bootstrap(gain, verdicts.UNCHANGED) == "contradicted (better)"
     for unsettled in (_test([0.2, 0.5, 0.7], 0.05), _test([-0.3, 2.2, 1.0], 0.001)):
         assert verdicts.in_words(unsettled) == "no difference shown"
     assert verdicts.in_words(_test([0.9], 0.001)) == "too few seeds (1 of 3)"
@@ -324,9 +332,16 @@ def test_the_short_answer_says_each_verdict_in_words():
     words = view_answer.in_words(cells)
     saved = (cells["none/dot"]["params"][0] - cells["three_way/dot"]["params"][0]) / 1e6
     tied = cells["three_way/dot"]["vs_untied"]
+    eq = tied["equivalence"]  # its 90 % interval, recomputed from the seeds' differences
+    deltas = list(tied["per_seed_delta"].values())
+    low, high = stats.t.interval(0.90, len(deltas) - 1, loc=np.mean(deltas),
+                                 scale=stats.sem(deltas))
+    assert high > 0.5  # the interval leaves the margin: the counted gain says "better"
     assert words[1] == ("three-way tying against untied (`dot`): **better**, "
                         f"{tied['delta_bleu']:+.2f} BLEU (p < 0.001, Holm "
-                        f"{tied['p_holm']:.3f}), with {saved:.2f}M fewer parameters.")
+                        f"{tied['p_holm']:.3f}; equivalence p = {eq['p']:.3f}, Holm "
+                        f"{eq['p_holm']:.3f}: 90 % interval {low:+.2f} to {high:+.2f} against "
+                        f"±0.5), with {saved:.2f}M fewer parameters.")
     l2 = cells["three_way/l2norm"]["vs_dot"]
     seeds = ", ".join(f"{d:+.2f}" for d in l2["per_seed_delta"].values())
     # seed 1's Δ (−0.30) has the other sign but is not significant on its own (p = 0.093)

@@ -277,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="train the recorded runs (of --only) afresh into DIR, evaluate "
                         "them as the study does and compare each with its committed record "
                         "(DIR/comparison.md and .json); the records and reports are only read")
-    parser.add_argument("--bootstrap-samples", type=int, default=1000)
+    parser.add_argument("--bootstrap-samples", type=int, metavar="B",
+                        help="paired bootstrap resamples (default: enough for the study's "
+                        "family of tests, at least 20·m/α)")
     return parser
 
 

@@ -12,6 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fairseq_tying.common.atomic import read_lines, write_json, write_text
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.evaluation.run import IDENTITY
@@ -82,6 +84,19 @@ def _fmt_p(p: float | None) -> str:
     return "" if p is None else f"{p:.4f}"
 
 
+def paired_means(group: dict, method: str) -> str:
+    """``paired runs: 30.84 − 29.56``: the method's mean BLEU and its paired baseline runs' mean,
+    whose difference its Δ is, where those baseline runs are not the baseline's runs, one each
+    (the baseline has other seeds, or a run stands in for a missing seed); else ""."""
+    bleu = {r["name"]: r["bleu"] for r in group["runs"]}
+    mine = [r for r in group["runs"] if r["method"] == method]
+    paired = sorted(r["baseline_run"] for r in mine)
+    if paired == sorted(r["name"] for r in group["runs"] if r["method"] == group["baseline"]):
+        return ""
+    return (f"paired runs: {np.mean([r['bleu'] for r in mine]):.2f} − "
+            f"{np.mean([bleu[name] for name in paired]):.2f}")
+
+
 def method_table(group: dict) -> str:
     rows = []
     for m in group["methods"]:
@@ -90,7 +105,8 @@ def method_table(group: dict) -> str:
         sig = "baseline" if m["baseline"] else (
             f"{m['significant_runs']}/{len(m['bleu_p_values'])} "
             f"(p={', '.join(p_digits(p, compact=True) for p in m['bleu_p_values'])})")
-        delta = "" if m["baseline"] else format_delta(m["vs_baseline"], per_seed=False)
+        delta = "" if m["baseline"] else format_delta(m["vs_baseline"], per_seed=False,
+                                                      note=paired_means(group, m["method"]))
         rows.append([m["method"], m["tying"], m["output_layer"], len(m["seeds"]), ci["bleu"],
                      ci["tok_bleu"], ci["chrf"], delta, sig])
     return markdown_table(["Method", "Tying", "Output", "Seeds", "BLEU", "tok. BLEU", "chrF",
@@ -106,7 +122,8 @@ def group_markdown(group: dict) -> str:
         f"## {group['title']}\n\n"
         f"Mean ± 95% CI over seeds (t distribution). Baseline: `{group['baseline']}`. Each run is "
         "paired with the baseline run of the same seed; Δ BLEU: mean of the paired differences ± "
-        "its 95% CI over the pairs, p of the paired bootstrap resampling "
+        "its 95% CI over the pairs (where the paired baseline runs are not the baseline's runs, "
+        "the two means over the pairs first), p of the paired bootstrap resampling "
         f"({group['n_bootstrap']} samples) pooled over the pairs; per run, p of its own pair "
         f"(sacrebleu's paired bootstrap test); significant: p < {verdicts.ALPHA}.\n\n"
         + method_table(group)

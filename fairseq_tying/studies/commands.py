@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> block (see --block)")
     st.add_argument("--plots", required=True, help="folder for the PNGs and summary.json")
     st.add_argument("--references", help="reference file (default: the embedded Bible test.en)")
-    st.add_argument("--bootstrap-samples", type=int, default=1000)
+    st.add_argument("--bootstrap-samples", type=int, metavar="B",
+                    help="paired bootstrap resamples (default: enough for the study's family "
+                    "of tests, at least 20·m/α)")
     st.add_argument("--block", default="study", help="name of the report's marked block: "
                     "<!-- BLOCK:begin --> ... <!-- BLOCK:end --> (default: study)")
     st.add_argument("--view", default="auto", help="how the records are reported: "

@@ -21,6 +21,7 @@ from fairseq_tying.evaluation.metrics import METRICS
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.significance import compare, seed_difference
 from fairseq_tying.studies.stats import stat
+from fairseq_tying.studies.verdicts import resamples
 
 Key = Hashable  # a cell's key, e.g. (tying, output layer)
 Runs = dict[Any, Record]  # a cell's runs by member (its seed)
@@ -32,7 +33,7 @@ class Context:
     """What a section's values and comparisons need besides the runs."""
 
     refs: Sequence[str] | None = None  # the test set's references (sentence-level tests)
-    n_samples: int = 1000  # bootstrap resamples
+    n_samples: int = 1000  # bootstrap resamples (engine.sections chooses them for a study)
     common_epoch: int | None = None  # the last epoch every run reached (runs under a rule)
 
 
@@ -57,6 +58,9 @@ class Spec:
     section: Callable[[Record], Hashable] | None = None  # records split into sections by this
     # the study's family of comparisons, once every section is summarized (verdicts.adjust)
     family: Callable[[list[Section]], None] | None = None
+    # how many tests that family will hold, from the sections' cells: the bootstrap's
+    # resamples are chosen for it (verdicts.resamples)
+    family_size: Callable[[list[Cells]], int] | None = None
 
 
 @dataclass
@@ -145,16 +149,22 @@ def summarize(spec: Spec, cells: Cells, ctx: Context) -> dict[str, dict[str, Any
 
 
 def sections(spec: Spec, records: Sequence[Record], refs: Sequence[str] | None = None,
-             n_samples: int = 1000) -> list[Section]:
-    """The study's sections (the largest first), each grouped and summarized."""
+             n_samples: int | None = None) -> list[Section]:
+    """The study's sections (the largest first), each grouped and summarized; the bootstrap
+    draws ``n_samples`` resamples, by default as many as the spec's family needs
+    (``verdicts.resamples``)."""
     by_key: dict[Hashable, list[Record]] = defaultdict(list)
     for r in records:
         by_key[spec.section(r) if spec.section else None].append(r)
+    keys = sorted(by_key, key=lambda k: -len(by_key[k]))  # stable: ties keep their order
+    grouped = {key: group(spec, by_key[key]) for key in keys}
+    if n_samples is None:
+        n_samples = resamples(spec.family_size(list(grouped.values()))
+                              if spec.family_size else 0)
     out = []
-    for key in sorted(by_key, key=lambda k: -len(by_key[k])):  # stable: ties keep their order
+    for key, cells in grouped.items():
         ctx = Context(refs, n_samples, common_epoch(by_key[key]) if
                       "valid_nll_common" in spec.values else None)
-        cells = group(spec, by_key[key])
         out.append(Section(key, cells, summarize(spec, cells, ctx)))
     if spec.family is not None:
         spec.family(out)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from fairseq_tying.studies import verdicts
 from fairseq_tying.studies.verdicts import ALPHA
 
 
@@ -42,11 +43,19 @@ def format_p(p: float) -> str:
 
 
 def format_ps(test: dict[str, Any]) -> str:
-    """``p = 0.046, Holm 0.322``: the raw p and the Holm-adjusted one over the study's claims
+    """``p = 0.046, Holm 0.322``: the raw p and the Holm-adjusted one over the study's tests
     (the raw p alone for a test outside a family)."""
     if "p_holm" not in test:
         return format_p(test["p"])
     return f"{format_p(test['p'])}, Holm {p_digits(test['p_holm'])}"
+
+
+def format_tests(test: dict[str, Any]) -> str:
+    """``format_ps`` of a paired bootstrap, then of its equivalence test where it has one:
+    ``p < 0.001, Holm 0.001; equivalence p = 0.968, Holm 1.000``."""
+    if (eq := test.get("equivalence")) is None:
+        return format_ps(test)
+    return f"{format_ps(test)}; equivalence {format_ps(eq)}"
 
 
 def format_seed_delta(test: dict[str, Any]) -> str:
@@ -55,18 +64,51 @@ def format_seed_delta(test: dict[str, Any]) -> str:
     return f"{test['delta_bleu']:+.2f}{ci}"
 
 
-def seeds_label(seeds: list[int]) -> str:
+def seeds_label(seeds: list[int] | list[str]) -> str:
     """``seed 1`` or ``seeds 1, 2, 3``."""
     return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
 
 
-def format_delta(test: dict[str, Any], per_seed: bool = True) -> str:
-    """``+Δ ± CI (p …, Holm …; [per-seed p])`` of a paired bootstrap
-    (``significance.compare``)."""
+def shared_means(test: dict[str, Any], cell: dict[str, Any], base: dict[str, Any],
+                 metric: str = "bleu") -> str:
+    """``seeds 1, 2, 3: 30.84 − 29.56``: the cell's and its baseline's mean ``metric`` over the
+    seeds the paired Δ uses, whose difference the Δ is; "" when the Δ uses every seed of both
+    cells, so that the cells' own means (over all their seeds) already differ by it."""
+    shared = [str(s) for s in test["per_seed_delta"]]
+    if {str(s) for s in cell["seeds"]} == set(shared) == {str(s) for s in base["seeds"]}:
+        return ""
+
+    def mean(c: dict[str, Any]) -> float:
+        by_seed = dict(zip(map(str, c["seeds"]), c[metric]["values"], strict=True))
+        return sum(by_seed[s] for s in shared) / len(shared)
+
+    return f"{seeds_label(shared)}: {mean(cell):.2f} − {mean(base):.2f}"
+
+
+def format_delta(test: dict[str, Any], per_seed: bool = True, note: str = "") -> str:
+    """``+Δ ± CI (NOTE; p …, Holm …; [per-seed p]; equivalence p …)`` of a paired bootstrap
+    (``significance.compare``); ``note`` is ``shared_means``."""
+    lead = f"{note}; " if note else ""
     if not per_seed:
-        return f"{format_seed_delta(test)} ({format_ps(test)})"
+        return f"{format_seed_delta(test)} ({lead}{format_tests(test)})"
     per = ", ".join(p_digits(p, compact=True) for p in test["per_seed_p"].values())
-    return f"{format_seed_delta(test)} ({format_ps(test)}; [{per}])"
+    tests = format_ps(test) + f"; [{per}]"
+    if (eq := test.get("equivalence")) is not None:
+        tests += f"; equivalence {format_ps(eq)}"
+    return f"{format_seed_delta(test)} ({lead}{tests})"
+
+
+def legend(tests: list[dict[str, Any]], margins: set[float]) -> str:
+    """The verdicts' legend: the bootstrap rule, the equivalence rule with its ``margins`` (of
+    the claims that BLEU is unchanged; none: no such sentence) and the bootstrap's resolution
+    over the family of ``tests``."""
+    parts = [verdicts.RULE]
+    parts += [verdicts.equivalence_rule(m) for m in sorted(margins)]
+    family = [t for t in tests if "n_samples" in t]
+    if family:
+        parts.append(verdicts.resolution(family[0]["n_samples"],
+                                         family[0].get("family", len(family))))
+    return "; ".join(parts)
 
 
 def holm_changes(changes: list[tuple[str, str, str]]) -> str:

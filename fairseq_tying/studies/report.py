@@ -78,8 +78,8 @@ def recorded(n: int, expected: int | None) -> str:
 class Renderer:
     """Renders views of one study's records, each spec's sections computed once."""
 
-    def __init__(self, recs: list[Record], refs: Sequence[str] | None, n_samples: int = 1000,
-                 expected: int | None = None) -> None:
+    def __init__(self, recs: list[Record], refs: Sequence[str] | None,
+                 n_samples: int | None = None, expected: int | None = None) -> None:
         self.records, self.refs, self.n_samples, self.expected = recs, refs, n_samples, expected
         self._sections: dict[int, list[Section]] = {}
 
@@ -120,7 +120,7 @@ class Renderer:
 
 def build(records_dir: str | os.PathLike, targets: Sequence[Target],
           plots_dir: str | os.PathLike, refs: Sequence[str] | None,
-          runs: str | os.PathLike | None = None, n_samples: int = 1000,
+          runs: str | os.PathLike | None = None, n_samples: int | None = None,
           expected: int | None = None, row_norms: bool = True) -> dict[str, Any]:
     """Export the records of newly evaluated runs (``runs``), then rebuild every target's block
     and, with the first target's view, ``summary.json`` and the plots, from the records alone.
@@ -201,7 +201,7 @@ def _moved(path: Path, out: Path | None) -> Path:
 
 
 def rebuild(study: StudyReport, expected: int | None, summaries: Sequence[Summary] = (),
-            runs: Path | None = None, row_norms: bool = True, n_samples: int = 1000,
+            runs: Path | None = None, row_norms: bool = True, n_samples: int | None = None,
             out: Path | None = None) -> dict[str, Any]:
     """Export the records of newly evaluated runs under ``runs`` (none: the committed records
     alone), then rebuild the study's reports and plots (led by the count of its ``expected``

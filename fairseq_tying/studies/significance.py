@@ -4,7 +4,8 @@ differences (on sacrebleu's per-sentence statistics, with the p-value of sacrebl
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,15 @@ def metric_stats(hyps: Sequence[str], refs: Sequence[str], metric: str = "bleu")
     lengths); a corpus score is computed from their sum."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
-    return np.array(_scorer(metric)._extract_corpus_statistics(list(hyps), [list(refs)]),
-                    dtype="float32")
+    return np.array(_reference_scorer(metric, tuple(refs))._extract_corpus_statistics(
+        list(hyps), None), dtype="float32")
+
+
+@lru_cache(maxsize=4)
+def _reference_scorer(metric: str, refs: tuple[str, ...]):
+    """``metric``'s scorer with the references tokenized and counted once (sacrebleu's
+    reference cache, read-only), so that each run's statistics cost its hypotheses alone."""
+    return METRICS[metric].scorer(references=[list(refs)])
 
 
 def seed_paired_bootstrap(
@@ -47,25 +55,93 @@ def stats_paired_bootstrap(
 ) -> dict[str, float]:
     """``seed_paired_bootstrap`` on precomputed ``metric_stats``; the difference of the means
     is ``delta_bleu`` (``delta_chrf`` for chrF)."""
-    scorer = _scorer(metric)
+    observed, sampled = paired_samples(pairs, n_samples, seed, metric)
+    return _pooled(observed, sampled, metric)
+
+
+def paired_samples(pairs: Sequence[tuple[np.ndarray, np.ndarray]], n_samples: int,
+                   seed: int = 12345, metric: str = "bleu") -> tuple[np.ndarray, np.ndarray]:
+    """Each pair's observed difference (k,) and its difference in each resample (k, B); the
+    resamples draw the same sentences for every pair (``resample_counts``)."""
+    counts = resample_counts(len(pairs[0][0]), n_samples, seed)
+    scorer, scores = _scorer(metric), _scores(metric)
 
     def score(s: np.ndarray) -> float:
         return scorer._compute_score_from_stats(s).score
 
-    n = len(pairs[0][0])
-    idxs = np.random.default_rng(seed).choice(n, size=(n_samples, n))
-    observed = np.zeros(len(pairs))
-    sampled = np.zeros((len(pairs), n_samples))
-    for k, (sys_s, base_s) in enumerate(pairs):
-        observed[k] = score(sys_s.sum(0)) - score(base_s.sum(0))
-        sampled[k] = [score(a.sum(0)) - score(b.sum(0))
-                      for a, b in zip(sys_s[idxs], base_s[idxs], strict=True)]
-    diff = float(observed.mean())
+    observed = np.array([score(a.sum(0)) - score(b.sum(0)) for a, b in pairs])
+    sampled = np.array([scores(counts @ a.astype(np.float64))
+                        - scores(counts @ b.astype(np.float64)) for a, b in pairs])
+    return observed, sampled
+
+
+def _pooled(observed: np.ndarray, sampled: np.ndarray, metric: str) -> dict[str, Any]:
+    """sacrebleu's ``PairedTest`` p of the mean (over pairs) difference, from B resamples:
+
+        p = (#{b : |m_b| − mean_b' |m_b'| > |d|} + 1) / (B + 1)
+
+    with d the observed mean difference and m_b the resample's; so p ≥ 1/(B + 1)."""
+    diff, n_samples = float(observed.mean()), sampled.shape[1]
     sample_diffs = np.abs(sampled.mean(0))
     centred = sample_diffs - sample_diffs.mean()
     p = (int(np.sum(centred > abs(diff))) + 1) / (n_samples + 1)
     return {f"delta_{metric}": diff, "p": 1.0 if not sample_diffs.any() else p,
-            "n_seeds": len(pairs), "n_samples": n_samples}
+            "n_seeds": len(observed), "n_samples": n_samples}
+
+
+@lru_cache(maxsize=1)
+def resample_counts(n: int, n_samples: int, seed: int = 12345) -> np.ndarray:
+    """How often each of ``n`` sentences is drawn in each of ``n_samples`` resamples (B, n):
+    the draws of sacrebleu's ``rng.choice(n, size=(B, n))``, made in blocks of rows (the same
+    stream), so that a resample's statistics are one product, ``counts @ stats``."""
+    rng, rows = np.random.default_rng(seed), []
+    for start in range(0, n_samples, _BLOCK):
+        idxs = rng.choice(n, size=(min(_BLOCK, n_samples - start), n))
+        offsets = (idxs + n * np.arange(len(idxs))[:, None]).ravel()
+        rows.append(np.bincount(offsets, minlength=idxs.size).reshape(idxs.shape))
+    counts = np.concatenate(rows).astype(np.float64)
+    counts.flags.writeable = False  # shared by every call with the same draws
+    return counts
+
+
+_BLOCK = 500  # resamples drawn at once: (500, n) indices, not (B, n)
+
+
+def _scores(metric: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The corpus scores of rows of summed statistics (R, k) -> (R,): BLEU vectorized
+    (``bleu_scores``), any other metric through sacrebleu row by row."""
+    scorer = _scorer(metric)
+    if metric == "bleu" and _is_default_bleu(scorer):
+        return bleu_scores
+    return lambda rows: np.array([scorer._compute_score_from_stats(r).score for r in rows])
+
+
+def _is_default_bleu(scorer) -> bool:
+    return (scorer.smooth_method, scorer.effective_order, scorer.max_ngram_order) == \
+        ("exp", False, 4)
+
+
+def bleu_scores(stats: np.ndarray) -> np.ndarray:
+    """sacrebleu's corpus BLEU (exp smoothing, 4-grams) of rows of summed statistics
+    ``[hyp_len, ref_len, correct_1..4, total_1..4]``:
+
+        BLEU = BP · exp(¼ Σ_n log p_n),  p_n = 100 · correct_n / total_n,
+        BP = exp(1 − ref_len / hyp_len) if hyp_len < ref_len else 1
+
+    in numpy over all rows; a row with an n-gram order without a match or without n-grams
+    (where sacrebleu smooths or stops) is scored by sacrebleu itself."""
+    sys_len, ref_len = stats[:, 0], stats[:, 1]
+    correct, total = stats[:, 2:6], stats[:, 6:10]
+    plain = (correct > 0).all(1) & (total > 0).all(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(100.0 * correct / total)
+        bp = np.where(sys_len < ref_len, np.exp(1 - ref_len / sys_len), 1.0)
+        # summed left to right, as sacrebleu's sum() does
+        out = bp * np.exp((logs[:, 0] + logs[:, 1] + logs[:, 2] + logs[:, 3]) / 4)
+    if not plain.all():
+        scorer = _scorer("bleu")
+        out[~plain] = [scorer._compute_score_from_stats(r).score for r in stats[~plain]]
+    return out
 
 
 def _scorer(metric: str):
@@ -93,9 +169,11 @@ def compare(pairs: Sequence[tuple[Hashable, Any, Any]], refs: Sequence[str], n_s
     by ``key``)."""
     stats = [(sentence_stats(run, metric, refs), sentence_stats(base, metric, refs))
              for _, run, base in pairs]
-    test = stats_paired_bootstrap(stats, n_samples, metric=metric)
-    singles = {key: stats_paired_bootstrap([s], n_samples, metric=metric)
-               for (key, _, _), s in zip(pairs, stats, strict=True)}
+    observed, sampled = paired_samples(stats, n_samples, metric=metric)
+    test = _pooled(observed, sampled, metric)
+    # each pair alone: its row of the same resamples, as a bootstrap of that pair would draw
+    singles = {key: _pooled(observed[k:k + 1], sampled[k:k + 1], metric)
+               for k, (key, _, _) in enumerate(pairs)}
     test["per_seed_p"] = {k: t["p"] for k, t in singles.items()}
     test["per_seed_delta"] = {k: t[f"delta_{metric}"] for k, t in singles.items()}
     half = mean_ci(list(test["per_seed_delta"].values()))[1]

@@ -13,7 +13,7 @@ which comparisons it makes; the papers' claims that the verdict rule decides.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from fairseq_tying.core import output_layers
 from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.studies import verdicts
 from fairseq_tying.studies.engine import (
+    Cells,
     Comparison,
     Context,
     Key,
@@ -32,6 +33,7 @@ from fairseq_tying.studies.engine import (
 )
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.significance import compare
+from fairseq_tying.studies.stats import tost
 
 # --- translation: (tying, output layer) cells ------------------------------------------------
 
@@ -47,8 +49,33 @@ def _vs_untied(key: Key, cells: Collection[Key]) -> Key | None:
 
 
 def claim_family(sections: list[Section]) -> None:
-    """Holm over the study's claims: every claim's comparison in every section (model)."""
-    verdicts.adjust([test for sec in sections for _, test in _claim_tests(sec.summary)])
+    """Holm over the study's tests: every claim's comparison in every section (model), and the
+    equivalence test (``stats.tost``, within the claim's margin) of each claim that BLEU is
+    unchanged."""
+    tests = []
+    for sec in sections:
+        for claim, test in claims_tests(sec.summary):
+            tests.append(test)
+            if claim.expects == verdicts.UNCHANGED and (eq := tost(
+                    list(test["per_seed_delta"].values()), claim.margin, verdicts.ALPHA)):
+                test["equivalence"] = eq
+                tests.append(eq)
+    verdicts.adjust(tests)
+
+
+def claim_family_size(sections: list[Cells]) -> int:
+    """How many tests ``claim_family`` will adjust, from the cells alone (before any
+    comparison is made, so that the bootstrap's resamples can be chosen for it): a claim whose
+    cell and baseline cell share a seed, and its equivalence test where they share two."""
+    baselines = {"vs_dot": _vs_dot, "vs_untied": _vs_untied}
+    m = 0
+    for cells in sections:
+        for c in study_claims():
+            key = tuple(c.cell.split("/"))
+            base = baselines[c.test](key, cells.keys())
+            shared = len(set(cells.get(key, {})) & set(cells.get(base, {})))
+            m += (shared >= 1) + (c.expects == verdicts.UNCHANGED and shared >= 2)
+    return m
 
 
 GRID = Spec(
@@ -61,6 +88,7 @@ GRID = Spec(
                  Comparison("vs_untied", _vs_untied, paired_bootstrap("bleu"))),
     section=lambda r: r.run.arch,
     family=claim_family,
+    family_size=claim_family_size,
 )
 
 PRESS_WOLF = "Press & Wolf (2017)"
@@ -77,6 +105,7 @@ class Claim:
     cell: str  # the summary's "tying/layer" key
     test: str  # "vs_untied" or "vs_dot": which comparison of the cell
     expects: str  # verdicts.GAIN or verdicts.UNCHANGED
+    margin: float = verdicts.MARGIN  # BLEU: what "unchanged" tolerates (verdicts.UNCHANGED)
 
 
 def normalized() -> list[str]:
@@ -95,9 +124,26 @@ def study_claims() -> list[Claim]:
     return tying + layers
 
 
-def _claim_tests(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any]]]:
+def claims_tests(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any]]]:
+    """The study's claims whose comparison the summary has, each with that comparison."""
     return [(c, test) for c in study_claims()
             if (test := summary.get(c.cell, {}).get(c.test)) is not None]
+
+
+def baseline_label(cell: dict[str, Any], test: str) -> str:
+    """The summary's key of the cell that a ``GRID`` cell's ``vs_dot`` or ``vs_untied``
+    comparison is made against."""
+    key = {"vs_dot": _vs_dot, "vs_untied": _vs_untied}[test](
+        (cell["tying"], cell["output_layer"]), ())
+    return f"{key[0]}/{key[1]}"
+
+
+def family_of(summaries: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[float]]:
+    """What a legend states of a study's claims (``formatting.legend``): their tests, and the
+    margins of those that BLEU is unchanged."""
+    pairs = [pair for summary in summaries for pair in claims_tests(summary)]
+    return ([test for _, test in pairs],
+            {c.margin for c, _ in pairs if c.expects == verdicts.UNCHANGED})
 
 
 def changed_by_holm(test: dict[str, Any], expects: str) -> tuple[str, str] | None:
@@ -109,7 +155,8 @@ def changed_by_holm(test: dict[str, Any], expects: str) -> tuple[str, str] | Non
 
 def claims_of(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any], str]]:
     """The claims whose comparison the summary has, each with it and its verdict."""
-    return [(c, test, verdicts.bootstrap(test, c.expects)) for c, test in _claim_tests(summary)]
+    return [(c, test, verdicts.bootstrap(test, c.expects, c.margin))
+            for c, test in claims_tests(summary)]
 
 
 # --- language models: (tying, output layer, tag) cells ---------------------------------------

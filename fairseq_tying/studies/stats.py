@@ -1,4 +1,5 @@
-"""Mean and 95% confidence interval over seeds (Student's t distribution)."""
+"""Mean and 95% confidence interval over seeds (Student's t distribution), the one-sample t-test
+and the two one-sided tests of equivalence (TOST) of per-seed differences."""
 
 from __future__ import annotations
 
@@ -39,3 +40,29 @@ def stat(values: Sequence[float]) -> dict[str, Any]:
     value."""
     mean, half = mean_ci(list(values))
     return {"values": list(values), "mean": mean, "ci95": None if math.isnan(half) else half}
+
+
+def tost(values: Sequence[float], margin: float, alpha: float = 0.05) -> dict[str, Any] | None:
+    """Equivalence of per-seed differences d_1..d_n within ±δ (``margin``), by two one-sided
+    t-tests (TOST): with mean d̄, sd s, se = s/√n and t = t_{1−α, n−1},
+
+        equivalent at level α  iff  d̄ − t·se > −δ  and  d̄ + t·se < δ,
+
+    i.e. the 1 − 2α interval ``[low, high]`` inside (−δ, δ). Its p-value,
+
+        p = max(P(T ≥ (d̄ + δ)/se), P(T ≤ (d̄ − δ)/se)),  T ~ t_{n−1},
+
+    is below α exactly then (so that Holm–Bonferroni can take it with other tests). None for
+    fewer than two values: no interval."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    t = float(_st.t.ppf(1 - alpha, n - 1))
+    if se == 0:  # equal differences: no doubt about where the mean lies
+        p = 0.0 if abs(mean) < margin else 1.0
+    else:
+        p = max(float(_st.t.sf((mean + margin) / se, n - 1)),
+                float(_st.t.cdf((mean - margin) / se, n - 1)))
+    return {"margin": margin, "low": mean - t * se, "high": mean + t * se, "p": p, "n": n}

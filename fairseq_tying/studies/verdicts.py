@@ -1,26 +1,40 @@
-"""Every verdict rule of the across-run views, in one place (version 2).
+"""Every verdict rule of the across-run views, in one place (version 3).
 
 ``bootstrap``: a difference in BLEU between two cells (a paired bootstrap pooled over the seeds
 the two cells share, ``significance.compare``) *counts* when
 
     the cells share at least SEEDS seeds (n ≥ SEEDS),
     the paired bootstrap pooled over those seeds gives p < ALPHA after Holm–Bonferroni over the
-    study's family of claims (``adjust``; test-set variance, corrected for the number of
-    claims), and
+    study's family of tests (``adjust``; test-set variance, corrected for the number of
+    tests), and
     every seed's difference has the same sign (training variance).
 
 Beside the adjusted p the views print the raw p and the seed-level 95 % interval of the paired
 Δ (Student t over the per-seed differences, ``delta_ci95``). A claim of a gain is supported
 when the difference counts and is positive, contradicted when it counts and is negative, and
-unresolved otherwise. A claim that BLEU is *unchanged* (tying costs nothing) is contradicted
-only by a counted loss; with all seeds in it is supported by a counted gain or by no counted
-difference. ``why_not`` names the test that failed:
+unresolved otherwise. ``why_not`` names the test that failed:
 
     seeds disagree              two seeds are significant on their own (p < ALPHA) with
                                 opposite signs: training variance, not noise;
     within the test set's noise the pooled raw p ≥ ALPHA and no two seeds disagree as above;
+    too few resamples           the bootstrap's p is its floor 1/(B + 1) (no resample reached
+                                the observed difference) and Holm cannot bring it below ALPHA
+                                (m/(B + 1) ≥ ALPHA): the resolution decides, not the data;
     not significant after Holm  raw p < ALPHA, adjusted p ≥ ALPHA;
     seeds differ in sign        adjusted p < ALPHA, but a seed's Δ has the other sign.
+
+A claim that BLEU is *unchanged* (tying keeps BLEU) states a margin δ (MARGIN BLEU unless the
+claim gives its own) and is supported only by *equivalence*: two one-sided t-tests of the
+per-seed differences (``stats.tost``), the 1 − 2·ALPHA interval inside (−δ, δ), with its p
+below ALPHA after Holm–Bonferroni (the family holds it beside the bootstrap's p). A difference
+that failed to be significant supports nothing. The claim is contradicted by a difference that
+counts (BLEU moved, "better" or "worse") where equivalence is not shown, and unresolved
+otherwise, with the interval that leaves the margin.
+
+Resolution: B resamples give p ≥ 1/(B + 1), and Holm multiplies the smallest of m p-values by
+m, so no adjusted p falls below m/(B + 1). ``resamples(m)`` chooses B ≥ RESOLUTION·m/ALPHA
+(1, 2 or 5 × 10^k), so that this bound is at most ALPHA/RESOLUTION; a study's report states B
+and the bound (``resolution``).
 
 ``interval``: a per-seed difference (``significance.seed_difference``, e.g. of test
 perplexity; its p from the one-sample t-test of the differences, Holm-adjusted over the study's
@@ -38,20 +52,53 @@ statsmodels (whose ``multipletests(method="holm")`` the tests check it against).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+from fairseq_tying.studies.stats import tost
+
 SEEDS = 3  # the fewest seeds a verdict uses (3 per cell; 5 for the headline cells)
 ALPHA = 0.05
+MARGIN = 0.5  # BLEU: how far from 0 a claim that BLEU is unchanged lets the difference lie
+RESOLUTION = 20  # B ≥ RESOLUTION·m/ALPHA: the smallest Holm-adjusted p is ≤ ALPHA/RESOLUTION
+MIN_SAMPLES = 1000  # the fewest resamples (sacrebleu's default), however small the family
 
 GAIN, UNCHANGED = "gain", "unchanged"  # what a claim expects of its difference
 
 RULE = (f"a difference counts when the two cells share at least {SEEDS} seeds, the paired "
         f"bootstrap pooled over them gives p < {ALPHA} after Holm–Bonferroni over the study's "
-        "claims, and every seed's difference has the same sign")
+        "tests, and every seed's difference has the same sign")
 INTERVAL_RULE = ("supported / contradicted / unresolved (lower perplexity): the t-test of the "
                  f"per-seed differences gives p < {ALPHA} after Holm–Bonferroni over the "
                  "study's comparisons with the mean below 0 / above 0 / otherwise")
+COVERAGE = f"{100 * (1 - 2 * ALPHA):g} %"  # the interval of the equivalence test (TOST)
+
+
+def equivalence_rule(margin: float) -> str:
+    """The legend's sentence on claims that BLEU is unchanged, with their margin."""
+    return (f"a claim that BLEU is unchanged is supported only by equivalence within "
+            f"±{margin:g} BLEU: the {COVERAGE} interval of the per-seed differences inside "
+            f"±{margin:g} (two one-sided t-tests at α = {ALPHA}, their p among the study's "
+            "tests for Holm–Bonferroni), contradicted by a difference that counts without it, "
+            "unresolved otherwise")
+
+
+def resamples(m: int) -> int:
+    """The bootstrap resamples for a family of m tests: the smallest 1, 2 or 5 × 10^k that is
+    at least max(MIN_SAMPLES, RESOLUTION·m/ALPHA), so that m/(B + 1) ≤ ALPHA/RESOLUTION."""
+    need = max(MIN_SAMPLES, math.ceil(round(RESOLUTION * m / ALPHA, 6)))
+    scale = 10 ** (len(str(need)) - 1)
+    return next(k * scale for k in (1, 2, 5, 10) if k * scale >= need)
+
+
+def resolution(n_samples: int, m: int) -> str:
+    """The legend's sentence on the bootstrap's resolution: B, and the smallest Holm-adjusted
+    p it allows over the family's m tests."""
+    chosen = f" (at least {RESOLUTION}·m/α)" if n_samples >= RESOLUTION * m / ALPHA else ""
+    return (f"B = {n_samples:,} bootstrap resamples{chosen}: p ≥ 1/(B + 1), so no "
+            f"Holm-adjusted p of the study's m = {m} tests falls below m/(B + 1) = "
+            f"{m / (n_samples + 1):.4f}")
 
 
 def holm(ps: Sequence[float]) -> list[float]:
@@ -65,7 +112,8 @@ def holm(ps: Sequence[float]) -> list[float]:
 
 
 def adjust(tests: Sequence[dict[str, Any]]) -> None:
-    """Holm over one study's family of claims: each test gets ``p_holm`` and ``family`` (m)."""
+    """Holm over one study's family of tests (bootstraps and equivalence tests alike, each a
+    dict with its ``p``): each gets ``p_holm`` and ``family`` (m)."""
     for test, p in zip(tests, holm([t["p"] for t in tests]), strict=True):
         test["p_holm"], test["family"] = p, len(tests)
 
@@ -96,6 +144,17 @@ def counts(test: dict[str, Any]) -> bool:
     return (test["n_seeds"] >= SEEDS and significant(adjusted_p(test)) and _same_sign(test))
 
 
+def at_floor(test: dict[str, Any]) -> bool:
+    """The bootstrap's p is 1/(B + 1): no resample reached the observed difference, so the
+    true p may be any smaller value."""
+    return "n_samples" in test and round(test["p"] * (test["n_samples"] + 1)) == 1
+
+
+def too_few_resamples(test: dict[str, Any]) -> bool:
+    """Holm keeps a p at the bootstrap's floor from significance: m/(B + 1) ≥ ALPHA."""
+    return at_floor(test) and not significant(adjusted_p(test))
+
+
 def why_not(test: dict[str, Any]) -> str:
     """Which test a difference that does not count failed (``counts`` is False)."""
     if test["n_seeds"] < SEEDS:
@@ -104,37 +163,88 @@ def why_not(test: dict[str, Any]) -> str:
         return "seeds disagree"
     if not significant(test["p"]):
         return "within the test set's noise"
+    if too_few_resamples(test):
+        return (f"too few resamples: Holm ≥ {test.get('family', 1)}/"
+                f"{test['n_samples'] + 1}")
     if not significant(adjusted_p(test)):
         return "not significant after Holm"
     return "seeds differ in sign"
 
 
-def bootstrap(test: dict[str, Any], expects: str) -> str:
-    """The bootstrap rule's verdict on a claim that expects a ``gain`` or ``unchanged``."""
+def equivalence(test: dict[str, Any], margin: float = MARGIN) -> dict[str, Any] | None:
+    """The equivalence test of a comparison's per-seed differences: the one its study's family
+    adjusted (``test["equivalence"]``), else TOST within ±``margin`` on its own."""
+    if "equivalence" in test:
+        return test["equivalence"]
+    return tost(list(test["per_seed_delta"].values()), margin, ALPHA)
+
+
+def equivalent(eq: dict[str, Any] | None) -> bool:
+    """Equivalence shown: the TOST p (Holm-adjusted where it has a family) < ALPHA."""
+    return eq is not None and significant(adjusted_p(eq))
+
+
+def interval_text(eq: dict[str, Any]) -> str:
+    """``90 % interval -0.12 to +0.31``: the equivalence test's interval."""
+    return f"{COVERAGE} interval {eq['low']:+.2f} to {eq['high']:+.2f}"
+
+
+def _direction(test: dict[str, Any]) -> str:
+    return "better" if test["delta_bleu"] > 0 else "worse"
+
+
+def _unchanged(test: dict[str, Any], margin: float) -> str:
+    """The verdict on "BLEU is unchanged" (n ≥ SEEDS): equivalence supports it, a counted
+    difference contradicts it."""
+    eq = equivalence(test, margin)
+    if eq is None:
+        return "unresolved (too few seeds for an interval)"
+    within = f"equivalent within ±{eq['margin']:g}"
+    if equivalent(eq):
+        return f"supported ({within}{'; ' + _direction(test) if counts(test) else ''})"
+    if counts(test):
+        return f"contradicted ({_direction(test)})"
+    if significant(eq["p"]):
+        return "unresolved (equivalence not significant after Holm)"
+    if too_few_resamples(test):
+        return f"unresolved ({why_not(test)})"
+    return f"unresolved ({interval_text(eq)} exceeds ±{eq['margin']:g})"
+
+
+def bootstrap(test: dict[str, Any], expects: str, margin: float = MARGIN) -> str:
+    """The verdict on a claim that expects a ``gain`` or that BLEU is ``unchanged`` (within
+    ±``margin`` where the test carries no equivalence test of its family)."""
     if test["n_seeds"] < SEEDS:
         return f"unresolved ({why_not(test)})"
-    gain = test["delta_bleu"] > 0
+    if expects == UNCHANGED:
+        return _unchanged(test, margin)
     if counts(test):
-        if expects == UNCHANGED:
-            return "supported (better)" if gain else "contradicted"
-        return "supported" if gain else "contradicted"
-    why = why_not(test)
-    return f"supported ({why})" if expects == UNCHANGED else f"unresolved ({why})"
+        return "supported" if test["delta_bleu"] > 0 else "contradicted"
+    return f"unresolved ({why_not(test)})"
 
 
 def in_words(test: dict[str, Any]) -> str:
-    """The bootstrap rule's finding on a difference, whatever a paper expected of it: better,
-    worse, no difference shown (and why), or too few seeds to tell."""
+    """The rules' finding on a difference, whatever a paper expected of it: better, worse,
+    equivalent within the margin (for a comparison with an equivalence test), no difference
+    shown, or too few seeds to tell."""
     if test["n_seeds"] < SEEDS:
         return f"too few seeds ({test['n_seeds']} of {SEEDS})"
+    eq = test.get("equivalence")
+    margin = f"±{eq['margin']:g}" if eq is not None else ""
     if counts(test):
-        return "better" if test["delta_bleu"] > 0 else "worse"
-    return "no difference shown"
+        return f"{_direction(test)}, within {margin}" if equivalent(eq) else _direction(test)
+    if equivalent(eq):
+        return f"equivalent within {margin}"
+    return "no difference shown" + (f", nor equivalence within {margin}" if eq else "")
 
 
 def without_holm(test: dict[str, Any]) -> dict[str, Any]:
-    """The test as the version-1 rule judged it: raw p, no family correction."""
-    return {k: v for k, v in test.items() if k not in ("p_holm", "family")}
+    """The test as the raw-p rule judges it: no family correction (of its equivalence test
+    either)."""
+    out = {k: v for k, v in test.items() if k not in ("p_holm", "family")}
+    if isinstance(out.get("equivalence"), dict):
+        out["equivalence"] = without_holm(out["equivalence"])
+    return out
 
 
 def outcome(verdict: str) -> str:

@@ -1,5 +1,6 @@
 """The short answer (README's "Does it help?"): per cell of a translation study, its parameters,
-BLEU (mean and each seed), the Δ that decides its claim and the verdict rule's word on it."""
+BLEU (mean and each seed), the Δ that decides its claim (with the two means over the seeds it
+pairs where a cell has others) and the verdict rules' word on it, under their legend."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE, PAPER_LAYERS
 from fairseq_tying.studies import specs, verdicts
 from fairseq_tying.studies.engine import Section
-from fairseq_tying.studies.formatting import format_ps, format_seed_delta, seeds_label
+from fairseq_tying.studies.formatting import (
+    format_seed_delta,
+    format_tests,
+    legend,
+    seeds_label,
+    shared_means,
+)
 from fairseq_tying.studies.record import Record
 
 
@@ -54,16 +61,18 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
             row += ["–", "–", "–"]
         else:
             against = "untied" if claim.test == "vs_untied" else f"`{BASELINE}`"
-            row += [f"{format_seed_delta(test)} over {against}", format_ps(test),
-                    verdicts.bootstrap(test, claim.expects)]
+            note = shared_means(test, cell, summary[specs.baseline_label(cell, claim.test)])
+            row += [f"{format_seed_delta(test)} over {against}" + (f" ({note})" if note else ""),
+                    format_tests(test), verdicts.bootstrap(test, claim.expects, claim.margin)]
         out.append(row)
     return out
 
 
 def in_words(summary: dict[str, Any]) -> list[str]:
-    """Each claim's comparison as a sentence: which cell against which, the bootstrap rule's
-    finding in plain words (``verdicts.in_words``), the difference and its evidence, and
-    for a tying mode the parameters it saves."""
+    """Each claim's comparison as a sentence: which cell against which, the rules' finding in
+    plain words (``verdicts.in_words``), the difference and its evidence (for a claim that
+    BLEU is unchanged, the equivalence test's interval against its margin; else why no
+    difference was shown), and for a tying mode the parameters it saves."""
     base = summary[_baseline(summary)]
     out = []
     for cell, claim in _claimed(summary):
@@ -73,8 +82,10 @@ def in_words(summary: dict[str, Any]) -> list[str]:
                 if claim.test == "vs_untied" else
                 f"`{cell['output_layer']}` against `{BASELINE}` "
                 f"({cell['tying'].replace('_', '-')} tying)")
-        evidence = format_ps(test)
-        if test["n_seeds"] >= verdicts.SEEDS and not verdicts.counts(test):
+        evidence = format_tests(test)
+        if (eq := test.get("equivalence")) is not None:
+            evidence += f": {verdicts.interval_text(eq)} against ±{eq['margin']:g}"
+        elif test["n_seeds"] >= verdicts.SEEDS and not verdicts.counts(test):
             why = verdicts.why_not(test)
             evidence += f": {why}"
             if why in ("seeds disagree", "seeds differ in sign"):
@@ -102,16 +113,23 @@ def answers(records: list[Record]) -> bool:
                for arch in {a for a, _, _ in seeds})
 
 
+def _legend(sections: list[Section]) -> str:
+    return ("Δ: the paired difference over the seeds both cells share, mean ± its 95 % "
+            "interval over them; where a cell has other seeds, the two means over the shared "
+            "ones follow it. Verdict: " + legend(*specs.family_of(s.summary for s in sections))
+            + ".\n")
+
+
 def render(sections: list[Section]) -> tuple[str, Any]:
-    """The table (a model column when the study has more than one architecture), then the
-    verdicts in words (``in_words``), by architecture."""
+    """The legend, the table (a model column when the study has more than one architecture),
+    then the verdicts in words (``in_words``), by architecture."""
     many = len(sections) > 1
     seeds = {tuple(c["seeds"]) for sec in sections for c in sec.summary.values()}
     per_seed = seeds_label(list(seeds.pop())) if len(seeds) == 1 else "each seed"
     header = [*(["model"] * many), "tying", "output layer", "parameters",
-              f"BLEU: mean ({per_seed})", "Δ BLEU ± 95 % CI over seeds", "p (raw, Holm)",
+              f"BLEU: mean ({per_seed})", "Δ BLEU ± 95 % CI over shared seeds", "p (raw, Holm)",
               "verdict"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [_legend(sections), "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for sec in sections:
         for row in rows(sec.summary):
             lines.append("| " + " | ".join([*([f"`{sec.key}`"] * many), *row]) + " |")

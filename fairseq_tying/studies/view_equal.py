@@ -21,7 +21,9 @@ from fairseq_tying.studies.formatting import (
     format_delta,
     format_stat,
     holm_changes,
+    legend,
     seeds_label,
+    shared_means,
 )
 from fairseq_tying.studies.plots import plot_bands
 from fairseq_tying.studies.record import Record
@@ -97,11 +99,19 @@ def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[st
                    verdicts.GAIN) for la in specs.normalized()
                   if (test := s.summary.get(f"three_way/{la}", {}).get("vs_dot")) is not None]
         for what, test, source, paper, expects in found:
-            rows.append([what, f"`{s.key}`", source, paper, format_delta(test),
+            note = shared_means(test, *_pair(s.summary, test))
+            rows.append([what, f"`{s.key}`", source, paper, format_delta(test, note=note),
                          verdicts.bootstrap(test, expects)])
             if changed := specs.changed_by_holm(test, expects):
                 changes.append((f"{what}, `{s.key}`", *changed))
     return rows, changes
+
+
+def _pair(summary: dict[str, Any], test: dict[str, Any]) -> tuple[dict, dict]:
+    """The cell a comparison of the summary belongs to, and the cell it is made against."""
+    cell, name = next((c, n) for c in summary.values() for n in ("vs_dot", "vs_untied")
+                      if c.get(n) is test)
+    return cell, summary[specs.baseline_label(cell, name)]
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
@@ -114,13 +124,15 @@ def render(sections: list[Section]) -> tuple[str, Any]:
              bleu_table(sections)]
     rows, changes = comparisons(sections)
     if rows:
-        parts += [f"\n**Δ BLEU after {budget}**: mean over seeds of the paired difference ± its "
-                  "95 % CI over seeds; p of the paired bootstrap over test sentences, pooled "
-                  "over the seeds, raw and Holm-adjusted over the study's claims; per-seed p in "
-                  "brackets. The papers' Δ: Liu et al.'s Transformer on IWSLT'14 Es→En and "
+        parts += [f"\n**Δ BLEU after {budget}**: mean over the seeds both cells share of the "
+                  "paired difference ± its 95 % CI over them (where a cell has other seeds, "
+                  "the two means over the shared ones first); p of the paired bootstrap over "
+                  "test sentences, pooled over the seeds, raw and Holm-adjusted over the "
+                  "study's tests; per-seed p in brackets; for a tying claim the equivalence "
+                  "test's p. The papers' Δ: Liu et al.'s Transformer on IWSLT'14 Es→En and "
                   "DynamicConv on IWSLT'14 De→En and WMT'16 En→De; Nguyen & Salazar's FixNorm "
                   "with ScaleNorm, the mean over five low-resource pairs. Verdict: "
-                  + verdicts.RULE + ".\n",
+                  + legend(*specs.family_of(s.summary for s in sections)) + ".\n",
                   markdown_table(["comparison", "model", "source", "paper Δ", "Δ BLEU",
                                   "verdict"], rows)]
         if changes:

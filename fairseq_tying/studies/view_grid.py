@@ -17,7 +17,7 @@ from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation.norms import plot_norm_histograms
-from fairseq_tying.studies import FOR_WHAT, specs, verdicts
+from fairseq_tying.studies import FOR_WHAT, specs
 from fairseq_tying.studies.engine import Cells, Section, band
 from fairseq_tying.studies.formatting import (
     epochs_text,
@@ -25,6 +25,8 @@ from fairseq_tying.studies.formatting import (
     format_p,
     format_stat,
     holm_changes,
+    legend,
+    shared_means,
 )
 from fairseq_tying.studies.plots import (
     plot_bands,
@@ -41,12 +43,16 @@ def cell_of(summary: dict[str, Any], tying: str, layer: str) -> dict[str, Any] |
     return summary.get(f"{tying}/{layer}")
 
 
-def _delta(cell: dict[str, Any], key: str, is_baseline: bool, per_seed: bool = True) -> str:
+def _delta(summary: dict[str, Any], cell: dict[str, Any], key: str, is_baseline: bool,
+           per_seed: bool = True) -> str:
+    """The cell's Δ against its baseline (``key``), with the two means over the seeds the Δ
+    pairs where a cell has others."""
     if is_baseline:
         return "baseline"
     if key not in cell:
         return "no baseline run"
-    return format_delta(cell[key], per_seed)
+    note = shared_means(cell[key], cell, summary[specs.baseline_label(cell, key)])
+    return format_delta(cell[key], per_seed, note)
 
 
 def stop_correlation(summary: dict[str, Any]) -> tuple[float, float, int] | None:
@@ -66,7 +72,8 @@ def claims_table(summary: dict[str, Any]) -> str | None:
     claims = specs.claims_of(summary)
     if not claims:
         return None
-    rows = [[c.text, c.source, format_delta(test), verdict] for c, test, verdict in claims]
+    rows = [[c.text, c.source, _delta(summary, summary[c.cell], c.test, False), verdict]
+            for c, test, verdict in claims]
     changes = [(c.text, *changed) for c, test, _ in claims
                if (changed := specs.changed_by_holm(test, c.expects))]
     return markdown_table(["claim", "source", "Δ BLEU", "verdict"], rows) + (
@@ -90,15 +97,16 @@ def tables(summary: dict[str, Any]) -> str:
              "**BLEU** (sacrebleu, detokenized, test set)\n",
              grid(lambda c: f"{format_stat(c['bleu'])} (n={len(c['seeds'])})")]
     if BASELINE in layers and len(layers) > 1:
-        parts += ["\n**Δ BLEU against `dot` with the same tying**: mean over seeds of the paired "
-                  "difference ± its 95 % CI over seeds (training variance); p of the paired "
-                  "bootstrap over test sentences, pooled over the seeds (test-set variance); "
-                  "per-seed p in brackets\n",
-                  grid(lambda c: _delta(c, "vs_dot", c["output_layer"] == BASELINE))]
+        parts += ["\n**Δ BLEU against `dot` with the same tying**: mean over the seeds both cells "
+                  "share of the paired difference ± its 95 % CI over them (training variance; "
+                  "where a cell has other seeds, the two means over the shared ones first); p of "
+                  "the paired bootstrap over test sentences, pooled over the seeds (test-set "
+                  "variance); per-seed p in brackets\n",
+                  grid(lambda c: _delta(summary, c, "vs_dot", c["output_layer"] == BASELINE))]
     if "none" in tyings and len(tyings) > 1:
         parts += ["\n**Δ BLEU of tying against the untied model with the same output layer** "
-                  "(p as above)\n",
-                  grid(lambda c: _delta(c, "vs_untied", c["tying"] == "none"))]
+                  "(p as above; for a tying claim, the equivalence test's p last)\n",
+                  grid(lambda c: _delta(summary, c, "vs_untied", c["tying"] == "none"))]
     parts += ["\n**chrF**\n", grid(lambda c: format_stat(c["chrf"])),
               "\n**Validation NLL** (base 2, per token, last validation)\n",
               grid(lambda c: format_stat(c["valid_nll"], 3))]
@@ -123,7 +131,8 @@ def tables(summary: dict[str, Any]) -> str:
         parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: "
                   "three-way tying on the Bible, mean over seeds)\n", paper_table(summary)]
     if table := claims_table(summary):
-        parts += [f"\n**The papers' claims**: {verdicts.RULE} (Δ and p as above)\n", table]
+        parts += [f"\n**The papers' claims**: {legend(*specs.family_of([summary]))} (Δ and p "
+                  "as above)\n", table]
     return "\n".join(parts)
 
 
@@ -154,7 +163,7 @@ def paper_table(summary: dict[str, Any]) -> str:
         if la == BASELINE:
             ours_delta = "baseline"
         elif c and "vs_dot" in c:
-            ours_delta = _delta(c, "vs_dot", False, per_seed=False)
+            ours_delta = _delta(summary, c, "vs_dot", False, per_seed=False)
         else:
             ours_delta = "–"
         rows.append([la, f"{paper:.2f}", "baseline" if la == BASELINE else f"{paper - base:+.2f}",

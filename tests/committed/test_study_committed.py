@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from scipy import stats
 
 from fairseq_tying.common.blocks import markers
 from fairseq_tying.core.output_layers import PAPER_LAYERS as LAYERS  # the studies' grid
@@ -21,7 +22,8 @@ from fairseq_tying.launch.studies import main as study
 from fairseq_tying.studies import records as study_records
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.records import training_summary
-from fairseq_tying.studies.verdicts import holm
+from fairseq_tying.studies.specs import claim_family_size
+from fairseq_tying.studies.verdicts import holm, resamples
 from fairseq_tying.studies.view_grid import TYINGS
 from tests.helpers import REPO
 
@@ -69,13 +71,17 @@ def test_rebuilding_a_block_from_its_records_reproduces_it(name, tmp_path, monke
 @pytest.mark.parametrize("name", ["one_epoch", "converged", "equal"])
 def test_each_paired_test_is_the_records_scores_and_holm_over_the_claims(name):
     """Each per-seed Δ of summary.json is the difference of the two records' own sacrebleu
-    scores (a cell against `dot` with its tying, or against untied with its layer), and the
-    Holm-adjusted p of the study's claims is Holm over exactly those claims' raw p."""
+    scores (a cell against `dot` with its tying, or against untied with its layer); each tying
+    claim's equivalence test is TOST within ±0.5 of those differences (scipy's one-sided
+    t-tests); the Holm-adjusted p of the study's tests is Holm over exactly the claims' raw p
+    and the equivalence tests'; and the bootstrap drew B ≥ 20·m/α resamples for those m
+    tests, m counted from the records' cells before any comparison."""
     folder = BLOCKS[name][2]
     summary = json.loads((folder / "summary.json").read_text())
     sections = summary if name == "equal" else {"transformer_twwt": summary}
+    records = _records(folder)
     bleu = {(r.run.arch, r.run.tying, r.run.output_layer, r.run.seed): r.eval.bleu
-            for r in _records(folder)}
+            for r in records}
     family = []
     for arch, cells in sections.items():
         for cell in cells.values():
@@ -85,11 +91,25 @@ def test_each_paired_test_is_the_records_scores_and_holm_over_the_claims(name):
                 if not isinstance(test, dict) or "per_seed_delta" not in test:
                     continue
                 family += [test] if "p_holm" in test else []
-                for seed, delta in test["per_seed_delta"].items():
-                    assert delta == pytest.approx(bleu[(arch, tying, layer, int(seed))]
-                                                  - bleu[(arch, *base, int(seed))], abs=1e-6)
-    assert family and {t["family"] for t in family} == {len(family)}
+                deltas = [bleu[(arch, tying, layer, int(seed))] - bleu[(arch, *base, int(seed))]
+                          for seed in test["per_seed_delta"]]
+                assert list(test["per_seed_delta"].values()) == pytest.approx(deltas, abs=1e-6)
+                if (eq := test.get("equivalence")) is not None:
+                    assert key == "vs_untied" and layer == "dot" and eq["margin"] == 0.5
+                    family.append(eq)
+                    lower = stats.ttest_1samp(deltas, -0.5, alternative="greater").pvalue
+                    upper = stats.ttest_1samp(deltas, 0.5, alternative="less").pvalue
+                    assert eq["p"] == pytest.approx(max(lower, upper), rel=1e-6)
+    m = len(family)
+    assert family and {t["family"] for t in family} == {m}
     assert [t["p_holm"] for t in family] == pytest.approx(holm([t["p"] for t in family]))
+    by_arch: dict = {}
+    for r in records:
+        by_arch.setdefault(r.run.arch, {}).setdefault((r.run.tying, r.run.output_layer),
+                                                      {})[r.run.seed] = r
+    assert claim_family_size(list(by_arch.values())) == m
+    samples = {t["n_samples"] for t in family if "n_samples" in t}
+    assert samples == {resamples(m)} and m / (resamples(m) + 1) <= 0.05 / 20
 
 
 def test_the_one_epoch_study_covers_its_grid_after_600_updates():
@@ -226,6 +246,69 @@ def test_no_answer_row_calls_seeds_that_disagree_the_test_sets_noise(page, block
         noise = "within the test set's noise" in verdict
         assert ("seeds disagree" in verdict) == (len(signs) == 2 and test["n_seeds"] >= 3), row
         assert not noise or (len(signs) < 2 and test["p"] >= 0.05), row
+
+
+def _answer_rows(page: Path, block: str) -> list[list[str]]:
+    begin, end = markers(block)
+    text = page.read_text()
+    return [[c.strip() for c in line.strip("|").split(" | ")]
+            for line in text[text.index(begin):text.index(end)].splitlines()
+            if line.startswith("| `")]
+
+
+@pytest.mark.parametrize("page, block", [(REPO / "README.md", "does_it_help"),
+                                         (DOCS / "results.md", "answer")])
+def test_no_answer_row_sets_a_mean_beside_a_delta_over_other_seeds(page, block):
+    """In each row the Δ is the difference of the two means it is printed with: of the row's
+    mean and its baseline row's mean (up to their rounding) when both cells have exactly the
+    Δ's seeds, else of the two means over the shared seeds that follow it, recomputed here
+    from each seed's BLEU."""
+    summary = json.loads((DOCS / "equal" / "summary.json").read_text())
+    rows = _answer_rows(page, block)
+    means = {(row[0], f"{row[1]}/{row[2].strip('`')}"): float(row[4].split()[0]) for row in rows}
+    for row in rows:
+        if row[-1] == "baseline":
+            continue
+        arch, tying, layer = row[0].strip("`"), row[1], row[2].strip("`")
+        untied = "untied" in row[5]
+        test = summary[arch][f"{tying}/{layer}"]["vs_untied" if untied else "vs_dot"]
+        cell = summary[arch][f"{tying}/{layer}"]
+        against = "none/dot" if untied else f"{tying}/dot"
+        other = summary[arch][against]
+        shared = sorted(int(s) for s in test["per_seed_delta"])
+        delta = float(row[5].split()[0])
+        if sorted(cell["seeds"]) == shared == sorted(other["seeds"]):
+            assert "seeds" not in row[5], row
+            assert float(row[4].split()[0]) - means[row[0], against] == pytest.approx(
+                delta, abs=0.011)
+            continue
+        a, b = (np.mean([dict(zip(c["seeds"], c["bleu"]["values"], strict=True))[s]
+                         for s in shared]) for c in (cell, other))
+        assert f"(seeds {', '.join(map(str, shared))}: {a:.2f} − {b:.2f})" in row[5], row
+        assert a - b == pytest.approx(delta, abs=0.006)
+
+
+@pytest.mark.parametrize("page, block", [(REPO / "README.md", "does_it_help"),
+                                         (DOCS / "results.md", "answer")])
+def test_a_tying_claim_is_supported_by_equivalence_alone(page, block):
+    """Each "tying keeps BLEU" row against its seeds' differences: supported exactly where the
+    90 % interval (Student t, recomputed here) lies inside ±0.5 and Holm keeps the equivalence
+    test, contradicted only by a difference that counts, never supported by a non-significant
+    difference."""
+    summary = json.loads((DOCS / "equal" / "summary.json").read_text())
+    rows = [r for r in _answer_rows(page, block) if "untied" in r[5]]
+    assert len(rows) == 2
+    for row in rows:
+        test = summary[row[0].strip("`")][f"{row[1]}/dot"]["vs_untied"]
+        deltas = list(test["per_seed_delta"].values())
+        low, high = stats.t.interval(0.90, len(deltas) - 1, loc=np.mean(deltas),
+                                     scale=stats.sem(deltas))
+        inside = -0.5 < low and high < 0.5 and test["equivalence"]["p_holm"] < 0.05
+        verdict = row[-1]
+        assert verdict.startswith("supported") == inside, row
+        assert f"equivalence p = {test['equivalence']['p']:.3f}" in row[6], row
+        if verdict.startswith("contradicted"):
+            assert test["p_holm"] < 0.05 and len({d > 0 for d in deltas}) == 1, row
 
 
 def test_the_equal_training_study_has_every_run_of_its_sweep():
