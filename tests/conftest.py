@@ -14,6 +14,11 @@ import pytest
 
 from tests import forkserver
 
+# No test has a GPU: Triton's kernels run in its interpreter. Triton reads TRITON_INTERPRET when
+# it is first imported, and any module of a worker (torch's, the fused loss's) may import it
+# before the fused loss's tests run, so it is set for the whole process before anything does.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # The fixtures import tests.helpers when they first run, not here: it imports the plugin (torch
 # and fairseq, ~4.5 s), which pytest-xdist's controller, running no test, would import before it
 # starts the workers.
