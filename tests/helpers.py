@@ -420,11 +420,12 @@ def toy_layer_registered() -> Iterator:
 
     before = set(sys.modules)
     output_layers.load_plugins(str(TOY_LAYER_FILE))
+    loaded = set(sys.modules) - before  # the toy's module only: the test may import more
     try:
         yield output_layers.get(TOY_LAYER)
     finally:
         output_layers.OUTPUT_LAYERS.pop(TOY_LAYER, None)
-        for name in set(sys.modules) - before:
+        for name in loaded:
             del sys.modules[name]
 
 
