@@ -125,7 +125,7 @@ def write_records(runs: list[Run], out: Path) -> list[str]:
 
 
 def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
-           refs: Path | None = None, n_samples: int = 1000, records_only: bool = False,
+           refs: Path | None = None, n_samples: int | None = None, records_only: bool = False,
            report: Path | None = None, block: str = "answer",
            beside: tuple[Path, str] | None = None) -> int:
     """Check the sweep's runs, record those that can be compared and write the answer; with
@@ -160,7 +160,7 @@ def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
     return 0
 
 
-def render(out: Path, refs: list[str], n_samples: int, expected: int,
+def render(out: Path, refs: list[str], n_samples: int | None, expected: int,
            beside: tuple[Path, str] | None = None) -> tuple[str, list[str]]:
     """The answer's text from ``OUT/records`` (the verdicts, the tables, the changes from
     the study ``beside``), and ``summary.json`` and the plots written beside them."""

@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--out", type=Path, help="where the answer goes (default: answers/NAME)")
     an.add_argument("--references", type=Path, help="the test references the runs were scored "
                     "on (default: the data dir's raw/test.TGT)")
-    an.add_argument("--bootstrap-samples", type=int, default=1000)
+    an.add_argument("--bootstrap-samples", type=int, metavar="B",
+                    help="resamples of the paired bootstrap (default: enough for the Holm "
+                    "family of the sweep's claims, verdicts.resamples)")
     an.add_argument("--records-only", action="store_true", help="read no run folder: the "
                     "answer of the records already in OUT/records (e.g. committed ones)")
     an.add_argument("--report", type=Path, help="also write the answer into this Markdown "
