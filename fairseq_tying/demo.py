@@ -27,13 +27,15 @@ from pathlib import Path
 
 import torch
 
-from fairseq_tying.common import PLUGIN_DIR, RUN_JSON
+from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.common.atomic import write_json
 from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.common.extras import run_main
 from fairseq_tying.common.reproducible import cpu_name_under, pinned_env
+from fairseq_tying.common.run_spec import Identity, RunSpec, write_run_json
 from fairseq_tying.evaluation.evaluate import evaluate_run, summary_lines
 from fairseq_tying.evaluation.norms import norms_report, row_norms
+from fairseq_tying.evaluation.result import TranslationResult
 
 ARCH = "transformer_twwt"
 MODEL = ["--encoder-layers", "2", "--decoder-layers", "2",
@@ -71,16 +73,9 @@ def train_command(
     data: Path, run: Path, output_layer: str, max_update: int, seed: int
 ) -> list[str]:
     run.mkdir(parents=True, exist_ok=True)
-    record = {
-        "name": run.name,
-        "method": f"{ARCH}:{output_layer}",
-        "arch": ARCH,
-        "tying": "three_way",
-        "output_layer": output_layer,
-        "seed": seed,
-        "data_dir": str(data),
-    }
-    write_json(run / RUN_JSON, record)
+    identity = Identity(name=run.name, method=f"{ARCH}:{output_layer}", arch=ARCH,
+                        tying="three_way", output_layer=output_layer, seed=seed)
+    write_run_json(RunSpec(identity, run_dir=str(run), data_dir=str(data)))
     return [
         _tool("fairseq-train"),
         str(data / "bin"),
@@ -137,16 +132,16 @@ def train_in_parallel(commands: dict[str, list[str]]) -> None:
         raise SystemExit(f"training failed for {failed}: see the [{failed[0]}] lines above")
 
 
-def demo_record(run_dirs: dict[str, Path], results: list[dict], args: argparse.Namespace,
-                seconds: float) -> dict:
+def demo_record(run_dirs: dict[str, Path], results: list[TranslationResult],
+                args: argparse.Namespace, seconds: float) -> dict:
     """What the README's demo block shows, and how it was made: the machine's processor with
     the kernels its training processes ran (the numbers move with them)."""
     layers = {}
     for (layer, run), res in zip(run_dirs.items(), results, strict=True):
         norms = row_norms(run / "checkpoints" / "checkpoint_best.pt")[1]
-        layers[layer] = {"run": run.name, "bleu": round(res["bleu"], 2),
-                         "chrf": round(res["chrf"], 2), "bleu_signature": res["bleu_signature"],
-                         "sentences": res["n_sentences"], "checkpoint": "checkpoint_best.pt",
+        layers[layer] = {"run": run.name, "bleu": round(res.bleu, 2),
+                         "chrf": round(res.chrf, 2), "bleu_signature": res.bleu_signature,
+                         "sentences": res.n_sentences, "checkpoint": "checkpoint_best.pt",
                          "row_norm_mean": round(float(norms.mean()), 3),
                          "row_norm_std": round(float(norms.std()), 3)}
     return {"command": "python -m fairseq_tying.demo " + " ".join(args.argv),

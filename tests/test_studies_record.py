@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common.checkpoints import CheckpointConfig
-from fairseq_tying.evaluation.run import RunFacts
 from fairseq_tying.studies.record import SCHEMA, Perplexity, Record, Stop, Translation
 from fairseq_tying.studies.records import build_record, export
 from tests.helpers import REPO
@@ -93,24 +92,6 @@ def test_the_checkpoint_config_is_read_once_from_cfg_or_legacy_args():
             legacy.tokens_per_sample) == ("transformer", "three_way", None, "lm", 64)
 
 
-def test_run_json_overrides_the_checkpoint_and_names_the_data(tmp_path):
-    run = tmp_path / "r"
-    run.mkdir()
-    config = CheckpointConfig.of({"args": Namespace(arch="a", tying="none", seed=1)})
-    facts = RunFacts.read(run, config)
-    assert (facts.name, facts.method, facts.output_layer, facts.seed) == ("r", "a:none:dot",
-                                                                          "dot", 1)
-    with pytest.raises(ValueError, match=r"--data is required .*run\.json names no data_dir"):
-        facts.data(None)
-    (run / "run.json").write_text(json.dumps({"label": "L", "seed": 2, "data_dir": "/d"}))
-    facts = RunFacts.read(run).with_checkpoint(config)
-    assert facts.identity() == {"name": "r", "method": "L", "arch": "a", "tying": "none",
-                                "output_layer": "dot", "seed": 2}
-    assert facts.data(None) == "/d" and facts.data("/other") == "/other"
-    recorded = RunFacts.read(run, recorded={"arch": "b", "tying": "decoder", "seed": 5})
-    assert (recorded.arch, recorded.tying, recorded.seed) == ("b", "decoder", 2)
-
-
 def _run_folder(run: Path) -> None:
     """A finished, evaluated run as the launcher and ``evaluate`` leave it (no checkpoint)."""
     (run / "logs").mkdir(parents=True)
@@ -120,7 +101,8 @@ def _run_folder(run: Path) -> None:
         f"x | INFO | valid | {json.dumps(valid)}",
         "x | INFO | fairseq_cli.train | done training in 12.5 seconds"]) + "\n")
     (run / "train.done").write_text(json.dumps({"stop": {"epoch": 2, "update": 20,
-                                                         "reason": "plateau"}}))
+                                                         "reason": "plateau"},
+                                                "finished": "2026-01-02T03:04:05"}))
     (run / "valid_history.json").write_text(json.dumps(
         {"metric": "nll_loss", "epochs": [{"epoch": e, "update": 10 * e, "value": 7.0 - e}
                                           for e in (1, 2)]}))
@@ -152,6 +134,7 @@ def test_one_builder_makes_the_study_record_and_collects_scores(tmp_path):
         1000, 900, 12.5)
     assert record.train.valid_history == [[20, 6.1]] and record.train.valid_nll == 6.1
     assert record.train.stop == Stop(epoch=2, reason="plateau", update=20)
+    assert record.train.date == "2026-01-02"  # no rank file: the day train.done was written
     assert record.train.valid_epochs == [[1, 10, 6.0], [2, 20, 5.0]]
     assert (record.eval.bleu, record.eval.averaged, record.eval_best.bleu,
             record.eval_best.checkpoint) == (20.0, ["c1.pt"], 19.0, "checkpoint_best.pt")

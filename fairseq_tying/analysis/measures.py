@@ -66,7 +66,7 @@ class MatrixReport:
 class ModelReport:
     checkpoint: str
     label: str
-    arch: str
+    arch: str | None
     tying: str
     output_layer: str
     num_updates: int
@@ -267,11 +267,9 @@ def _same_matrix(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> ModelReport:
-    config = checkpoints.CheckpointConfig.of(state)
-    args = config.model
+    trained = checkpoints.CheckpointConfig.of(state).identity(Path(path).name)
     history = (state.get("optimizer_history") or [{}])[-1]
-    report = ModelReport(str(path), label, config.arch or "?",
-                         getattr(args, "tying", "?"), getattr(args, "output_layer", "?"),
+    report = ModelReport(str(path), label, trained.arch, trained.tying, trained.output_layer,
                          int(history.get("num_updates", 0)))
     if (gain := state["model"].get(names.SCORER_GAIN)) is not None:
         report.gain = float(gain)
@@ -296,7 +294,7 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
 
 
 def default_label(path: str, state: dict) -> str:
-    args = checkpoints.CheckpointConfig.of(state).model
-    tying, output_layer = getattr(args, "tying", "?"), getattr(args, "output_layer", "?")
-    extras = [f for f in ("tied_projection", "output_bias") if getattr(args, f, False)]
-    return " ".join([f"{tying}·{output_layer}", *(f"+{e}" for e in extras)])
+    config = checkpoints.CheckpointConfig.of(state)
+    trained = config.identity(Path(path).name)
+    extras = [f for f in ("tied_projection", "output_bias") if getattr(config.model, f, False)]
+    return " ".join([f"{trained.tying}·{trained.output_layer}", *(f"+{e}" for e in extras)])

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fairseq_tying.common.run_spec import Identity
 from fairseq_tying.core import checkpoint_compat
+from fairseq_tying.core.output_layers import BASELINE
 
 checkpoint_compat.allow_fairseq_checkpoints()
 
@@ -55,6 +57,12 @@ class CheckpointConfig:
     target_lang: str | None
     tokens_per_sample: int | None  # a language model's blocks
     sample_break_mode: str | None
+
+    def identity(self, name: str) -> Identity:
+        """What the checkpoint says the run is (a stock fairseq model's output layer is the
+        baseline's)."""
+        return Identity(name=name, arch=self.arch, tying=self.tying,
+                        output_layer=self.output_layer or BASELINE, seed=self.seed)
 
     @classmethod
     def of(cls, state: dict[str, Any]) -> CheckpointConfig:

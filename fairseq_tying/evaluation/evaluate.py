@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from fairseq_tying.common import checkpoints
-from fairseq_tying.common.atomic import read_lines, write_json, write_lines, write_text
+from fairseq_tying.common.atomic import read_lines, write_lines, write_text
 from fairseq_tying.evaluation import average, metrics
 from fairseq_tying.evaluation.generate import generate
 from fairseq_tying.evaluation.presets import resolve_preset
+from fairseq_tying.evaluation.result import Evaluated, TranslationResult
 from fairseq_tying.evaluation.run import RunFacts
 
 PREP_KEYS = ("src", "tgt", "post_process")
@@ -156,7 +157,7 @@ def evaluate_run(
     cpu: bool = False,
     user_dir: str | None = None,
     tag: str | None = None,
-) -> dict[str, Any]:
+) -> TranslationResult:
     """Translate ``subset`` with the run's checkpoint, score it, write ``eval[-SUBSET][.TAG].json``
     and the hypotheses into the run folder; returns what the JSON holds."""
     facts = RunFacts.read(existing_run_dir(run_dir))
@@ -176,32 +177,30 @@ def evaluate_run(
     scores = metrics.score(hyps, refs, data_dir.src, data_dir.tgt)
     hyp_name = write_outputs(run_dir, f"{subset}.{tag}" if tag else subset, data_dir.tgt, hyps,
                              raw)
-    result = {
-        "run": facts.identity(), "run_dir": str(run_dir), "checkpoint": str(ckpt),
-        "averaged": averaged, "data": str(data_dir.root), "corpus": data_dir.prep.get("corpus"),
-        "src": data_dir.src, "tgt": data_dir.tgt, "subset": subset, "tag": tag,
-        "preset": preset_name, "beam": beam, "lenpen": lenpen, "hypotheses": hyp_name,
-        "references": str(ref_path), "references_sha256": sha256(ref_path),
-        "generate_command": cmd, **scores.as_dict(),
-    }
-    write_json(run_dir / eval_json_name(subset, tag), result)
+    result = TranslationResult(
+        run=facts.identity, run_dir=str(run_dir), checkpoint=str(ckpt), averaged=averaged,
+        data=str(data_dir.root), corpus=data_dir.prep.get("corpus"), src=data_dir.src,
+        tgt=data_dir.tgt, subset=subset, tag=tag, preset=preset_name, beam=beam, lenpen=lenpen,
+        hypotheses=hyp_name, references=str(ref_path), references_sha256=sha256(ref_path),
+        generate_command=cmd, **scores.as_dict())
+    result.save(run_dir / eval_json_name(subset, tag))
     return result
 
 
-def run_lines(result: dict[str, Any]) -> list[str]:
+def run_lines(result: Evaluated) -> list[str]:
     """The summary's first lines: the run and its checkpoint (or the checkpoints averaged)."""
-    averaged = result["averaged"]
-    return [f"run          {result['run_dir']}",
-            f"checkpoint   {result['checkpoint']}"
+    averaged = result.averaged
+    return [f"run          {result.run_dir}",
+            f"checkpoint   {result.checkpoint}"
             + (f"  (average of {', '.join(averaged)})" if averaged else "")]
 
 
-def summary_lines(result: dict[str, Any]) -> list[str]:
+def summary_lines(result: TranslationResult) -> list[str]:
     return [
         *run_lines(result),
-        f"preset       {result['preset']} (beam {result['beam']}, lenpen {result['lenpen']})",
-        f"BLEU         {result['bleu']:.2f}  {result['bleu_signature']}",
-        f"tok. BLEU    {result['tok_bleu']:.2f}  {result['tok_bleu_signature']}",
-        f"chrF         {result['chrf']:.2f}  {result['chrf_signature']}",
-        f"sentences    {result['n_sentences']}",
+        f"preset       {result.preset} (beam {result.beam}, lenpen {result.lenpen})",
+        f"BLEU         {result.bleu:.2f}  {result.bleu_signature}",
+        f"tok. BLEU    {result.tok_bleu:.2f}  {result.tok_bleu_signature}",
+        f"chrF         {result.chrf:.2f}  {result.chrf_signature}",
+        f"sentences    {result.n_sentences}",
     ]

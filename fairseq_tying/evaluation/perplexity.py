@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.common import LM_TASK, PLUGIN_DIR, checkpoints
-from fairseq_tying.common.atomic import write_json, write_text
+from fairseq_tying.common import PLUGIN_DIR, checkpoints
+from fairseq_tying.common.atomic import write_text
 from fairseq_tying.common.reproducible import pinned_env
 from fairseq_tying.evaluation.evaluate import (
     eval_json_name,
@@ -26,6 +26,7 @@ from fairseq_tying.evaluation.evaluate import (
     run_lines,
 )
 from fairseq_tying.evaluation.generate import fairseq_exe
+from fairseq_tying.evaluation.result import PerplexityResult
 from fairseq_tying.evaluation.run import RunFacts
 
 _LOSS = re.compile(r"Loss \(base 2\): ([0-9.]+|inf|nan), Perplexity: ([0-9.]+|inf|nan)")
@@ -89,7 +90,7 @@ def data_bin(data: str | os.PathLike) -> Path:
 def evaluate_lm_run(run_dir: str | os.PathLike, data: str | os.PathLike | None, *,
                     subset: str = "test", checkpoint: str | None = None,
                     average_last: int | None = None, max_tokens: int = 4096, cpu: bool = False,
-                    user_dir: str | None = None, tag: str | None = None) -> dict[str, Any]:
+                    user_dir: str | None = None, tag: str | None = None) -> PerplexityResult:
     """Score ``subset`` with the run's checkpoint; write and return ``eval[-SUBSET][.TAG].json``
     (loss in base 2 per token, perplexity = 2^loss, the token count and the checkpoint(s))."""
     facts = RunFacts.read(existing_run_dir(run_dir))
@@ -102,18 +103,18 @@ def evaluate_lm_run(run_dir: str | os.PathLike, data: str | os.PathLike | None, 
     scores, output = run_eval_lm(cmd, run_dir.name)
     stem = eval_json_name(subset, tag).removesuffix(".json")
     write_text(run_dir / f"{stem}.log", output)  # fairseq-eval-lm's whole output
-    result = {"task": LM_TASK, "run": facts.identity(extra=("tag",)), "run_dir": str(run_dir),
-              "checkpoint": str(ckpt), "averaged": averaged, "data": str(bin_dir),
-              "subset": subset, "tag": tag, **blocks, **scores, "eval_lm_command": cmd}
-    write_json(run_dir / eval_json_name(subset, tag), result)
+    result = PerplexityResult(run=facts.identity, run_dir=str(run_dir), checkpoint=str(ckpt),
+                              averaged=averaged, data=str(bin_dir), subset=subset, tag=tag,
+                              **blocks, **scores, eval_lm_command=cmd)
+    result.save(run_dir / eval_json_name(subset, tag))
     return result
 
 
-def summary_lines(result: dict[str, Any]) -> list[str]:
+def summary_lines(result: PerplexityResult) -> list[str]:
     return [
         *run_lines(result),
-        f"subset       {result['subset']} ({result['n_tokens']:,} tokens, blocks of "
-        f"{result['tokens_per_sample']})",
-        f"loss         {result['loss']:.4f} (base 2)",
-        f"perplexity   {result['perplexity']:.2f}",
+        f"subset       {result.subset} ({result.n_tokens:,} tokens, blocks of "
+        f"{result.tokens_per_sample})",
+        f"loss         {result.loss:.4f} (base 2)",
+        f"perplexity   {result.perplexity:.2f}",
     ]

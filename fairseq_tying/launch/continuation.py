@@ -15,10 +15,10 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 from fairseq_tying.common import CONTINUED_FROM, RUN_JSON, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, building_dir, write_json
+from fairseq_tying.common.run_spec import read_run_json
 from fairseq_tying.launch.config import Run, Sweep, SweepError, data_bin
 
 LENGTH_FLAGS = {"--max-epoch"}  # what may differ between the two runs' commands
@@ -45,13 +45,13 @@ def check_source(run: Run, source: Path) -> None:
     if not (source / TRAIN_DONE).is_file():
         raise SweepError(f"continue_from: {source} has not finished training; finish its sweep "
                          f"first (or remove that folder, and {run.name} trains from epoch 1)")
-    theirs: dict[str, Any] = json.loads((source / RUN_JSON).read_text())
-    ours, other = without_length(run.train_args), without_length(theirs["train_args"])
+    theirs = read_run_json(source)
+    ours, other = without_length(run.train_args), without_length(theirs.identity.train_args or [])
     if ours != other:
         raise SweepError(f"continue_from: {source} was trained with another command than "
                          f"{run.name} ({_differences(ours, other)}); continue only from the "
                          "same sweep with another `stopping:`, or remove continue_from")
-    mine, theirs_bin = data_bin(run.data_dir), Path(theirs["data_bin"])
+    mine, theirs_bin = data_bin(run.data_dir), Path(theirs.data_bin or "")
     if mine != theirs_bin and not _same_dictionaries(mine, theirs_bin):
         raise SweepError(f"continue_from: {source} was trained on {theirs_bin}, whose "
                          f"dictionaries differ from (or are missing beside) {mine}'s")

@@ -32,6 +32,7 @@ from fairseq_tying.common import EVAL_JSON, PLUGIN_DIR, TRAIN_DONE, atomic, chec
 from fairseq_tying.common.eval_options import EvalOptions, LMEvalOptions
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.reproducible import cpu_name
+from fairseq_tying.common.run_spec import RunSpec
 from fairseq_tying.launch import FOR_WHAT, fairseq_hooks, plateau
 
 submitit = require("submitit", "launch", FOR_WHAT)
@@ -211,20 +212,20 @@ def _log_to(path: Path) -> logging.Handler:
 class TrainJob(submitit.helpers.Checkpointable):
     """Train one run (called in every task of its job)."""
 
-    def __init__(self, run: dict, user_dir: str) -> None:
+    def __init__(self, run: RunSpec, user_dir: str) -> None:
         self.run = run
         self.user_dir = user_dir
 
     def command(self, env: submitit.JobEnvironment | None = None) -> list[str]:
-        run_dir = Path(self.run["run_dir"])
-        args = [self.run["data_bin"], "--user-dir", self.user_dir,
-                "--save-dir", str(run_dir / "checkpoints"), *self.run["train_args"]]
+        run_dir = Path(self.run.run_dir)
+        args = [self.run.data_bin, "--user-dir", self.user_dir,
+                "--save-dir", str(run_dir / "checkpoints"), *self.run.identity.train_args]
         if env is not None:
-            args += distributed_args(env, self.run["gpu"], "--ddp-backend" in args)
+            args += distributed_args(env, bool(self.run.gpu), "--ddp-backend" in args)
         return ["fairseq-train", *args]
 
     def __call__(self) -> dict:
-        run_dir = Path(self.run["run_dir"])
+        run_dir = Path(self.run.run_dir)
         done = run_dir / DONE
         if done.exists():  # finished before (e.g. requeued after the end): never retrain
             return json.loads(done.read_text())
@@ -267,11 +268,11 @@ class TrainJob(submitit.helpers.Checkpointable):
     def _resume_stopping(self, run_dir: Path) -> bool:
         """Set up the plateau rule from the run's history as of checkpoint_last.pt; True if
         that history already ends the run."""
-        stopping = self.run.get("stopping")
+        stopping = self.run.stopping
         _Stopping.rule, _Stopping.history, _Stopping.reason = None, [], None
         if not stopping:
             return False
-        maximize = "--maximize-best-checkpoint-metric" in self.run["train_args"]
+        maximize = "--maximize-best-checkpoint-metric" in self.run.identity.train_args
         _Stopping.rule = plateau.Plateau(**stopping, maximize=maximize)
         last = run_dir / "checkpoints" / "checkpoint_last.pt"
         state = None
@@ -312,7 +313,7 @@ class LocalRunJob(TrainJob):
     """Train one run, then evaluate it, in the same process: a local run of one task need not
     pay a second process's start (Python, torch and fairseq: about 4 s of CPU)."""
 
-    def __init__(self, run: dict, user_dir: str, evaluation: EvalJob) -> None:
+    def __init__(self, run: RunSpec, user_dir: str, evaluation: EvalJob) -> None:
         super().__init__(run, user_dir)
         self.evaluation = evaluation
 
@@ -326,7 +327,7 @@ class EvalJob:
     """Evaluate one run: ``RUN/eval.TAG.json`` for each extra evaluation, then the main
     ``RUN/eval.json`` (written last: it marks the run as evaluated)."""
 
-    def __init__(self, run: dict, options: EvalOptions,
+    def __init__(self, run: RunSpec, options: EvalOptions,
                  also: dict[str, EvalOptions] | None = None) -> None:
         self.run = run
         self.options = options
@@ -334,7 +335,7 @@ class EvalJob:
 
     def __call__(self) -> str:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        run_dir, cpu = Path(self.run["run_dir"]), not self.run["gpu"]
+        run_dir, cpu = Path(self.run.run_dir), not self.run.gpu
         for tag, options in self.also.items():
             if not (run_dir / f"eval.{tag}.json").exists():
                 evaluate(run_dir, options, cpu=cpu, tag=tag)

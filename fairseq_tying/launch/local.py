@@ -90,7 +90,7 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | Non
     res = sweep.resources
     evaluation = None
     if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
-        evaluation = EvalJob(run.describe(), sweep.evaluation, sweep.evaluation_also)
+        evaluation = EvalJob(sweep.spec(run), sweep.evaluation, sweep.evaluation_also)
     if (run.run_dir / DONE).exists():
         out.skipped.append(run.name)
     elif deadline is not None and time.monotonic() > deadline:
@@ -102,8 +102,8 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | Non
         ex = _local_executor(sweep, res.world_size, res.gpus_per_node * res.nodes)
         log = run.run_dir / "logs" / "train.rank0.log"
         one_task = evaluation is not None and res.world_size == 1
-        job = (LocalRunJob(run.describe(), PLUGIN_DIR, evaluation) if one_task
-               else TrainJob(run.describe(), PLUGIN_DIR))
+        job = (LocalRunJob(sweep.spec(run), PLUGIN_DIR, evaluation) if one_task
+               else TrainJob(sweep.spec(run), PLUGIN_DIR))
         out.train[run.name] = jobs.run(
             ex, job, run.name,
             lambda job: tqdm.write(f"training {run.name} (local job {job.job_id}, log {log})",

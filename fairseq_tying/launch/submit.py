@@ -10,8 +10,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from fairseq_tying.common import LM_TASK, PLUGIN_DIR, RUN_JSON, atomic
+from fairseq_tying.common import LM_TASK, PLUGIN_DIR, atomic
 from fairseq_tying.common.extras import require
+from fairseq_tying.common.run_spec import write_run_json
 from fairseq_tying.launch import FOR_WHAT
 from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.continuation import start_from
@@ -91,12 +92,10 @@ def check_cluster(res: Resources) -> None:
 def prepare_run_dir(sweep: Sweep, run: Run) -> None:
     """The run's own directory with its resolved config and the exact training command."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    config = {**run.describe(), "sweep": sweep.name, "sweep_file": str(sweep.path),
-              "resources": vars(run.resources), "update_freq": sweep.update_freq}
-    write_json(run.run_dir / RUN_JSON, config)
+    write_run_json(sweep.spec(run))
     if sweep.continue_from and (said := start_from(run, sweep.continue_from / run.name)):
         print(said, file=sys.stderr)
-    cmd = TrainJob(run.describe(), PLUGIN_DIR).command()
+    cmd = TrainJob(sweep.spec(run), PLUGIN_DIR).command()
     atomic.write_text(run.run_dir / "command.sh",
                       "# per-rank distributed flags are added in the job (see command.json)\n"
                       + shlex.join(cmd) + "\n")
@@ -112,7 +111,7 @@ def dry_run(sweep: Sweep, runs: list[Run]) -> None:
     print(_make_sbatch_string(command="<python -m submitit.core._submit FOLDER>",
                               folder=folder, **params))
     for run in runs:
-        cmd = TrainJob(run.describe(), PLUGIN_DIR).command()
+        cmd = TrainJob(sweep.spec(run), PLUGIN_DIR).command()
         print(f"# {run.name}\n{shlex.join(cmd)}")
     if sweep.eval_enabled:
         params = eval_params(sweep, f"{sweep.name}-eval")
@@ -140,7 +139,7 @@ def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
         ex.update_parameters(**train_params(sweep, f"{sweep.name}-train"))
         with ex.batch():
             for run in to_train:
-                out.train[run.name] = ex.submit(TrainJob(run.describe(), PLUGIN_DIR))
+                out.train[run.name] = ex.submit(TrainJob(sweep.spec(run), PLUGIN_DIR))
     if not sweep.eval_enabled:
         return out
     to_eval = [r for r in runs if not (r.run_dir / "eval.json").exists()]
@@ -154,7 +153,7 @@ def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
         ex.update_parameters(**params)
         with ex.batch():
             for run in to_eval:
-                job = EvalJob(run.describe(), sweep.evaluation, sweep.evaluation_also)
+                job = EvalJob(sweep.spec(run), sweep.evaluation, sweep.evaluation_also)
                 out.evaluate.append(ex.submit(job))
     if sweep.task == LM_TASK:  # collect compares BLEU; `study` reports an LM sweep
         return out

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fairseq_tying.common.eval_options import EvalOptions, TranslationEvalOptions
+from fairseq_tying.common.run_spec import Identity, RunSpec
 
 
 class SweepError(ValueError):
@@ -101,13 +102,10 @@ class Run:
     task: str = "translation"  # fairseq's --task: what the evaluation job does with the run
     tag: str | None = setting(None, section=GRID)  # the grid block's name tag (its `flags`)
 
-    def describe(self) -> dict:
-        return {"name": self.name, "run_dir": str(self.run_dir), "data_dir": str(self.data_dir),
-                "data_bin": str(data_bin(self.data_dir)), "dataset": self.dataset,
-                "arch": self.arch, "tying": self.tying, "output_layer": self.output_layer,
-                "seed": self.seed, "task": self.task, "tag": self.tag,
-                "world_size": self.resources.world_size, "gpu": self.resources.gpu,
-                "train_args": self.train_args, "stopping": self.stopping}
+    def identity(self) -> Identity:
+        return Identity(name=self.name, dataset=self.dataset, arch=self.arch, tying=self.tying,
+                        output_layer=self.output_layer, seed=self.seed,
+                        train_args=self.train_args, task=self.task, tag=self.tag)
 
 
 EVALUATION = "evaluation"
@@ -135,3 +133,12 @@ class Sweep:
     update_freq: int = 1
     task: str = "translation"
     continue_from: Path | None = None  # another sweep's runs to start from (launch/continuation)
+
+    def spec(self, run: Run) -> RunSpec:
+        """``run`` as its jobs and its ``run.json`` describe it."""
+        return RunSpec(run.identity(), run_dir=str(run.run_dir), data_dir=str(run.data_dir),
+                       data_bin=str(data_bin(run.data_dir)),
+                       world_size=run.resources.world_size, gpu=run.resources.gpu,
+                       stopping=run.stopping, update_freq=self.update_freq,
+                       resources=vars(run.resources), sweep=self.name,
+                       sweep_file=str(self.path))

@@ -32,6 +32,7 @@ from pathlib import Path
 from fairseq_tying.common import EVAL_JSON, TRAIN_DONE
 from fairseq_tying.common.atomic import write_text
 from fairseq_tying.common.blocks import replace_block
+from fairseq_tying.evaluation.result import TranslationResult, read_result
 from fairseq_tying.launch.config import Run, Sweep, load_sweep
 from fairseq_tying.studies import across, records
 from fairseq_tying.studies.report import Renderer, references
@@ -81,10 +82,12 @@ def why_left_out(run: Run, refs: Path, digest: str, epochs: int | None) -> str |
     ev_path = run.run_dir / EVAL_JSON
     if not ev_path.is_file():
         return f"unfinished (no {EVAL_JSON} in {run.run_dir})"
-    ev = json.loads(ev_path.read_text())
-    if ev.get("references_sha256") != digest:
-        return (f"scored on other references: {ev.get('references')} (sha256 "
-                f"{str(ev.get('references_sha256'))[:12]}…), not {refs} ({digest[:12]}…)")
+    ev = read_result(ev_path)
+    if not isinstance(ev, TranslationResult):
+        return f"not a translation model's evaluation ({ev_path})"
+    if ev.references_sha256 != digest:
+        return (f"scored on other references: {ev.references} (sha256 "
+                f"{ev.references_sha256[:12]}…), not {refs} ({digest[:12]}…)")
     if epochs is not None:
         done = run.run_dir / TRAIN_DONE
         stop = json.loads(done.read_text()).get("stop") if done.is_file() else None

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.common.atomic import read_lines, write_json, write_text
+from fairseq_tying.common.run_spec import SHOWN
 from fairseq_tying.common.tables import markdown_table
-from fairseq_tying.evaluation.run import IDENTITY
 from fairseq_tying.studies import engine, verdicts
 from fairseq_tying.studies.formatting import format_delta, format_stat, p_digits
 from fairseq_tying.studies.plots import plot_methods, points
@@ -52,7 +52,7 @@ def method_row(cell: dict[str, Any]) -> dict[str, Any]:
 
 def run_rows(runs: engine.Runs, cell: dict[str, Any]) -> list[dict[str, Any]]:
     tests = cell.get("vs_baseline")
-    return [{**{k: getattr(r.run, k) for k in IDENTITY},
+    return [{**{k: getattr(r.run, k) for k in SHOWN},
              **{k: getattr(r.eval, k) for k in RUN_METRICS},
              "bleu_p": tests["bleu"]["per_seed_p"][r.name] if tests else None,
              "chrf_p": tests["chrf"]["per_seed_p"][r.name] if tests else None,

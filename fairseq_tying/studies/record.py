@@ -26,6 +26,7 @@ from typing import Any
 
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import atomic_write, write_json
+from fairseq_tying.common.run_spec import Identity
 
 SCHEMA = 1  # the layout above; a record without "schema" is schema 1
 
@@ -140,22 +141,6 @@ class Perplexity:
 
 
 Evaluation = Translation | Perplexity
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Which run it is: its name and settings (``RunFacts``, ``run.json``)."""
-
-    name: str
-    method: str | None = None
-    dataset: str | None = None
-    arch: str | None = None
-    tying: str | None = None
-    output_layer: str | None = None
-    seed: int | None = None
-    train_args: list[str] | None = None
-    task: str | None = None  # a language model's: LM_TASK
-    tag: str | None = None  # a language model's variant (e.g. "proj")
 
 
 KEEP = frozenset({"dataset", "arch", "tying", "output_layer", "seed", "train_args"})

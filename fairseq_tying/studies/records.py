@@ -27,10 +27,10 @@ from tqdm import tqdm
 from fairseq_tying.common import CONTINUED_FROM, EVAL_JSON, LM_TASK, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import read_lines
 from fairseq_tying.evaluation import norms
-from fairseq_tying.evaluation.run import IDENTITY, RunFacts
+from fairseq_tying.evaluation.result import PerplexityResult, Result, read_result
+from fairseq_tying.evaluation.run import RunFacts
 from fairseq_tying.studies.record import (
     Evaluation,
-    Identity,
     Perplexity,
     Record,
     Stop,
@@ -101,13 +101,18 @@ def plateau_summary(run_dir: Path) -> dict[str, Any]:
 
 def train_facts(run_dir: Path) -> Training:
     """A record's ``train``: what fairseq's log and the plateau rule's files say, and the
-    device, processor, torch version and end date of its training (``ranks/rank0.json``; a
-    record made before the rank file held one of them has none of that one)."""
+    device, processor, torch version and end date of its training (``ranks/rank0.json``, the
+    date else ``train.done``'s; a record made before the rank file held one of them has none of
+    that one)."""
     logs = sorted((run_dir / "logs").glob("train.rank0*.log"))
     if not logs:
         raise FileNotFoundError(f"{run_dir}/logs/train.rank0.log: missing")
     rank0 = run_dir / "ranks" / "rank0.json"
     where = json.loads(rank0.read_text()) if rank0.is_file() else {}
+    if "date" not in where and (run_dir / TRAIN_DONE).is_file():
+        # a rank file older than its date: the day train.done was written (the job's clock)
+        finished = json.loads((run_dir / TRAIN_DONE).read_text()).get("finished")
+        where["date"] = finished[:10] if finished else None
     continued = None
     if (path := run_dir / CONTINUED_FROM).is_file():  # its first epochs: another run's
         continued = {k: v for k, v in json.loads(path.read_text()).items()
@@ -131,31 +136,22 @@ def _row_norms(ckpt: Path, required: bool) -> list[float] | None:
     return [round(float(x), 4) for x in row_norms]
 
 
-# what an evaluation's JSON must hold to make a record, by kind
-REQUIRED = {Translation: ("run", "bleu", "tok_bleu", "chrf", "src", "tgt", "subset",
-                          "hypotheses", "references", "references_sha256"),
-            Perplexity: ("run", "loss", "perplexity", "n_tokens", "subset")}
-
-
-def read_evaluation(path: Path, checkpoint: bool = True) -> dict[str, Any]:
-    """An evaluation's JSON (``eval.json``, ``eval.TAG.json``), checked for what a record
-    takes from it (the ``checkpoint`` it evaluated unless not needed)."""
-    with open(path, encoding="utf-8") as f:
-        result = json.load(f)
-    kind = Perplexity if result.get("task") == LM_TASK else Translation
-    needed = (*REQUIRED[kind], *(["checkpoint"] if checkpoint else []))
-    missing = [k for k in needed if k not in result]
-    if missing or not isinstance(result.get("run"), dict):
-        raise ValueError(f"{path} lacks {missing or ['run']}: it was not written by "
-                         "`evaluate` (`evaluate-lm`); run it again on that run")
+def read_evaluation(path: Path, checkpoint: bool = True) -> Result:
+    """An evaluation's JSON (``eval.json``, ``eval.TAG.json``), with the ``checkpoint`` it
+    evaluated unless not needed."""
+    result = read_result(path)
+    if checkpoint and result.checkpoint is None:
+        raise ValueError(f"{path} lacks ['checkpoint']: it was not written by `evaluate` "
+                         "(`evaluate-lm`); run it again on that run")
     return result
 
 
-def _evaluation(result: dict[str, Any], tagged: bool = False) -> Evaluation:
-    kind = Perplexity if result.get("task") == LM_TASK else Translation
-    values = {f.name: result.get(f.name) for f in fields(kind)}
-    values.update(checkpoint=Path(result["checkpoint"]).name if tagged else None,
-                  averaged=result.get("averaged") or None)
+def _evaluation(result: Result, tagged: bool = False) -> Evaluation:
+    """The record's part of an evaluation (a tagged one names its checkpoint's file)."""
+    kind = Perplexity if isinstance(result, PerplexityResult) else Translation
+    values = {f.name: getattr(result, f.name, None) for f in fields(kind)}
+    values.update(checkpoint=Path(result.checkpoint).name if tagged else None,
+                  averaged=result.averaged or None)
     return kind(**values)
 
 
@@ -167,23 +163,20 @@ def build_record(run_dir: str | os.PathLike, row_norms: bool = True, scores_only
     row norms (``collect``, which compares scores, on runs that may have no fairseq log)."""
     run_dir = Path(run_dir)
     result = read_evaluation(run_dir / eval_name, checkpoint=not scores_only)
-    facts = RunFacts.read(run_dir, recorded=result["run"])
-    lm = result.get("task") == LM_TASK
-    # the resolved identity, then what run.json says of the rest (a translation model has no
-    # task or tag in its record)
-    run = {f.name: getattr(facts, f.name) if f.name in IDENTITY else facts.settings.get(f.name)
-           for f in fields(Identity)}
-    identity = Identity(**{**run, "task": LM_TASK if lm else None,
-                           "tag": run["tag"] if lm else None})
+    facts = RunFacts.read(run_dir, recorded=result.run)
+    lm = isinstance(result, PerplexityResult)
+    # a translation model's record has no task or tag
+    identity = replace(facts.identity, task=LM_TASK if lm else None,
+                       tag=facts.identity.tag if lm else None)
     tagged = {}
     for extra in sorted(run_dir.glob("eval.*.json")):
         evaluation = read_evaluation(extra)
-        tagged[evaluation["tag"]] = _evaluation(evaluation, tagged=True)
-    ckpt = Path(result.get("checkpoint") or "")
+        tagged[evaluation.tag] = _evaluation(evaluation, tagged=True)
+    ckpt = Path(result.checkpoint or "")
     norms_of = None if lm or scores_only else _row_norms(ckpt, required=row_norms)
     return Record(identity, _evaluation(result), ckpt.name or None,
                   None if scores_only else train_facts(run_dir), tagged, norms_of,
-                  None if lm else read_lines(run_dir / result["hypotheses"]), facts.run_dir)
+                  None if lm else read_lines(run_dir / result.hypotheses), facts.run_dir)
 
 
 def export(runs_root: str | os.PathLike, records_dir: str | os.PathLike,

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from fairseq_tying.common import PLUGIN_DIR
+from fairseq_tying.common.run_spec import read_run_json
 from fairseq_tying.evaluation.perplexity import parse_eval_lm
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.record import Record
@@ -99,7 +100,7 @@ def test_block_flags_reach_fairseq_train(lm_runs):
         tied_l = ".tiedL." in run.name
         assert dim == (8 if tied_l else 16)
         assert ("decoder.scorer.projection.weight" in state["model"]) == tied_l
-        assert json.loads((run / "run.json").read_text())["tag"] == ("tiedL" if tied_l else None)
+        assert read_run_json(run).identity.tag == ("tiedL" if tied_l else None)
 
 
 @pytest.mark.slow
