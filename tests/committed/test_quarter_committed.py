@@ -54,3 +54,13 @@ def test_the_answer_is_rebuilt_from_the_records(tmp_path, monkeypatch):
     assert (out / "answer.md").read_text() == (QUARTER / "answer.md").read_text()
     committed = (REPO / "docs" / "results.md").read_text()
     assert block_text(report.read_text(), "quarter") == block_text(committed, "quarter")
+
+
+def test_the_guides_cost_row_is_its_record():
+    (record,) = [r for r in records.load(QUARTER / "records", hypotheses=False)
+                 if r.name == "bible_quarter.transformer_twwt.three_way.dot.s1"]
+    (budget,) = {r.stopping["max_epoch"] for r in _sweep().runs}
+    seconds = record.train.train_seconds
+    guide = (REPO / "docs" / "your_data.md").read_text()
+    assert f"({budget} epochs in {seconds:,} s)" in guide
+    assert f"| {round(seconds / budget)} s |" in guide and record.train.torch.startswith("2.13.0")
