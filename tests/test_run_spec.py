@@ -11,6 +11,7 @@ import pytest
 
 from fairseq_tying.common.checkpoints import CheckpointConfig
 from fairseq_tying.common.run_spec import Identity, RunSpec, read_run_json, write_run_json
+from fairseq_tying.evaluation.result import PerplexityResult, TranslationResult, read_result
 from fairseq_tying.evaluation.run import RunFacts
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.job import EvalJob, TrainJob
@@ -96,3 +97,24 @@ def test_the_demos_run_json_is_written_by_the_one_writer(tmp_path):
     spec = read_run_json(tmp_path / "run")
     assert isinstance(spec, RunSpec) and spec.data_dir == str(tmp_path / "data")
     assert (spec.identity.output_layer, spec.identity.seed) == ("l2norm", 7)
+
+
+def test_an_evaluation_reads_back_typed_and_refuses_what_it_does_not_declare(tmp_path):
+    result = TranslationResult(run=Identity(name="r", seed=1), subset="test", bleu=20.0,
+                               tok_bleu=21.0, chrf=40.0, src="es", tgt="en",
+                               hypotheses="test.hyp.en", references="/refs",
+                               references_sha256="0" * 64, averaged=["c1.pt", "c2.pt"])
+    path = result.save(tmp_path / "eval.json")
+    assert read_result(path) == result
+    data = json.loads(path.read_text())
+    assert data["run"] == {"name": "r", "seed": 1}
+    path.write_text(json.dumps({**data, "bleu_score": 1.0}))
+    with pytest.raises(ValueError, match=r"eval\.json: unknown key\(s\) \['bleu_score'\]"):
+        read_result(path)
+    path.write_text(json.dumps({k: v for k, v in data.items() if k != "references_sha256"}))
+    with pytest.raises(ValueError, match=r"eval\.json lacks \['references_sha256'\]"):
+        read_result(path)
+    lm = {"task": "language_modeling", "run": {"name": "lm"}, "subset": "test", "loss": 5.0,
+          "perplexity": 32.0, "n_tokens": 10}
+    path.write_text(json.dumps(lm))
+    assert isinstance(read_result(path), PerplexityResult)
