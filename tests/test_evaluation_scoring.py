@@ -159,12 +159,12 @@ def test_compare_bleu_and_chrf_per_seed_are_sacrebleus_test():
     bleu, chrf = (compare(pairs, refs, 300, metric) for metric in ("bleu", "chrf"))
     for name in ("bad", "near"):
         theirs = _sacrebleu_paired(good, runs[name].hypotheses, refs, 300)
-        assert bleu["per_seed_p"][name] == pytest.approx(theirs["bleu_p"])
-        assert chrf["per_seed_p"][name] == pytest.approx(theirs["chrf_p"])
-    assert bleu["per_seed_p"]["bad"] < 0.05 and chrf["per_seed_p"]["bad"] < 0.05
-    assert bleu["per_seed_p"]["same"] == 1.0 and bleu["per_seed_delta"]["same"] == 0
-    assert bleu["per_seed_p"]["near"] > 0.05
-    assert bleu["delta_bleu"] == pytest.approx(sum(bleu["per_seed_delta"].values()) / 3)
+        assert bleu.per_seed_p[name] == pytest.approx(theirs["bleu_p"])
+        assert chrf.per_seed_p[name] == pytest.approx(theirs["chrf_p"])
+    assert bleu.per_seed_p["bad"] < 0.05 and chrf.per_seed_p["bad"] < 0.05
+    assert bleu.per_seed_p["same"] == 1.0 and bleu.per_seed_delta["same"] == 0
+    assert bleu.per_seed_p["near"] > 0.05
+    assert bleu.delta == pytest.approx(sum(bleu.per_seed_delta.values()) / 3)
 
 
 def test_mean_ci_against_hand_computation():

@@ -6,6 +6,7 @@ import pytest
 from scipy import stats
 
 from fairseq_tying.studies import across
+from fairseq_tying.studies.cells import Bootstrap, Cell, GridHead, Summary
 
 
 @pytest.mark.parametrize("a, b", [([1.33, 1.44, 1.06], [2.1, 2.5, 1.8]),
@@ -26,10 +27,14 @@ def test_words_follow_the_interval():
         across.welch([1.0], [1.0, 2.0])
 
 
-def _summary(deltas: dict[str, list[float]]) -> dict:
-    return {"transformer_twwt": {cell: {"vs_untied" if cell.endswith("dot") else "vs_dot": {
-        "per_seed_delta": {str(i + 1): d for i, d in enumerate(ds)}}} for cell, ds in
-        deltas.items()}}
+def _summary(deltas: dict[str, list[float]]) -> dict[str, Summary]:
+    def cell(label: str, ds: list[float]) -> Cell:
+        test = Bootstrap(delta=sum(ds) / len(ds), p=0.5, n_seeds=len(ds),
+                         per_seed_delta={str(i + 1): d for i, d in enumerate(ds)})
+        return Cell(GridHead(*label.split("/")), {},
+                    {"vs_untied" if label.endswith("dot") else "vs_dot": test})
+
+    return {"transformer_twwt": {label: cell(label, ds) for label, ds in deltas.items()}}
 
 
 def test_only_comparisons_both_sets_make_are_rows():

@@ -3,23 +3,35 @@ resolution), the claims table and the short answer's rows, on hand-made comparis
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from fairseq_tying.studies import formatting, verdicts, view_answer
+from fairseq_tying.studies.cells import (
+    Bootstrap,
+    Cell,
+    Equivalence,
+    GridHead,
+    SeedDifference,
+    Stat,
+    Stops,
+)
 from fairseq_tying.studies.formatting import format_ps, p_digits
 from fairseq_tying.studies.stats import t_test_p, tost
 from fairseq_tying.studies.verdicts import SEEDS, bootstrap, counts, holm, why_not
 from fairseq_tying.studies.view_grid import claims_table, stop_correlation
 
 
-def comparison(*deltas: float, p: float, per_seed_p: tuple[float, ...] | None = None) -> dict:
+def comparison(*deltas: float, p: float, per_seed_p: tuple[float, ...] | None = None
+               ) -> Bootstrap:
     """A ``compare`` result with the given per-seed differences and pooled p."""
     per_seed = {seed: d for seed, d in enumerate(deltas, start=1)}
     ps = per_seed_p or (p,) * len(deltas)
-    return {"delta_bleu": sum(deltas) / len(deltas), "p": p, "n_seeds": len(deltas),
-            "per_seed_delta": per_seed, "per_seed_p": dict(zip(per_seed, ps, strict=True)),
-            "delta_ci95": None}
+    return Bootstrap(delta=sum(deltas) / len(deltas), p=p, n_seeds=len(deltas),
+                     per_seed_delta=per_seed, per_seed_p=dict(zip(per_seed, ps, strict=True)),
+                     delta_ci95=None)
 
 
 @pytest.mark.parametrize("deltas, p, expects, expected", [
@@ -59,11 +71,11 @@ def test_holm_decides_and_the_reason_names_the_failed_test():
     tests = [comparison(-0.2, -0.3, -0.3, p=0.046), comparison(0.5, 0.5, 0.4, p=0.003),
              comparison(0.1, 0.2, 0.1, p=0.4)]
     assert counts(tests[0])  # alone, at its raw p
-    verdicts.adjust(tests)
-    assert [t["family"] for t in tests] == [3, 3, 3]
+    tests = verdicts.adjust(tests)
+    assert [t.family for t in tests] == [3, 3, 3]
     assert not counts(tests[0]) and why_not(tests[0]) == "not significant after Holm"
     assert bootstrap(tests[0], "gain") == "unresolved (not significant after Holm)"
-    assert counts(tests[1]) and tests[1]["p_holm"] == pytest.approx(0.009)
+    assert counts(tests[1]) and tests[1].p_holm == pytest.approx(0.009)
     assert why_not(tests[2]) == "within the test set's noise"
     assert verdicts.outcome(bootstrap(verdicts.without_holm(tests[0]), "gain")) == "contradicted"
 
@@ -84,10 +96,10 @@ def test_the_interval_rule_is_the_t_test_and_holm_adjusts_it():
     diffs = [-0.5, -0.6, -0.55]
     p = t_test_p(diffs)
     assert p == pytest.approx(stats.ttest_1samp(diffs, 0).pvalue)
-    diff = {"mean": np.mean(diffs), "ci95": 0.1, "p": p}
+    diff = SeedDifference(stat=Stat(tuple(diffs), np.mean(diffs), 0.1), p=p, seeds=(1, 2, 3))
     assert verdicts.interval(diff) == "supported"
-    assert verdicts.interval({**diff, "p_holm": 0.2}) == "unresolved"
-    assert verdicts.interval({**diff, "mean": 0.5}) == "contradicted"
+    assert verdicts.interval(replace(diff, p_holm=0.2)) == "unresolved"
+    assert verdicts.interval(replace(diff, stat=replace(diff.stat, mean=0.5))) == "contradicted"
     assert t_test_p([0.0, 0.0, 0.0]) == 1.0 and t_test_p([0.3]) == 1.0
 
 
@@ -96,10 +108,13 @@ def test_a_difference_at_p_alpha_does_not_count():
     assert counts(comparison(0.5, 0.4, 0.6, p=0.049))
 
 
-def _cell(tying: str, layer: str, bleu: dict[int, float], **tests: dict) -> dict:
-    """A summary's cell: its seeds' BLEU and its comparisons."""
-    return {"tying": tying, "output_layer": layer, "seeds": list(bleu),
-            "bleu": {"values": list(bleu.values())}, **tests}
+def _cell(tying: str, layer: str, bleu: dict[int, float], params: int = 0,
+          **tests: Bootstrap) -> Cell:
+    """A summary's cell: its seeds' BLEU (their mean, no CI), its parameters and its
+    comparisons."""
+    values = (*bleu.values(),)
+    return Cell(GridHead(tying, layer), {"seeds": (*bleu,), "bleu": Stat(
+        values, float(np.mean(values)), None), "params": (params,)}, tests)
 
 
 def test_the_table_lists_only_the_claims_the_study_has_cells_for():
@@ -118,12 +133,14 @@ def test_the_table_lists_only_the_claims_the_study_has_cells_for():
     # one seed of l2norm against three of dot: the Δ's two means are over seed 1 alone
     assert "`l2norm` beats `dot` (three-way tying)" in lines[1]
     assert "-0.30 (seed 1: 29.60 − 29.90; p = 0.090" in lines[1]
-    assert claims_table({"none/dot": {}}) is None
+    assert claims_table({"none/dot": _cell("none", "dot", {1: 28.0})}) is None
 
 
 def test_the_stop_correlation_needs_three_runs_at_different_epochs():
-    def cell(epochs: list[int], bleu: list[float]) -> dict:
-        return {"stop": {"epochs": epochs}, "bleu": {"values": bleu}}
+    def cell(epochs: list[int], bleu: list[float]) -> Cell:
+        return Cell(GridHead("none", "dot"), {
+            "bleu": Stat(tuple(bleu), float(np.mean(bleu)), None),
+            "stop": Stops(tuple(epochs), ("plateau",) * len(epochs))})
 
     assert stop_correlation({"a": cell([20, 21], [28.0, 29.0])}) is None
     assert stop_correlation({"a": cell([20, 20], [28.0, 29.0]), "b": cell([20], [27.0])}) is None
@@ -139,7 +156,7 @@ def test_the_stop_correlation_needs_three_runs_at_different_epochs():
 def test_a_printed_p_is_on_the_same_side_of_alpha_as_p(p, text):
     """Three digits would print 0.04995 as 0.050 beside a verdict that holds at p < 0.05."""
     assert p_digits(p) == text
-    assert format_ps({"p": 0.01, "p_holm": p}).endswith(f"Holm {text}")
+    assert format_ps(replace(comparison(0.5, p=0.01), p_holm=p)).endswith(f"Holm {text}")
 
 
 @pytest.mark.parametrize("deltas", [(0.3, -0.2, 0.1), (0.6, -0.4, 0.1), (0.45, 0.2, 0.4, 0.3),
@@ -183,13 +200,13 @@ def test_the_equivalence_test_joins_the_family_and_holm_can_undo_it():
     an interval inside the margin that Holm does not keep supports nothing."""
     statsmodels = pytest.importorskip("statsmodels.stats.multitest")
     tied = comparison(0.2, 0.5, 0.35, 0.25, 0.45, p=0.3)  # 90 %: +0.23 to +0.47
-    tied["equivalence"] = tost(list(tied["per_seed_delta"].values()), 0.5)
+    eq = Equivalence(**tost(list(tied.per_seed_delta.values()), 0.5))
     others = [comparison(0.5, 0.4, 0.6, p=0.001) for _ in range(30)]
-    family = [tied, tied["equivalence"], *others]
-    verdicts.adjust(family)
-    want = statsmodels.multipletests([t["p"] for t in family], method="holm")[1]
-    assert [t["p_holm"] for t in family] == pytest.approx(want)
-    assert tied["equivalence"]["p"] < 0.05 <= tied["equivalence"]["p_holm"]
+    family = verdicts.adjust([tied, eq, *others])
+    want = statsmodels.multipletests([t.p for t in family], method="holm")[1]
+    assert [t.p_holm for t in family] == pytest.approx(want)
+    tied = replace(family[0], equivalence=family[1])
+    assert tied.equivalence.p < 0.05 <= tied.equivalence.p_holm
     assert bootstrap(tied, "unchanged") == "unresolved (equivalence not significant after Holm)"
     assert verdicts.outcome(bootstrap(verdicts.without_holm(tied), "unchanged")) == "supported"
     assert verdicts.in_words(tied) == "no difference shown, nor equivalence within ±0.5"
@@ -209,14 +226,12 @@ def test_the_bootstrap_resolution_decides_no_verdict():
     cannot bring them below 12/201 ≥ α, and the verdict says that the resamples, not the data,
     stop it (where "not significant after Holm" would read as evidence); with B =
     ``resamples(12)`` the same data support every claim. The legend prints the bound."""
-    def family(b: int) -> list[dict]:
-        tests = [{**comparison(0.5, 0.4, 0.6, p=1 / (b + 1)), "n_samples": b}
-                 for _ in range(12)]
-        verdicts.adjust(tests)
-        return tests
+    def family(b: int) -> list[Bootstrap]:
+        return verdicts.adjust([replace(comparison(0.5, 0.4, 0.6, p=1 / (b + 1)), n_samples=b)
+                                for _ in range(12)])
 
     coarse = family(200)
-    assert all(t["p_holm"] == pytest.approx(12 / 201) for t in coarse)
+    assert all(t.p_holm == pytest.approx(12 / 201) for t in coarse)
     assert {bootstrap(t, "gain") for t in coarse} == {"unresolved (too few resamples: "
                                                       "Holm ≥ 12/201)"}
     assert {verdicts.in_words(t) for t in coarse} == {"no difference shown"}
@@ -227,8 +242,8 @@ def test_the_bootstrap_resolution_decides_no_verdict():
     assert {bootstrap(t, "gain") for t in fine} == {"supported"}
     assert "B = 5,000 bootstrap resamples (at least 20·m/α)" in formatting.legend(fine, set())
     # one p above the floor is decided by the data: Holm's product of a real p
-    real = [{**comparison(0.5, 0.4, 0.6, p=0.03), "n_samples": 200}, *coarse[1:]]
-    verdicts.adjust(real)
+    real = verdicts.adjust([replace(comparison(0.5, 0.4, 0.6, p=0.03), n_samples=200),
+                            *coarse[1:]])
     assert why_not(real[0]) == "not significant after Holm"
 
 
@@ -239,19 +254,15 @@ def test_a_delta_over_fewer_seeds_than_its_means_gives_their_means():
     five = {1: 31.03, 2: 30.79, 3: 30.68, 4: 30.27, 5: 31.04}
     base = {1: 29.69, 2: 29.35, 3: 29.63}
     deltas = [five[s] - base[s] for s in base]
-    tied = {**comparison(*deltas, p=0.001), "delta_ci95": 0.49}
-    summary = {"none/dot": {**_cell("none", "dot", base), "params": [2_000_000]},
-               "three_way/dot": {**_cell("three_way", "dot", five, vs_untied=tied),
-                                 "params": [1_000_000]}}
-    for cell in summary.values():
-        cell["bleu"]["mean"] = float(np.mean(cell["bleu"]["values"]))
+    tied = replace(comparison(*deltas, p=0.001), delta_ci95=0.49)
+    summary = {"none/dot": _cell("none", "dot", base, 2_000_000),
+               "three_way/dot": _cell("three_way", "dot", five, 1_000_000, vs_untied=tied)}
     row = view_answer.rows(summary)[1]
     a, b = np.mean([five[s] for s in base]), np.mean(list(base.values()))
     assert row[4] == f"+1.28 ± 0.49 over untied (seeds 1, 2, 3: {a:.2f} − {b:.2f})"
     assert f"{a - b:+.2f}" == "+1.28" and row[3].startswith("30.76 (")  # 5-seed mean: 1.20
-    same = {**summary, "three_way/dot": {**_cell("three_way", "dot", {s: five[s] for s in base},
-                                                 vs_untied=tied), "params": [1_000_000]}}
-    same["three_way/dot"]["bleu"]["mean"] = a
+    same = {**summary, "three_way/dot": _cell("three_way", "dot", {s: five[s] for s in base},
+                                              1_000_000, vs_untied=tied)}
     assert view_answer.rows(same)[1][4] == "+1.28 ± 0.49 over untied"
     assert formatting.shared_means(tied, summary["three_way/dot"], summary["none/dot"]) == \
         f"seeds 1, 2, 3: {a:.2f} − {b:.2f}"

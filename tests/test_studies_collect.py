@@ -153,14 +153,14 @@ def test_collect_and_study_agree_on_the_same_runs(runs):
     cells = section.summary
     dot, l2 = cells["three_way/dot"], cells["three_way/l2norm"]
     for cell, method in ((dot, methods["dot"]), (l2, methods["l2norm"])):
-        assert cell["bleu"]["mean"] == method["bleu_mean"] == pytest.approx(
+        assert cell.stat("bleu").mean == method["bleu_mean"] == pytest.approx(
             np.mean(bleus[method["method"]]))
-        assert cell["bleu"]["ci95"] == method["bleu_ci95"]
-        assert cell["chrf"]["mean"] == method["chrf_mean"]
-    vs = methods["l2norm"]["vs_baseline"]
-    assert l2["vs_dot"]["delta_bleu"] == vs["delta_bleu"] == methods["l2norm"]["delta_bleu"]
-    assert l2["vs_dot"]["p"] == vs["p"] and l2["vs_dot"]["delta_ci95"] == vs["delta_ci95"]
-    assert list(l2["vs_dot"]["per_seed_p"].values()) == methods["l2norm"]["bleu_p_values"]
+        assert cell.stat("bleu").ci95 == method["bleu_ci95"]
+        assert cell.stat("chrf").mean == method["chrf_mean"]
+    vs, l2_dot = methods["l2norm"]["vs_baseline"], l2.test("vs_dot")
+    assert l2_dot.delta == vs["delta_bleu"] == methods["l2norm"]["delta_bleu"]
+    assert l2_dot.p == vs["p"] and l2_dot.delta_ci95 == vs["delta_ci95"]
+    assert list(l2_dot.per_seed_p.values()) == methods["l2norm"]["bleu_p_values"]
     # and the paired Δ is the mean of the per-seed BLEU differences, computed independently
     assert vs["delta_bleu"] == pytest.approx(np.mean(bleus["l2norm"]) - np.mean(bleus["dot"]))
 

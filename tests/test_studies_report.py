@@ -18,6 +18,7 @@ from fairseq_tying.launch.__main__ import main as launch
 from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest
 from fairseq_tying.studies import records, verdicts, view_answer, view_equal
+from fairseq_tying.studies.cells import Bootstrap, plain, summary_of
 from fairseq_tying.studies.engine import Section
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.report import (
@@ -113,8 +114,8 @@ def test_the_short_answer_is_the_study_with_records(manifest, where):
     assert source == ("equal" if view_answer.answers(equal) else "converged")
     folder = manifest.study(source).plots
     cells = json.loads((folder / "summary.json").read_text())
-    sections = [Section(arch, {}, s) for arch, s in cells.items()] if source == "equal" \
-        else [Section("transformer_twwt", {}, cells)]
+    sections = [Section(arch, {}, summary_of(s)) for arch, s in cells.items()] \
+        if source == "equal" else [Section("transformer_twwt", {}, summary_of(cells))]
     text, _ = view_answer.render(sections)
     n = len(list(manifest.study(source).records.glob("*.json")))
     assert block_text((REPO / where).read_text(), summary.target.block) == \
@@ -209,8 +210,8 @@ def test_the_equal_view_of_real_records(tmp_path):
     for label, cell, base in expect:
         delta = np.mean([bleu[(*cell, s)] - bleu[(*base, s)] for s in (1, 2, 3)])
         row = rows[(label, "`transformer_twwt`")]
-        test = summary["transformer_twwt"][f"{cell[0]}/{cell[1]}"][
-            "vs_untied" if "untied" in label else "vs_dot"]
+        test = summary["transformer_twwt"][f"{cell[0]}/{cell[1]}"].test(
+            "vs_untied" if "untied" in label else "vs_dot")
         rule = verdicts.UNCHANGED if "untied" in label else verdicts.GAIN
         assert row[4].startswith(f"{delta:+.2f} ± ") and row[5] == verdicts.bootstrap(test, rule)
     # Liu et al.'s DynamicConv Tables 4 (IWSLT'14 De→En) and 2 (WMT'16 En→De), per layer
@@ -221,12 +222,12 @@ def test_the_equal_view_of_real_records(tmp_path):
         assert rows[(f"`{layer}` vs `dot` (three-way tying)", "`dynamicconv_twwt`")][3] == paper
     assert len(rows) == 10
     tests = [test for cells in summary.values() for cell in cells.values()
-             for name, test in cell.items() if name in ("vs_dot", "vs_untied")]
+             for name, test in cell.tests.items() if name in ("vs_dot", "vs_untied")]
     # the family: the ten bootstraps and the two tying claims' equivalence tests
-    family = tests + [t["equivalence"] for t in tests if "equivalence" in t]
-    assert len(family) == 12 and {t["family"] for t in family} == {12}
-    assert [t["p_holm"] for t in family] == pytest.approx(
-        multipletests([t["p"] for t in family], method="holm")[1])
+    family = tests + [t.equivalence for t in tests if t.equivalence is not None]
+    assert len(family) == 12 and {t.family for t in family} == {12}
+    assert [t.p_holm for t in family] == pytest.approx(
+        multipletests([t.p for t in family], method="holm")[1])
     # 200 resamples: a p at the floor 1/201 cannot pass Holm over 12 tests, and says so
     floor = [label for (label, arch), row in rows.items()
              if "too few resamples: Holm ≥ 12/201" in row[5]]
@@ -234,7 +235,8 @@ def test_the_equal_view_of_real_records(tmp_path):
     pngs = renderer.plots("equal", tmp_path, summary)[1:]
     assert [p.name for p in pngs] == ["valid_nll_epochs.png", "valid_nll_delta_epochs.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
-    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    assert json.loads((tmp_path / "summary.json").read_text()) == \
+        json.loads(json.dumps(plain(summary)))
 
 
 def _nll(record: Record, epoch: int) -> float | None:
@@ -293,7 +295,7 @@ def test_only_a_study_with_every_cell_and_seed_answers():
 def test_the_short_answer_of_an_architecture_without_untied_runs_starts_at_three_way_dot():
     """DynamicConv in the equal-training study has three-way tied cells only: its ``dot`` row
     is the baseline of its ``l2norm`` row, not a tying claim without an untied run."""
-    cells = json.loads((DOCS / "converged" / "summary.json").read_text())
+    cells = summary_of(json.loads((DOCS / "converged" / "summary.json").read_text()))
     full = view_answer.rows(cells)
     assert [r[:2] for r in full if r[-1] == "baseline"] == [["none", "`dot`"]]
     three_way = {k: v for k, v in cells.items() if k.startswith("three_way/")}
@@ -303,10 +305,10 @@ def test_the_short_answer_of_an_architecture_without_untied_runs_starts_at_three
     assert rows[1:] == [r for r in full if r[0] == "three_way" and r[1] != "`dot`"]
 
 
-def _test(deltas: list[float], p: float) -> dict:
+def _test(deltas: list[float], p: float) -> Bootstrap:
     """A pooled paired bootstrap's result (``significance.compare``) with these seeds."""
-    return {"n_seeds": len(deltas), "p": p, "delta_bleu": sum(deltas) / len(deltas),
-            "per_seed_delta": {str(i + 1): d for i, d in enumerate(deltas)}}
+    return Bootstrap(n_seeds=len(deltas), p=p, delta=sum(deltas) / len(deltas),
+                     per_seed_delta={str(i + 1): d for i, d in enumerate(deltas)})
 
 
 def test_the_rule_in_words_is_better_worse_no_difference_or_not_decided():
@@ -328,25 +330,25 @@ def test_the_short_answer_says_each_verdict_in_words():
     (with the parameters they save, from the cells' counts) and each normalized layer shows no
     difference, with the seeds that disagree; DynamicConv's section, without an untied run,
     has its layer's sentence only."""
-    cells = json.loads((DOCS / "converged" / "summary.json").read_text())
+    cells = summary_of(json.loads((DOCS / "converged" / "summary.json").read_text()))
     words = view_answer.in_words(cells)
-    saved = (cells["none/dot"]["params"][0] - cells["three_way/dot"]["params"][0]) / 1e6
-    tied = cells["three_way/dot"]["vs_untied"]
-    eq = tied["equivalence"]  # its 90 % interval, recomputed from the seeds' differences
-    deltas = list(tied["per_seed_delta"].values())
+    saved = (cells["none/dot"].params[0] - cells["three_way/dot"].params[0]) / 1e6
+    tied = cells["three_way/dot"].test("vs_untied")
+    eq = tied.equivalence  # its 90 % interval, recomputed from the seeds' differences
+    deltas = list(tied.per_seed_delta.values())
     low, high = stats.t.interval(0.90, len(deltas) - 1, loc=np.mean(deltas),
                                  scale=stats.sem(deltas))
     assert high > 0.5  # the interval leaves the margin: the counted gain says "better"
     assert words[1] == ("three-way tying against untied (`dot`): **better**, "
-                        f"{tied['delta_bleu']:+.2f} BLEU (p < 0.001, Holm "
-                        f"{tied['p_holm']:.3f}; equivalence p = {eq['p']:.3f}, Holm "
-                        f"{eq['p_holm']:.3f}: 90 % interval {low:+.2f} to {high:+.2f} against "
+                        f"{tied.delta:+.2f} BLEU (p < 0.001, Holm "
+                        f"{tied.p_holm:.3f}; equivalence p = {eq.p:.3f}, Holm "
+                        f"{eq.p_holm:.3f}: 90 % interval {low:+.2f} to {high:+.2f} against "
                         f"±0.5), with {saved:.2f}M fewer parameters.")
-    l2 = cells["three_way/l2norm"]["vs_dot"]
-    seeds = ", ".join(f"{d:+.2f}" for d in l2["per_seed_delta"].values())
+    l2 = cells["three_way/l2norm"].test("vs_dot")
+    seeds = ", ".join(f"{d:+.2f}" for d in l2.per_seed_delta.values())
     # seed 1's Δ (−0.30) has the other sign but is not significant on its own (p = 0.093)
     assert words[2] == (f"`l2norm` against `dot` (three-way tying): **no difference shown**, "
-                        f"{l2['delta_bleu']:+.2f} BLEU (p < 0.001, Holm {l2['p_holm']:.3f}: "
+                        f"{l2.delta:+.2f} BLEU (p < 0.001, Holm {l2.p_holm:.3f}: "
                         f"seeds differ in sign ({seeds})).")
     assert len(words) == 6 and all("fewer parameters" not in w for w in words[2:])
     three_way = {k: v for k, v in cells.items() if k.startswith("three_way/")}
@@ -364,11 +366,11 @@ def test_a_partial_grid_tables_only_what_its_runs_compare():
     from fairseq_tying.studies.view_grid import tables
 
     gpu = REPO / "docs" / "converged_gpu"
-    baselines = tables(json.loads((gpu / "summary.json").read_text()))
+    baselines = tables(summary_of(json.loads((gpu / "summary.json").read_text())))
     assert "| dot " in baselines and "| l2norm " not in baselines
     assert "Δ BLEU of tying against the untied model" in baselines
     assert "Δ BLEU against `dot`" not in baselines and "Side by side" not in baselines
-    three_way = tables(json.loads((gpu / "patience3" / "summary.json").read_text()))
+    three_way = tables(summary_of(json.loads((gpu / "patience3" / "summary.json").read_text())))
     assert "Δ BLEU against `dot`" in three_way and "Side by side" in three_way
     assert "Δ BLEU of tying against the untied model" not in three_way
     assert all(f"| {layer} " in three_way for layer in ("l2norm", "sqnorm", "distance", "cosine"))

@@ -121,7 +121,7 @@ def test_a_study_grid_has_its_row_and_claim(toy):
             if r.run.tying == "three_way" and r.run.output_layer in (BASELINE, "cosine")]
     recs = [_as_toy(r) if r.run.output_layer != BASELINE else r for r in recs]
     text, summary = Renderer(recs, references(None), n_samples=50).block("translation")
-    assert summary[f"three_way/{TOY_LAYER}"]["vs_dot"]["n_seeds"] == 3
+    assert summary[f"three_way/{TOY_LAYER}"].test("vs_dot").n_seeds == 3
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
              if line.startswith("|")]
     rows = [c for c in cells if c[0] == TOY_LAYER]

@@ -1,5 +1,5 @@
-"""Comparing runs: the study records, the across-run engine and its specs, the significance
-tests and verdict rules, the views that render a study's report blocks and plots, and
+"""Comparing runs: the study records, the across-run engine, its typed cells and its specs, the
+significance tests and verdict rules, the views that render a study's report blocks and plots, and
 ``collect`` over a sweep's run folders (one run is scored by ``fairseq_tying.evaluation``)."""
 
 # what needs the analysis extra (matplotlib, scipy), in its message (fairseq_tying.common.extras)

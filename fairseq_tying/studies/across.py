@@ -1,8 +1,9 @@
 """The same claims on two data sets: does a difference grow or shrink with the data?
 
-A claim's comparison gives per-seed differences d_1..d_n on each data set (``per_seed_delta``
-of a ``summary.json``). The seeds of the two sets are independent runs, so the change of the
-claim's Δ from the other set (A) to this one (B) is Welch's difference of two means:
+A claim's comparison gives per-seed differences d_1..d_n on each data set (a bootstrap's
+``per_seed_delta``: this study's cells, and those of the other's ``summary.json``). The seeds
+of the two sets are independent runs, so the change of the claim's Δ from the other set (A) to
+this one (B) is Welch's difference of two means:
 
     Δ = mean(d^B) − mean(d^A)        s² = v_A + v_B,  v = var(d)/n
     df = s⁴ / (v_A²/(n_A − 1) + v_B²/(n_B − 1))       (Welch–Satterthwaite)
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.studies import FOR_WHAT
+from fairseq_tying.studies.cells import Bootstrap, Summary
 
 _st = require("scipy.stats", "analysis", FOR_WHAT)
 
@@ -49,18 +50,19 @@ def word(diff: float, half: float) -> str:
     return LARGER if diff - half > 0 else SMALLER if diff + half < 0 else NO_CHANGE
 
 
-def _deltas(test: dict[str, Any]) -> list[float]:
-    return list(test["per_seed_delta"].values())
+def _deltas(test: Bootstrap) -> list[float]:
+    return list(test.per_seed_delta.values())
 
 
-def _comparisons(summary: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Every (model, cell, comparison) of a summary that has per-seed differences."""
-    return {(model, cell, name): test for model, cells in summary.items()
-            for cell, values in cells.items() for name, test in values.items()
-            if isinstance(test, dict) and "per_seed_delta" in test}
+def _comparisons(summaries: dict[str, Summary]) -> dict[tuple[str, str, str], Bootstrap]:
+    """Every (model, cell, comparison) of a study's summaries (by model) that has per-seed
+    differences."""
+    return {(model, label, name): test for model, cells in summaries.items()
+            for label, cell in cells.items() for name, test in cell.tests.items()
+            if isinstance(test, Bootstrap)}
 
 
-def rows(here: dict[str, Any], there: dict[str, Any]) -> list[list[str]]:
+def rows(here: dict[str, Summary], there: dict[str, Summary]) -> list[list[str]]:
     """A row per comparison both summaries make (same model, cell and comparison)."""
     out = []
     mine, theirs = _comparisons(here), _comparisons(there)
@@ -77,7 +79,7 @@ def rows(here: dict[str, Any], there: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def render(here: dict[str, Any], there: dict[str, Any], name: str) -> str:
+def render(here: dict[str, Summary], there: dict[str, Summary], name: str) -> str:
     """The table of every shared comparison's Δ on both sets and its change."""
     table = rows(here, there)
     if not table:

@@ -35,6 +35,7 @@ from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.evaluation.result import TranslationResult, read_result
 from fairseq_tying.launch.config import Run, Sweep, load_sweep
 from fairseq_tying.studies import across, records
+from fairseq_tying.studies.cells import summary_of
 from fairseq_tying.studies.report import Renderer, references
 
 ANSWER = "answer.md"
@@ -173,8 +174,9 @@ def render(out: Path, refs: list[str], n_samples: int | None, expected: int,
     plots = renderer.plots("equal", out, summary)
     parts = [verdicts.strip(), tables.strip()]
     if beside is not None:
-        there = json.loads(beside[0].read_text())
-        parts.append(across.render(json.loads(json.dumps(summary)), there, beside[1]))
+        there = {model: summary_of(cells)
+                 for model, cells in json.loads(beside[0].read_text()).items()}
+        parts.append(across.render(summary, there, beside[1]))
     return "\n\n".join(p for p in parts if p), [str(p) for p in plots]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from fairseq_tying.common.atomic import read_lines, write_json, write_text
 from fairseq_tying.common.run_spec import SHOWN
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.studies import engine, verdicts
+from fairseq_tying.studies.cells import Bootstrap, Cell, Stat
 from fairseq_tying.studies.formatting import format_delta, format_stat, p_digits
 from fairseq_tying.studies.plots import plot_methods, points
 from fairseq_tying.studies.record import Record, Translation
@@ -32,31 +34,32 @@ def choose_baseline(records: list[Record], baseline: str | None) -> str:
     return baseline or default_baseline(records)
 
 
-def method_row(cell: dict[str, Any]) -> dict[str, Any]:
-    """One method's row: mean ± CI of each metric and, but for the baseline, the paired
-    comparison against it."""
-    tests = cell.get("vs_baseline")
-    ps = list(tests["bleu"]["per_seed_p"].values()) if tests else []
+def method_row(cell: Cell) -> dict[str, Any]:
+    """One method's row of ``results.json``: mean ± CI of each metric and, but for the
+    baseline, the paired comparison against it."""
+    tests = cell.test("vs_baseline")
+    ps = list(tests.bleu.per_seed_p.values()) if tests else []
     return {
-        **{k: cell[k] for k in ("method", "baseline", "arch", "tying", "output_layer",
-                                "seeds")},
-        **{f"{k}_mean": cell[k]["mean"] for k in RUN_METRICS},
-        **{f"{k}_ci95": cell[k]["ci95"] for k in RUN_METRICS},
-        "bleu_values": cell["bleu"]["values"],
-        "delta_bleu": tests["bleu"]["delta_bleu"] if tests else 0.0,
-        "vs_baseline": tests["bleu"] if tests else None,
+        **asdict(cell.head),
+        "seeds": list(cell.seeds),
+        **{f"{k}_mean": cell.stat(k).mean for k in RUN_METRICS},
+        **{f"{k}_ci95": cell.stat(k).ci95 for k in RUN_METRICS},
+        "bleu_values": list(cell.stat("bleu").values),
+        "delta_bleu": tests.bleu.delta if tests else 0.0,
+        "vs_baseline": tests.bleu.to_dict() if tests else None,
         "bleu_p_values": ps,
         "significant_runs": sum(map(verdicts.significant, ps)),
     }
 
 
-def run_rows(runs: engine.Runs, cell: dict[str, Any]) -> list[dict[str, Any]]:
-    tests = cell.get("vs_baseline")
+def run_rows(runs: engine.Runs, cell: Cell) -> list[dict[str, Any]]:
+    """Each run's row of ``results.json``: its scores and its own pair's p."""
+    tests = cell.test("vs_baseline")
     return [{**{k: getattr(r.run, k) for k in SHOWN},
              **{k: getattr(r.eval, k) for k in RUN_METRICS},
-             "bleu_p": tests["bleu"]["per_seed_p"][r.name] if tests else None,
-             "chrf_p": tests["chrf"]["per_seed_p"][r.name] if tests else None,
-             "baseline_run": tests["pairs"][r.name] if tests else None,
+             "bleu_p": tests.bleu.per_seed_p[r.name] if tests else None,
+             "chrf_p": tests.chrf.per_seed_p[r.name] if tests else None,
+             "baseline_run": tests.pairs[r.name] if tests else None,
              "run_dir": str(r.run_dir)}
             for r in runs.values()]
 
@@ -100,12 +103,12 @@ def paired_means(group: dict, method: str) -> str:
 def method_table(group: dict) -> str:
     rows = []
     for m in group["methods"]:
-        ci = {k: format_stat({"mean": m[f"{k}_mean"], "ci95": m[f"{k}_ci95"]})
-              for k in RUN_METRICS}
+        ci = {k: format_stat(Stat((), m[f"{k}_mean"], m[f"{k}_ci95"])) for k in RUN_METRICS}
         sig = "baseline" if m["baseline"] else (
             f"{m['significant_runs']}/{len(m['bleu_p_values'])} "
             f"(p={', '.join(p_digits(p, compact=True) for p in m['bleu_p_values'])})")
-        delta = "" if m["baseline"] else format_delta(m["vs_baseline"], per_seed=False,
+        delta = "" if m["baseline"] else format_delta(Bootstrap.from_dict(m["vs_baseline"]),
+                                                      per_seed=False,
                                                       note=paired_means(group, m["method"]))
         rows.append([m["method"], m["tying"], m["output_layer"], len(m["seeds"]), ci["bleu"],
                      ci["tok_bleu"], ci["chrf"], delta, sig])
@@ -150,9 +153,8 @@ def collect(root: str | os.PathLike, out: str | os.PathLike, baseline: str | Non
     out = Path(out)
     markdown = "# Results\n\n" + "\n".join(group_markdown(g) for g in summaries)
     results = {"root": str(Path(root).resolve()), "groups": summaries}
-    plot_methods({g["title"]: [points(m["method"], {"values": m["bleu_values"],
-                                                    "mean": m["bleu_mean"],
-                                                    "ci95": m["bleu_ci95"]}, m["baseline"])
+    plot_methods({g["title"]: [points(m["method"], Stat(tuple(m["bleu_values"]), m["bleu_mean"],
+                                                        m["bleu_ci95"]), m["baseline"])
                                for m in g["methods"]] for g in summaries}, out / "bleu.png")
     write_json(out / "results.json", results)
     write_text(out / "results.md", markdown)

@@ -3,8 +3,9 @@
 A study is a spec: how its runs group into cells (and cells into sections, e.g. one per
 architecture), which values a cell reports (``metrics.METRICS`` and the cell facts below),
 which cells it compares with which, and by which test (``significance``); the verdict rules are
-in ``verdicts``. The translation, language-model and run-folder (``collect``) views are specs of
-it (``specs``), each rendered by its own tables (``view_*``).
+in ``verdicts``. Each cell's summary is a typed ``cells.Cell``. The translation, language-model
+and run-folder (``collect``) views are specs of it (``specs``), each rendered by its own tables
+(``view_*``).
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Collection, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
+from fairseq_tying.studies.cells import AtEpoch, Cell, Head, Stat, Stops, Summary, Test, Value
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.significance import compare, seed_difference
-from fairseq_tying.studies.stats import stat
 from fairseq_tying.studies.verdicts import resamples
 
 Key = Hashable  # a cell's key, e.g. (tying, output layer)
@@ -43,40 +44,56 @@ class Comparison:
 
     name: str
     baseline: Callable[[Key, Collection[Key]], Key | None]  # (cell, cells there) -> baseline
-    test: Callable[[Runs, Runs, Context], dict[str, Any] | None]
+    test: Callable[[Runs, Runs, Context], Test | None]
 
 
 @dataclass(frozen=True)
 class Spec:
     cell: Callable[[Record], Key]  # the cell a run belongs to
     label: Callable[[Key, list[Record]], str]  # the cell's key in the summary
-    head: Callable[[Key, list[Record]], dict[str, Any]]  # the cell's first fields
+    head: Callable[[Key, list[Record]], Head]  # which cell it is: its summary's first fields
     values: tuple[str, ...]  # names in METRICS or FACTS, in the summary's order
     comparisons: tuple[Comparison, ...] = ()
     order: Callable[[Key], Any] = lambda key: key  # cells sort by this
     member: Callable[[Record], Any] = lambda r: r.run.seed  # a run's key within its cell
     section: Callable[[Record], Hashable] | None = None  # records split into sections by this
-    # the study's family of comparisons, once every section is summarized (verdicts.adjust)
-    family: Callable[[list[Section]], None] | None = None
+    # the study's family of comparisons, once every section is summarized: the sections with
+    # those comparisons adjusted (verdicts.adjust)
+    family: Callable[[list[Section]], list[Section]] | None = None
     # how many tests that family will hold, from the sections' cells: the bootstrap's
     # resamples are chosen for it (verdicts.resamples)
     family_size: Callable[[list[Cells]], int] | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Section:
     """One section of a study: its cells (runs by member) and their summaries by label."""
 
     key: Hashable
     cells: Cells
-    summary: dict[str, dict[str, Any]] = field(default_factory=dict)
+    summary: Summary
 
 
-def _stop(records: list[Record], ctx: Context) -> dict[str, list] | None:
+Where = tuple[int, str, str]  # a comparison of a study: (section's index, cell's label, name)
+
+
+def with_tests(sections: list[Section], tests: dict[Where, Test]) -> list[Section]:
+    """The sections with the comparisons at these places replaced (a family's adjusted tests)."""
+    out = []
+    for i, sec in enumerate(sections):
+        summary = dict(sec.summary)
+        for (j, label, name), test in tests.items():
+            if j == i:
+                summary[label] = summary[label].with_test(name, test)
+        out.append(replace(sec, summary=summary))
+    return out
+
+
+def _stop(records: list[Record], ctx: Context) -> Stops | None:
     stops = [r.train.stop for r in records]
     if None in stops:  # not trained under a stopping rule
         return None
-    return {"epochs": [s.epoch for s in stops], "reasons": [s.reason for s in stops]}
+    return Stops(tuple(s.epoch for s in stops), tuple(s.reason for s in stops))
 
 
 def valid_at(record: Record, epoch: int) -> float:
@@ -86,28 +103,29 @@ def valid_at(record: Record, epoch: int) -> float:
     return value
 
 
-def _valid_common(records: list[Record], ctx: Context) -> dict[str, Any] | None:
+def _valid_common(records: list[Record], ctx: Context) -> AtEpoch | None:
     if ctx.common_epoch is None:
         return None
-    return {"epoch": ctx.common_epoch, **stat([valid_at(r, ctx.common_epoch) for r in records])}
+    return AtEpoch(ctx.common_epoch, Stat.of([valid_at(r, ctx.common_epoch) for r in records]))
 
 
-# Cell facts: what a cell reports besides the metrics' mean ± CI (None: the cell has none).
-FACTS: dict[str, Callable[[list[Record], Context], Any]] = {
-    "seeds": lambda records, ctx: [r.run.seed for r in records],
-    "params": lambda records, ctx: sorted({r.train.params for r in records}),
+# Cell facts: what a cell reports besides the metrics' mean ± CI (None: the cell has none);
+# cells.FACTS reads them back.
+FACTS: dict[str, Callable[[list[Record], Context], Value | None]] = {
+    "seeds": lambda records, ctx: tuple(r.run.seed for r in records),
+    "params": lambda records, ctx: tuple(sorted({r.train.params for r in records})),
     "stop": _stop,
     "valid_nll_common": _valid_common,
 }
 
 
-def cell_value(name: str, records: list[Record], ctx: Context) -> Any:
-    """The cell's ``name``: a fact, or a metric's ``stat`` (None where a run lacks an optional
+def cell_value(name: str, records: list[Record], ctx: Context) -> Value | None:
+    """The cell's ``name``: a fact, or a metric's Stat (None where a run lacks an optional
     metric)."""
     if name in FACTS:
         return FACTS[name](records, ctx)
     values = [METRICS[name].of(r) for r in records]
-    return None if None in values else stat(values)
+    return None if None in values else Stat.of(values)
 
 
 def common_epoch(records: list[Record]) -> int | None:
@@ -130,21 +148,20 @@ def group(spec: Spec, records: Sequence[Record]) -> Cells:
     return {k: dict(sorted(cells[k].items())) for k in sorted(cells, key=spec.order)}
 
 
-def summarize(spec: Spec, cells: Cells, ctx: Context) -> dict[str, dict[str, Any]]:
+def summarize(spec: Spec, cells: Cells, ctx: Context) -> Summary:
     """Per cell, by label: its head, its values, then its comparisons with its baselines."""
     out = {}
     for key, runs in cells.items():
         records = list(runs.values())
-        cell = spec.head(key, records)
-        for name in spec.values:
-            if (value := cell_value(name, records, ctx)) is not None:
-                cell[name] = value
+        values = {name: value for name in spec.values
+                  if (value := cell_value(name, records, ctx)) is not None}
+        tests = {}
         for comp in spec.comparisons:
             base = comp.baseline(key, cells.keys())
             if base is not None and base in cells and \
                     (test := comp.test(runs, cells[base], ctx)) is not None:
-                cell[comp.name] = test
-        out[spec.label(key, records)] = cell
+                tests[comp.name] = test
+        out[spec.label(key, records)] = Cell(spec.head(key, records), values, tests)
     return out
 
 
@@ -166,9 +183,7 @@ def sections(spec: Spec, records: Sequence[Record], refs: Sequence[str] | None =
         ctx = Context(refs, n_samples, common_epoch(by_key[key]) if
                       "valid_nll_common" in spec.values else None)
         out.append(Section(key, cells, summarize(spec, cells, ctx)))
-    if spec.family is not None:
-        spec.family(out)
-    return out
+    return out if spec.family is None else spec.family(out)
 
 
 def check_references(records: Sequence[Record], refs: Sequence[str]) -> None:
@@ -184,9 +199,9 @@ def check_references(records: Sequence[Record], refs: Sequence[str]) -> None:
                              f"{len(refs)} references")
 
 
-def paired_bootstrap(metric: str = "bleu") -> Callable[[Runs, Runs, Context], dict | None]:
+def paired_bootstrap(metric: str = "bleu") -> Callable[[Runs, Runs, Context], Test | None]:
     """The test of two cells' ``metric``: the paired bootstrap over the seeds they share."""
-    def test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any] | None:
+    def test(runs: Runs, base: Runs, ctx: Context) -> Test | None:
         shared = sorted(set(runs) & set(base))
         if not shared:
             return None
@@ -195,7 +210,7 @@ def paired_bootstrap(metric: str = "bleu") -> Callable[[Runs, Runs, Context], di
     return test
 
 
-def seed_differences(metric: str) -> Callable[[Runs, Runs, Context], dict | None]:
+def seed_differences(metric: str) -> Callable[[Runs, Runs, Context], Test | None]:
     """The test of two cells' ``metric``: the CI of its per-seed differences."""
     return lambda runs, base, ctx: seed_difference(runs, base, metric)
 

@@ -6,11 +6,11 @@ view imports another); the papers' figures they print beside ours are the output
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from fairseq_tying.studies import verdicts
+from fairseq_tying.studies.cells import Bootstrap, Cell, Equivalence, SeedDifference, Stat
 from fairseq_tying.studies.verdicts import ALPHA
 
 
@@ -20,9 +20,9 @@ def format_ci(mean: float, half: float, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
-def format_stat(s: dict[str, Any], digits: int = 2) -> str:
-    """``mean ± half`` of a ``stats.stat`` (just the mean for one run)."""
-    return format_ci(s["mean"], math.nan if s["ci95"] is None else s["ci95"], digits)
+def format_stat(s: Stat, digits: int = 2) -> str:
+    """``mean ± half`` of a Stat (just the mean for one run)."""
+    return format_ci(s.mean, math.nan if s.ci95 is None else s.ci95, digits)
 
 
 def p_digits(p: float, compact: bool = False) -> str:
@@ -42,26 +42,26 @@ def format_p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p_digits(p)}"
 
 
-def format_ps(test: dict[str, Any]) -> str:
+def format_ps(test: Bootstrap | Equivalence | SeedDifference) -> str:
     """``p = 0.046, Holm 0.322``: the raw p and the Holm-adjusted one over the study's tests
     (the raw p alone for a test outside a family)."""
-    if "p_holm" not in test:
-        return format_p(test["p"])
-    return f"{format_p(test['p'])}, Holm {p_digits(test['p_holm'])}"
+    if test.p_holm is None:
+        return format_p(test.p)
+    return f"{format_p(test.p)}, Holm {p_digits(test.p_holm)}"
 
 
-def format_tests(test: dict[str, Any]) -> str:
+def format_tests(test: Bootstrap) -> str:
     """``format_ps`` of a paired bootstrap, then of its equivalence test where it has one:
     ``p < 0.001, Holm 0.001; equivalence p = 0.968, Holm 1.000``."""
-    if (eq := test.get("equivalence")) is None:
+    if test.equivalence is None:
         return format_ps(test)
-    return f"{format_ps(test)}; equivalence {format_ps(eq)}"
+    return f"{format_ps(test)}; equivalence {format_ps(test.equivalence)}"
 
 
-def format_seed_delta(test: dict[str, Any]) -> str:
+def format_seed_delta(test: Bootstrap) -> str:
     """``+0.48 ± 0.67``: the paired Δ BLEU, mean over seeds ± its 95 % interval over seeds."""
-    ci = "" if test["delta_ci95"] is None else f" ± {test['delta_ci95']:.2f}"
-    return f"{test['delta_bleu']:+.2f}{ci}"
+    ci = "" if test.delta_ci95 is None else f" ± {test.delta_ci95:.2f}"
+    return f"{test.delta:+.2f}{ci}"
 
 
 def seeds_label(seeds: list[int] | list[str]) -> str:
@@ -69,45 +69,45 @@ def seeds_label(seeds: list[int] | list[str]) -> str:
     return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
 
 
-def shared_means(test: dict[str, Any], cell: dict[str, Any], base: dict[str, Any],
-                 metric: str = "bleu") -> str:
+def shared_means(test: Bootstrap, cell: Cell, base: Cell, metric: str = "bleu") -> str:
     """``seeds 1, 2, 3: 30.84 − 29.56``: the cell's and its baseline's mean ``metric`` over the
     seeds the paired Δ uses, whose difference the Δ is; "" when the Δ uses every seed of both
-    cells, so that the cells' own means (over all their seeds) already differ by it."""
-    shared = [str(s) for s in test["per_seed_delta"]]
-    if {str(s) for s in cell["seeds"]} == set(shared) == {str(s) for s in base["seeds"]}:
+    cells, so that the cells' own means (over all their seeds) already differ by it. Seeds
+    compare as text: a summary read back from JSON keys them so."""
+    shared = [str(s) for s in test.per_seed_delta]
+    if {str(s) for s in cell.seeds} == set(shared) == {str(s) for s in base.seeds}:
         return ""
 
-    def mean(c: dict[str, Any]) -> float:
-        by_seed = dict(zip(map(str, c["seeds"]), c[metric]["values"], strict=True))
+    def mean(c: Cell) -> float:
+        by_seed = dict(zip(map(str, c.seeds), c.stat(metric).values, strict=True))
         return sum(by_seed[s] for s in shared) / len(shared)
 
     return f"{seeds_label(shared)}: {mean(cell):.2f} − {mean(base):.2f}"
 
 
-def format_delta(test: dict[str, Any], per_seed: bool = True, note: str = "") -> str:
+def format_delta(test: Bootstrap, per_seed: bool = True, note: str = "") -> str:
     """``+Δ ± CI (NOTE; p …, Holm …; [per-seed p]; equivalence p …)`` of a paired bootstrap
     (``significance.compare``); ``note`` is ``shared_means``."""
     lead = f"{note}; " if note else ""
     if not per_seed:
         return f"{format_seed_delta(test)} ({lead}{format_tests(test)})"
-    per = ", ".join(p_digits(p, compact=True) for p in test["per_seed_p"].values())
+    per = ", ".join(p_digits(p, compact=True) for p in test.per_seed_p.values())
     tests = format_ps(test) + f"; [{per}]"
-    if (eq := test.get("equivalence")) is not None:
-        tests += f"; equivalence {format_ps(eq)}"
+    if test.equivalence is not None:
+        tests += f"; equivalence {format_ps(test.equivalence)}"
     return f"{format_seed_delta(test)} ({lead}{tests})"
 
 
-def legend(tests: list[dict[str, Any]], margins: set[float]) -> str:
+def legend(tests: list[Bootstrap], margins: set[float]) -> str:
     """The verdicts' legend: the bootstrap rule, the equivalence rule with its ``margins`` (of
     the claims that BLEU is unchanged; none: no such sentence) and the bootstrap's resolution
     over the family of ``tests``."""
     parts = [verdicts.RULE]
     parts += [verdicts.equivalence_rule(m) for m in sorted(margins)]
-    family = [t for t in tests if "n_samples" in t]
+    family = [t for t in tests if t.n_samples is not None]
     if family:
-        parts.append(verdicts.resolution(family[0]["n_samples"],
-                                         family[0].get("family", len(family))))
+        m = len(family) if family[0].family is None else family[0].family
+        parts.append(verdicts.resolution(family[0].n_samples, m))
     return "; ".join(parts)
 
 
@@ -120,9 +120,9 @@ def holm_changes(changes: list[tuple[str, str, str]]) -> str:
             + "; ".join(f"{what}: {before} → {now}" for what, before, now in changes) + ".")
 
 
-def epochs_text(cell: dict[str, Any]) -> str:
+def epochs_text(cell: Cell) -> str:
     """``26.3 (27/20/32; 3 plateau)``: mean epochs, per seed, and the stop reasons."""
-    stop = cell["stop"]
-    reasons = ", ".join(f"{stop['reasons'].count(r)} {r}" for r in sorted(set(stop["reasons"])))
-    epochs = "/".join(str(e) for e in stop["epochs"])
-    return f"{np.mean(stop['epochs']):.1f} ({epochs}; {reasons})"
+    stop = cell.stop
+    reasons = ", ".join(f"{stop.reasons.count(r)} {r}" for r in sorted(set(stop.reasons)))
+    epochs = "/".join(str(e) for e in stop.epochs)
+    return f"{np.mean(stop.epochs):.1f} ({epochs}; {reasons})"

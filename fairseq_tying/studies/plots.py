@@ -13,6 +13,7 @@ import numpy as np
 from fairseq_tying.common.atomic import atomic_write
 from fairseq_tying.common.extras import pyplot, require
 from fairseq_tying.studies import FOR_WHAT
+from fairseq_tying.studies.cells import Stat
 
 plt = pyplot(FOR_WHAT)
 MaxNLocator = require("matplotlib.ticker", "analysis", FOR_WHAT).MaxNLocator
@@ -154,7 +155,7 @@ def plot_seed_lines(lines: dict[str, list[tuple[float, float]]], out: str | os.P
     _save(fig, out)
 
 
-def points(label: str, s: dict[str, Any], baseline: bool = False) -> MethodPoints:
-    """A ``stats.stat`` as the markers of the per-method plots (seeds, mean ± CI)."""
-    return MethodPoints(label, s["values"], s["mean"], np.nan if s["ci95"] is None else s["ci95"],
+def points(label: str, s: Stat, baseline: bool = False) -> MethodPoints:
+    """A Stat as the markers of the per-method plots (seeds, mean ± CI)."""
+    return MethodPoints(label, list(s.values), s.mean, np.nan if s.ci95 is None else s.ci95,
                         baseline=baseline)

@@ -22,6 +22,7 @@ from fairseq_tying.common.atomic import read_lines, write_json
 from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.data.bible import read_split
 from fairseq_tying.studies import engine, records, view_answer, view_equal, view_grid, view_lm
+from fairseq_tying.studies.cells import plain
 from fairseq_tying.studies.engine import Section, Spec
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.specs import GRID, LM
@@ -30,7 +31,8 @@ from fairseq_tying.studies.specs import GRID, LM
 @dataclass(frozen=True)
 class View:
     spec: Spec
-    render: Callable[[list[Section]], tuple[str, Any]]  # -> (block text, summary.json)
+    # -> (block text, its summary: the cells by label, or by section then label; None: none)
+    render: Callable[[list[Section]], tuple[str, Any]]
     plots: Callable[[list[Section], Path], list[Path]] | None = None
     new_file: str = "# Results\n"  # the start of a report file the block creates
     sentences: bool = True  # compares hypotheses: needs the test set's references
@@ -115,7 +117,7 @@ class Renderer:
         view = view_of(name)
         plots_dir.mkdir(parents=True, exist_ok=True)
         pngs = view.plots(self.sections(view), plots_dir) if view.plots else []
-        return [write_json(plots_dir / "summary.json", summary, indent=1), *pngs]
+        return [write_json(plots_dir / "summary.json", plain(summary), indent=1), *pngs]
 
 
 def build(records_dir: str | os.PathLike, targets: Sequence[Target],

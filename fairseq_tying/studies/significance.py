@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
+from fairseq_tying.studies.cells import Bootstrap, SeedDifference, Stat
 from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.stats import mean_ci, stat, t_test_p
+from fairseq_tying.studies.stats import mean_ci, t_test_p
 
 
 def metric_stats(hyps: Sequence[str], refs: Sequence[str], metric: str = "bleu") -> np.ndarray:
@@ -162,28 +163,29 @@ def sentence_stats(record: Record, metric: str, refs: Sequence[str]) -> np.ndarr
 
 
 def compare(pairs: Sequence[tuple[Hashable, Any, Any]], refs: Sequence[str], n_samples: int,
-            metric: str = "bleu") -> dict[str, Any]:
+            metric: str = "bleu") -> Bootstrap:
     """Paired bootstrap of ``metric`` over ``(key, run, baseline run)`` pairs of records (one
-    per seed): pooled over the pairs (``delta_bleu``/``p``; ``delta_ci95`` over the pairs'
+    per seed): pooled over the pairs (``delta``, ``p``; ``delta_ci95`` over the pairs'
     differences: training variance) and per pair (``per_seed_p``, ``per_seed_delta``, keyed
     by ``key``)."""
     stats = [(sentence_stats(run, metric, refs), sentence_stats(base, metric, refs))
              for _, run, base in pairs]
     observed, sampled = paired_samples(stats, n_samples, metric=metric)
-    test = _pooled(observed, sampled, metric)
+    pooled = _pooled(observed, sampled, metric)
     # each pair alone: its row of the same resamples, as a bootstrap of that pair would draw
     singles = {key: _pooled(observed[k:k + 1], sampled[k:k + 1], metric)
                for k, (key, _, _) in enumerate(pairs)}
-    test["per_seed_p"] = {k: t["p"] for k, t in singles.items()}
-    test["per_seed_delta"] = {k: t[f"delta_{metric}"] for k, t in singles.items()}
-    half = mean_ci(list(test["per_seed_delta"].values()))[1]
-    test["delta_ci95"] = None if np.isnan(half) else half
-    return test
+    deltas = {k: t[f"delta_{metric}"] for k, t in singles.items()}
+    half = mean_ci(list(deltas.values()))[1]
+    return Bootstrap(delta=pooled[f"delta_{metric}"], p=pooled["p"], n_seeds=pooled["n_seeds"],
+                     n_samples=pooled["n_samples"], metric=metric, per_seed_delta=deltas,
+                     per_seed_p={k: t["p"] for k, t in singles.items()},
+                     delta_ci95=None if np.isnan(half) else half)
 
 
 def seed_difference(runs: dict[int, Any], base: dict[int, Any], metric: str
-                    ) -> dict[str, Any] | None:
-    """Per-seed ``metric`` of ``runs`` minus ``base`` (paired by seed): the ``stat`` of the
+                    ) -> SeedDifference | None:
+    """Per-seed ``metric`` of ``runs`` minus ``base`` (paired by seed): the Stat of the
     differences, the seeds and the t-test's ``p`` (its verdict comes with the study's family,
     ``specs.LM``); None without shared seeds."""
     shared = sorted(set(runs) & set(base))
@@ -191,4 +193,4 @@ def seed_difference(runs: dict[int, Any], base: dict[int, Any], metric: str
         return None
     get = METRICS[metric].of
     values = [get(runs[s]) - get(base[s]) for s in shared]
-    return {**stat(values), "p": t_test_p(values), "seeds": shared}
+    return SeedDifference(stat=Stat.of(values), p=t_test_p(values), seeds=tuple(shared))

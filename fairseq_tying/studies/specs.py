@@ -14,12 +14,20 @@ which comparisons it makes; the papers' claims that the verdict rule decides.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.studies import verdicts
+from fairseq_tying.studies.cells import (
+    Bootstrap,
+    Cell,
+    GridHead,
+    LMHead,
+    MethodHead,
+    RunComparison,
+    Summary,
+)
 from fairseq_tying.studies.engine import (
     Cells,
     Comparison,
@@ -30,10 +38,10 @@ from fairseq_tying.studies.engine import (
     Spec,
     paired_bootstrap,
     seed_differences,
+    with_tests,
 )
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.significance import compare
-from fairseq_tying.studies.stats import tost
 
 # --- translation: (tying, output layer) cells ------------------------------------------------
 
@@ -48,19 +56,24 @@ def _vs_untied(key: Key, cells: Collection[Key]) -> Key | None:
     return None if tying == "none" else ("none", layer)
 
 
-def claim_family(sections: list[Section]) -> None:
+def claim_family(sections: list[Section]) -> list[Section]:
     """Holm over the study's tests: every claim's comparison in every section (model), and the
     equivalence test (``stats.tost``, within the claim's margin) of each claim that BLEU is
-    unchanged."""
-    tests = []
-    for sec in sections:
+    unchanged; the sections with those tests adjusted."""
+    found = []  # (where, the claim's bootstrap, its equivalence test or None)
+    for i, sec in enumerate(sections):
         for claim, test in claims_tests(sec.summary):
-            tests.append(test)
-            if claim.expects == verdicts.UNCHANGED and (eq := tost(
-                    list(test["per_seed_delta"].values()), claim.margin, verdicts.ALPHA)):
-                test["equivalence"] = eq
-                tests.append(eq)
-    verdicts.adjust(tests)
+            eq = verdicts.equivalence(test, claim.margin) \
+                if claim.expects == verdicts.UNCHANGED else None
+            found.append(((i, claim.cell, claim.test), test, eq))
+    # the family in order: each claim's bootstrap, then its equivalence test where it has one
+    adjusted = iter(verdicts.adjust([t for _, test, eq in found for t in (test, eq)
+                                     if t is not None]))
+    tests = {}
+    for where, _, eq in found:
+        test = next(adjusted)
+        tests[where] = test if eq is None else replace(test, equivalence=next(adjusted))
+    return with_tests(sections, tests)
 
 
 def claim_family_size(sections: list[Cells]) -> int:
@@ -81,7 +94,7 @@ def claim_family_size(sections: list[Cells]) -> int:
 GRID = Spec(
     cell=lambda r: (r.run.tying, r.run.output_layer),
     label=lambda key, records: f"{key[0]}/{key[1]}",
-    head=lambda key, records: {"tying": key[0], "output_layer": key[1]},
+    head=lambda key, records: GridHead(*key),
     values=("seeds", "bleu", "chrf", "valid_nll", "params", "stop", "bleu_best",
             "valid_nll_common"),
     comparisons=(Comparison("vs_dot", _vs_dot, paired_bootstrap("bleu")),
@@ -124,21 +137,21 @@ def study_claims() -> list[Claim]:
     return tying + layers
 
 
-def claims_tests(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any]]]:
+def claims_tests(summary: Summary) -> list[tuple[Claim, Bootstrap]]:
     """The study's claims whose comparison the summary has, each with that comparison."""
     return [(c, test) for c in study_claims()
-            if (test := summary.get(c.cell, {}).get(c.test)) is not None]
+            if c.cell in summary and (test := summary[c.cell].test(c.test)) is not None]
 
 
-def baseline_label(cell: dict[str, Any], test: str) -> str:
+def baseline_label(cell: Cell, test: str) -> str:
     """The summary's key of the cell that a ``GRID`` cell's ``vs_dot`` or ``vs_untied``
     comparison is made against."""
     key = {"vs_dot": _vs_dot, "vs_untied": _vs_untied}[test](
-        (cell["tying"], cell["output_layer"]), ())
+        (cell.head.tying, cell.head.output_layer), ())
     return f"{key[0]}/{key[1]}"
 
 
-def family_of(summaries: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[float]]:
+def family_of(summaries: Iterable[Summary]) -> tuple[list[Bootstrap], set[float]]:
     """What a legend states of a study's claims (``formatting.legend``): their tests, and the
     margins of those that BLEU is unchanged."""
     pairs = [pair for summary in summaries for pair in claims_tests(summary)]
@@ -146,14 +159,14 @@ def family_of(summaries: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]]
             {c.margin for c, _ in pairs if c.expects == verdicts.UNCHANGED})
 
 
-def changed_by_holm(test: dict[str, Any], expects: str) -> tuple[str, str] | None:
+def changed_by_holm(test: Bootstrap, expects: str) -> tuple[str, str] | None:
     """(raw-p outcome, outcome) of a claim whose outcome Holm–Bonferroni changed, else None."""
     before = verdicts.outcome(verdicts.bootstrap(verdicts.without_holm(test), expects))
     now = verdicts.outcome(verdicts.bootstrap(test, expects))
     return None if before == now else (before, now)
 
 
-def claims_of(summary: dict[str, Any]) -> list[tuple[Claim, dict[str, Any], str]]:
+def claims_of(summary: Summary) -> list[tuple[Claim, Bootstrap, str]]:
     """The claims whose comparison the summary has, each with it and its verdict."""
     return [(c, test, verdicts.bootstrap(test, c.expects, c.margin))
             for c, test in claims_tests(summary)]
@@ -185,20 +198,20 @@ def _lm_order(key: Key) -> tuple:
 
 
 
-def lm_family(sections: list[Section]) -> None:
+def lm_family(sections: list[Section]) -> list[Section]:
     """Holm over every comparison of the perplexity study, then each one's verdict."""
-    tests = [cell[c.name] for sec in sections for cell in sec.summary.values()
-             for c in LM.comparisons if c.name in cell]
-    verdicts.adjust(tests)
-    for test in tests:
-        test["verdict"] = verdicts.interval(test)
+    found = [((i, label, c.name), test) for i, sec in enumerate(sections)
+             for label, cell in sec.summary.items() for c in LM.comparisons
+             if (test := cell.test(c.name)) is not None]
+    adjusted = verdicts.adjust([test for _, test in found])
+    return with_tests(sections, {where: replace(test, verdict=verdicts.interval(test))
+                                 for (where, _), test in zip(found, adjusted, strict=True)})
 
 
 LM = Spec(
     cell=lambda r: (r.run.tying, r.run.output_layer, r.run.tag or ""),
     label=lm_label,
-    head=lambda key, records: {"label": lm_label(key, records), "tying": key[0],
-                               "output_layer": key[1], "tag": key[2] or None},
+    head=lambda key, records: LMHead(lm_label(key, records), key[0], key[1], key[2] or None),
     values=("seeds", "test_ppl", "test_loss", "params", "test_ppl_best", "stop"),
     comparisons=(
         Comparison("vs_untied_dot", lambda key, cells: None if key == LM_BASELINE
@@ -234,10 +247,10 @@ def _run_pairs(runs: Runs, base: Runs) -> list[tuple[str, Record, Record]]:
     return [(r.name, r, by_seed.get(r.run.seed, first)) for r in runs.values()]
 
 
-def _run_test(runs: Runs, base: Runs, ctx: Context) -> dict[str, Any]:
+def _run_test(runs: Runs, base: Runs, ctx: Context) -> RunComparison:
     pairs = _run_pairs(runs, base)
-    return {"pairs": {name: b.name for name, _, b in pairs},
-            **{m: compare(pairs, ctx.refs, ctx.n_samples, m) for m in ("bleu", "chrf")}}
+    return RunComparison({name: b.name for name, _, b in pairs},
+                         *(compare(pairs, ctx.refs, ctx.n_samples, m) for m in ("bleu", "chrf")))
 
 
 def runs_spec(baseline: str) -> Spec:
@@ -245,9 +258,8 @@ def runs_spec(baseline: str) -> Spec:
     return Spec(
         cell=lambda r: r.run.method,
         label=lambda key, records: key,
-        head=lambda key, records: {"method": key, "baseline": key == baseline,
-                                   **{k: getattr(records[0].run, k)
-                                      for k in ("arch", "tying", "output_layer")}},
+        head=lambda key, records: MethodHead(key, key == baseline, records[0].run.arch,
+                                             records[0].run.tying, records[0].run.output_layer),
         values=("seeds", *RUN_METRICS),
         comparisons=(Comparison("vs_baseline", lambda key, cells: None if key == baseline
                                 else baseline, _run_test),),

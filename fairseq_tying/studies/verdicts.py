@@ -54,8 +54,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TypeVar
 
+from fairseq_tying.studies.cells import Bootstrap, Equivalence, SeedDifference
 from fairseq_tying.studies.stats import tost
 
 SEEDS = 3  # the fewest seeds a verdict uses (3 per cell; 5 for the headline cells)
@@ -111,126 +113,129 @@ def holm(ps: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def adjust(tests: Sequence[dict[str, Any]]) -> None:
-    """Holm over one study's family of tests (bootstraps and equivalence tests alike, each a
-    dict with its ``p``): each gets ``p_holm`` and ``family`` (m)."""
-    for test, p in zip(tests, holm([t["p"] for t in tests]), strict=True):
-        test["p_holm"], test["family"] = p, len(tests)
+Family = TypeVar("Family", Bootstrap, Equivalence, SeedDifference)  # a test Holm adjusts
+
+
+def adjust(tests: Sequence[Family]) -> list[Family]:
+    """Holm over one study's family of tests (bootstraps and equivalence tests alike, each
+    with its ``p``): each with ``p_holm`` and ``family`` (m)."""
+    return [replace(test, p_holm=p, family=len(tests))
+            for test, p in zip(tests, holm([t.p for t in tests]), strict=True)]
 
 
 def significant(p: float) -> bool:
     return p < ALPHA
 
 
-def adjusted_p(test: dict[str, Any]) -> float:
+def adjusted_p(test: Bootstrap | Equivalence | SeedDifference) -> float:
     """The test's Holm-adjusted p (its raw p when it is a family of one)."""
-    return test.get("p_holm", test["p"])
+    return test.p if test.p_holm is None else test.p_holm
 
 
-def _same_sign(test: dict[str, Any]) -> bool:
-    deltas = list(test["per_seed_delta"].values())
+def _same_sign(test: Bootstrap) -> bool:
+    deltas = list(test.per_seed_delta.values())
     return all(d > 0 for d in deltas) or all(d < 0 for d in deltas)
 
 
-def seeds_disagree(test: dict[str, Any]) -> bool:
+def seeds_disagree(test: Bootstrap) -> bool:
     """Two seeds significant on their own (per-seed bootstrap) with opposite signs."""
-    signs = {test["per_seed_delta"][k] > 0 for k, p in test["per_seed_p"].items()
-             if significant(p)}
+    signs = {test.per_seed_delta[k] > 0 for k, p in test.per_seed_p.items() if significant(p)}
     return len(signs) == 2
 
 
-def counts(test: dict[str, Any]) -> bool:
+def counts(test: Bootstrap) -> bool:
     """Whether a ``compare`` result's difference counts under the bootstrap rule."""
-    return (test["n_seeds"] >= SEEDS and significant(adjusted_p(test)) and _same_sign(test))
+    return (test.n_seeds >= SEEDS and significant(adjusted_p(test)) and _same_sign(test))
 
 
-def at_floor(test: dict[str, Any]) -> bool:
+def at_floor(test: Bootstrap) -> bool:
     """The bootstrap's p is 1/(B + 1): no resample reached the observed difference, so the
     true p may be any smaller value."""
-    return "n_samples" in test and round(test["p"] * (test["n_samples"] + 1)) == 1
+    return test.n_samples is not None and round(test.p * (test.n_samples + 1)) == 1
 
 
-def too_few_resamples(test: dict[str, Any]) -> bool:
+def too_few_resamples(test: Bootstrap) -> bool:
     """Holm keeps a p at the bootstrap's floor from significance: m/(B + 1) ≥ ALPHA."""
     return at_floor(test) and not significant(adjusted_p(test))
 
 
-def why_not(test: dict[str, Any]) -> str:
+def why_not(test: Bootstrap) -> str:
     """Which test a difference that does not count failed (``counts`` is False)."""
-    if test["n_seeds"] < SEEDS:
-        return f"{test['n_seeds']} of {SEEDS} seeds"
+    if test.n_seeds < SEEDS:
+        return f"{test.n_seeds} of {SEEDS} seeds"
     if seeds_disagree(test):
         return "seeds disagree"
-    if not significant(test["p"]):
+    if not significant(test.p):
         return "within the test set's noise"
     if too_few_resamples(test):
-        return (f"too few resamples: Holm ≥ {test.get('family', 1)}/"
-                f"{test['n_samples'] + 1}")
+        return f"too few resamples: Holm ≥ {test.family or 1}/{test.n_samples + 1}"
     if not significant(adjusted_p(test)):
         return "not significant after Holm"
     return "seeds differ in sign"
 
 
-def equivalence(test: dict[str, Any], margin: float = MARGIN) -> dict[str, Any] | None:
+def equivalence(test: Bootstrap, margin: float = MARGIN) -> Equivalence | None:
     """The equivalence test of a comparison's per-seed differences: the one its study's family
-    adjusted (``test["equivalence"]``), else TOST within ±``margin`` on its own."""
-    if "equivalence" in test:
-        return test["equivalence"]
-    return tost(list(test["per_seed_delta"].values()), margin, ALPHA)
+    adjusted (``test.equivalence``), else TOST within ±``margin`` on its own (None for fewer
+    than two seeds)."""
+    if test.equivalence is not None:
+        return test.equivalence
+    eq = tost(list(test.per_seed_delta.values()), margin, ALPHA)
+    return None if eq is None else Equivalence(**eq)
 
 
-def equivalent(eq: dict[str, Any] | None) -> bool:
+def equivalent(eq: Equivalence | None) -> bool:
     """Equivalence shown: the TOST p (Holm-adjusted where it has a family) < ALPHA."""
     return eq is not None and significant(adjusted_p(eq))
 
 
-def interval_text(eq: dict[str, Any]) -> str:
+def interval_text(eq: Equivalence) -> str:
     """``90 % interval -0.12 to +0.31``: the equivalence test's interval."""
-    return f"{COVERAGE} interval {eq['low']:+.2f} to {eq['high']:+.2f}"
+    return f"{COVERAGE} interval {eq.low:+.2f} to {eq.high:+.2f}"
 
 
-def _direction(test: dict[str, Any]) -> str:
-    return "better" if test["delta_bleu"] > 0 else "worse"
+def _direction(test: Bootstrap) -> str:
+    return "better" if test.delta > 0 else "worse"
 
 
-def _unchanged(test: dict[str, Any], margin: float) -> str:
+def _unchanged(test: Bootstrap, margin: float) -> str:
     """The verdict on "BLEU is unchanged" (n ≥ SEEDS): equivalence supports it, a counted
     difference contradicts it."""
     eq = equivalence(test, margin)
     if eq is None:
         return "unresolved (too few seeds for an interval)"
-    within = f"equivalent within ±{eq['margin']:g}"
+    within = f"equivalent within ±{eq.margin:g}"
     if equivalent(eq):
         return f"supported ({within}{'; ' + _direction(test) if counts(test) else ''})"
     if counts(test):
         return f"contradicted ({_direction(test)})"
-    if significant(eq["p"]):
+    if significant(eq.p):
         return "unresolved (equivalence not significant after Holm)"
     if too_few_resamples(test):
         return f"unresolved ({why_not(test)})"
-    return f"unresolved ({interval_text(eq)} exceeds ±{eq['margin']:g})"
+    return f"unresolved ({interval_text(eq)} exceeds ±{eq.margin:g})"
 
 
-def bootstrap(test: dict[str, Any], expects: str, margin: float = MARGIN) -> str:
+def bootstrap(test: Bootstrap, expects: str, margin: float = MARGIN) -> str:
     """The verdict on a claim that expects a ``gain`` or that BLEU is ``unchanged`` (within
     ±``margin`` where the test carries no equivalence test of its family)."""
-    if test["n_seeds"] < SEEDS:
+    if test.n_seeds < SEEDS:
         return f"unresolved ({why_not(test)})"
     if expects == UNCHANGED:
         return _unchanged(test, margin)
     if counts(test):
-        return "supported" if test["delta_bleu"] > 0 else "contradicted"
+        return "supported" if test.delta > 0 else "contradicted"
     return f"unresolved ({why_not(test)})"
 
 
-def in_words(test: dict[str, Any]) -> str:
+def in_words(test: Bootstrap) -> str:
     """The rules' finding on a difference, whatever a paper expected of it: better, worse,
     equivalent within the margin (for a comparison with an equivalence test), no difference
     shown, or too few seeds to tell."""
-    if test["n_seeds"] < SEEDS:
-        return f"too few seeds ({test['n_seeds']} of {SEEDS})"
-    eq = test.get("equivalence")
-    margin = f"±{eq['margin']:g}" if eq is not None else ""
+    if test.n_seeds < SEEDS:
+        return f"too few seeds ({test.n_seeds} of {SEEDS})"
+    eq = test.equivalence
+    margin = f"±{eq.margin:g}" if eq is not None else ""
     if counts(test):
         return f"{_direction(test)}, within {margin}" if equivalent(eq) else _direction(test)
     if equivalent(eq):
@@ -238,13 +243,13 @@ def in_words(test: dict[str, Any]) -> str:
     return "no difference shown" + (f", nor equivalence within {margin}" if eq else "")
 
 
-def without_holm(test: dict[str, Any]) -> dict[str, Any]:
+def without_holm(test: Family) -> Family:
     """The test as the raw-p rule judges it: no family correction (of its equivalence test
     either)."""
-    out = {k: v for k, v in test.items() if k not in ("p_holm", "family")}
-    if isinstance(out.get("equivalence"), dict):
-        out["equivalence"] = without_holm(out["equivalence"])
-    return out
+    raw = replace(test, p_holm=None, family=None)
+    if isinstance(raw, Bootstrap) and raw.equivalence is not None:
+        raw = replace(raw, equivalence=without_holm(raw.equivalence))
+    return raw
 
 
 def outcome(verdict: str) -> str:
@@ -252,9 +257,9 @@ def outcome(verdict: str) -> str:
     return verdict.split(" (")[0]
 
 
-def interval(diff: dict[str, Any]) -> str:
-    """The interval rule's verdict on "lower than the base" (a ``stat`` of differences with the
-    t-test's ``p``, Holm-adjusted where ``adjust`` saw its family)."""
-    if diff["ci95"] is None or not significant(adjusted_p(diff)):
+def interval(diff: SeedDifference) -> str:
+    """The interval rule's verdict on "lower than the base" (the Stat of the differences with
+    the t-test's ``p``, Holm-adjusted where ``adjust`` saw its family)."""
+    if diff.stat.ci95 is None or not significant(adjusted_p(diff)):
         return "unresolved"
-    return "supported" if diff["mean"] < 0 else "contradicted"
+    return "supported" if diff.stat.mean < 0 else "contradicted"

@@ -10,6 +10,7 @@ from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE, PAPER_LAYERS
 from fairseq_tying.studies import specs, verdicts
+from fairseq_tying.studies.cells import Cell, Summary
 from fairseq_tying.studies.engine import Section
 from fairseq_tying.studies.formatting import (
     format_seed_delta,
@@ -21,13 +22,14 @@ from fairseq_tying.studies.formatting import (
 from fairseq_tying.studies.record import Record
 
 
-def _order(cell: dict[str, Any]) -> tuple:
+def _order(cell: Cell) -> tuple:
     """The untied and tied ``dot`` cells first (by tying), then the normalized layers."""
-    return (cell["output_layer"] != BASELINE, TYINGS.index(cell["tying"]),
-            output_layers.names().index(cell["output_layer"]))
+    head = cell.head
+    return (head.output_layer != BASELINE, TYINGS.index(head.tying),
+            output_layers.names().index(head.output_layer))
 
 
-def _baseline(summary: dict[str, Any]) -> str:
+def _baseline(summary: Summary) -> str:
     """The untied ``dot`` cell, or the three-way ``dot`` one where there is no untied run (an
     architecture trained with three-way tying only, like the equal-training study's
     DynamicConv)."""
@@ -35,12 +37,12 @@ def _baseline(summary: dict[str, Any]) -> str:
     return untied if untied in summary else f"three_way/{BASELINE}"
 
 
-def _claimed(summary: dict[str, Any]) -> list[tuple[dict[str, Any], specs.Claim | None]]:
+def _claimed(summary: Summary) -> list[tuple[Cell, specs.Claim | None]]:
     """The baseline cell (claim None) and every cell that has a claim, in the table's order."""
     claims = {c.cell: c for c in specs.study_claims()}
     out = []
     for cell in sorted(summary.values(), key=_order):
-        key = f"{cell['tying']}/{cell['output_layer']}"
+        key = f"{cell.head.tying}/{cell.head.output_layer}"
         if key == _baseline(summary):
             out.append((cell, None))
         elif key in claims:
@@ -48,16 +50,16 @@ def _claimed(summary: dict[str, Any]) -> list[tuple[dict[str, Any], specs.Claim 
     return out
 
 
-def rows(summary: dict[str, Any]) -> list[list[str]]:
+def rows(summary: Summary) -> list[list[str]]:
     """One row per cell that has a claim, and the baseline (``_baseline``)."""
     out = []
     for cell, claim in _claimed(summary):
-        bleu = cell["bleu"]
-        row = [cell["tying"], f"`{cell['output_layer']}`", f"{cell['params'][0] / 1e6:.2f}M",
-               f"{bleu['mean']:.2f} ({', '.join(f'{v:.2f}' for v in bleu['values'])})"]
+        bleu = cell.stat("bleu")
+        row = [cell.head.tying, f"`{cell.head.output_layer}`", f"{cell.params[0] / 1e6:.2f}M",
+               f"{bleu.mean:.2f} ({', '.join(f'{v:.2f}' for v in bleu.values)})"]
         if claim is None:
             row += ["baseline", "–", "baseline"]
-        elif (test := cell.get(claim.test)) is None:
+        elif (test := cell.test(claim.test)) is None:
             row += ["–", "–", "–"]
         else:
             against = "untied" if claim.test == "vs_untied" else f"`{BASELINE}`"
@@ -68,7 +70,7 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def in_words(summary: dict[str, Any]) -> list[str]:
+def in_words(summary: Summary) -> list[str]:
     """Each claim's comparison as a sentence: which cell against which, the rules' finding in
     plain words (``verdicts.in_words``), the difference and its evidence (for a claim that
     BLEU is unchanged, the equivalence test's interval against its margin; else why no
@@ -76,24 +78,23 @@ def in_words(summary: dict[str, Any]) -> list[str]:
     base = summary[_baseline(summary)]
     out = []
     for cell, claim in _claimed(summary):
-        if claim is None or (test := cell.get(claim.test)) is None:
+        if claim is None or (test := cell.test(claim.test)) is None:
             continue
-        what = (f"{cell['tying'].replace('_', '-')} tying against untied (`{BASELINE}`)"
-                if claim.test == "vs_untied" else
-                f"`{cell['output_layer']}` against `{BASELINE}` "
-                f"({cell['tying'].replace('_', '-')} tying)")
+        tying = cell.head.tying.replace("_", "-")
+        what = (f"{tying} tying against untied (`{BASELINE}`)" if claim.test == "vs_untied"
+                else f"`{cell.head.output_layer}` against `{BASELINE}` ({tying} tying)")
         evidence = format_tests(test)
-        if (eq := test.get("equivalence")) is not None:
-            evidence += f": {verdicts.interval_text(eq)} against ±{eq['margin']:g}"
-        elif test["n_seeds"] >= verdicts.SEEDS and not verdicts.counts(test):
+        if (eq := test.equivalence) is not None:
+            evidence += f": {verdicts.interval_text(eq)} against ±{eq.margin:g}"
+        elif test.n_seeds >= verdicts.SEEDS and not verdicts.counts(test):
             why = verdicts.why_not(test)
             evidence += f": {why}"
             if why in ("seeds disagree", "seeds differ in sign"):
                 evidence += " (" + ", ".join(f"{d:+.2f}" for d in
-                                              test["per_seed_delta"].values()) + ")"
-        saved = (base["params"][0] - cell["params"][0]) / 1e6
+                                              test.per_seed_delta.values()) + ")"
+        saved = (base.params[0] - cell.params[0]) / 1e6
         spare = f", with {saved:.2f}M fewer parameters" if claim.test == "vs_untied" else ""
-        out.append(f"{what}: **{verdicts.in_words(test)}**, {test['delta_bleu']:+.2f} BLEU "
+        out.append(f"{what}: **{verdicts.in_words(test)}**, {test.delta:+.2f} BLEU "
                    f"({evidence}){spare}.")
     return out
 
@@ -124,7 +125,7 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     """The legend, the table (a model column when the study has more than one architecture),
     then the verdicts in words (``in_words``), by architecture."""
     many = len(sections) > 1
-    seeds = {tuple(c["seeds"]) for sec in sections for c in sec.summary.values()}
+    seeds = {tuple(c.seeds) for sec in sections for c in sec.summary.values()}
     per_seed = seeds_label(list(seeds.pop())) if len(seeds) == 1 else "each seed"
     header = [*(["model"] * many), "tying", "output layer", "parameters",
               f"BLEU: mean ({per_seed})", "Δ BLEU ± 95 % CI over shared seeds", "p (raw, Holm)",

@@ -16,6 +16,7 @@ from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.studies import specs, verdicts
+from fairseq_tying.studies.cells import Bootstrap, Cell, Summary
 from fairseq_tying.studies.engine import Cells, Section
 from fairseq_tying.studies.formatting import (
     format_delta,
@@ -31,16 +32,16 @@ from fairseq_tying.studies.specs import PRESS_WOLF, SHARED
 from fairseq_tying.studies.stats import mean_ci
 
 
-def _cells(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _cells(summary: Summary) -> list[Cell]:
     """The cells in the grid's order: tying, then output layer."""
     layers = output_layers.names()
-    return sorted(summary.values(), key=lambda c: (TYINGS.index(c["tying"]),
-                                                   layers.index(c["output_layer"])))
+    return sorted(summary.values(), key=lambda c: (TYINGS.index(c.head.tying),
+                                                   layers.index(c.head.output_layer)))
 
 
 def _budget(sections: list[Section]) -> str:
-    epochs = sorted({e for s in sections for c in s.summary.values() if "stop" in c
-                     for e in c["stop"]["epochs"]})
+    epochs = sorted({e for s in sections for c in s.summary.values() if c.stop is not None
+                     for e in c.stop.epochs})
     if not epochs:
         return "training"
     if len(epochs) == 1:
@@ -62,12 +63,12 @@ def bleu_table(sections: list[Section]) -> str:
     rows = []
     for s in sections:
         for c in _cells(s.summary):
-            seeds = " / ".join(f"{v:.2f}" for v in c["bleu"]["values"])
-            nll = format_stat(c["valid_nll"], 3)
-            rows.append([f"`{s.key}`", c["tying"], c["output_layer"],
-                         f"{format_stat(c['bleu'])} (n={len(c['seeds'])})",
-                         f"{seeds} ({seeds_label(c['seeds'])})",
-                         format_stat(c["chrf"]), nll])
+            bleu = c.stat("bleu")
+            seeds = " / ".join(f"{v:.2f}" for v in bleu.values)
+            rows.append([f"`{s.key}`", c.head.tying, c.head.output_layer,
+                         f"{format_stat(bleu)} (n={len(c.seeds)})",
+                         f"{seeds} ({seeds_label(c.seeds)})",
+                         format_stat(c.stat("chrf")), format_stat(c.stat("valid_nll"), 3)])
     return markdown_table(["model", "tying", "output layer", "BLEU", "BLEU per seed", "chrF",
                            "validation NLL"], rows)
 
@@ -93,11 +94,11 @@ def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[st
     for s in sections:
         found = [(f"{t.replace('_', '-')} tying vs untied (`{BASELINE}`)", test, PRESS_WOLF, "–",
                   verdicts.UNCHANGED) for t in SHARED[::-1]  # decoder, then three-way
-                 if (test := s.summary.get(f"{t}/{BASELINE}", {}).get("vs_untied")) is not None]
+                 if (test := _test(s.summary, f"{t}/{BASELINE}", "vs_untied")) is not None]
         found += [(f"`{la}` vs `{BASELINE}` (three-way tying)", test,
                    output_layers.get(la).citation or "–", _paper(str(s.key), la),
                    verdicts.GAIN) for la in specs.normalized()
-                  if (test := s.summary.get(f"three_way/{la}", {}).get("vs_dot")) is not None]
+                  if (test := _test(s.summary, f"three_way/{la}", "vs_dot")) is not None]
         for what, test, source, paper, expects in found:
             note = shared_means(test, *_pair(s.summary, test))
             rows.append([what, f"`{s.key}`", source, paper, format_delta(test, note=note),
@@ -107,10 +108,15 @@ def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[st
     return rows, changes
 
 
-def _pair(summary: dict[str, Any], test: dict[str, Any]) -> tuple[dict, dict]:
+def _test(summary: Summary, label: str, name: str) -> Bootstrap | None:
+    """The comparison ``name`` of the summary's cell ``label`` (None: no such cell or test)."""
+    return summary[label].test(name) if label in summary else None
+
+
+def _pair(summary: Summary, test: Bootstrap) -> tuple[Cell, Cell]:
     """The cell a comparison of the summary belongs to, and the cell it is made against."""
     cell, name = next((c, n) for c in summary.values() for n in ("vs_dot", "vs_untied")
-                      if c.get(n) is test)
+                      if c.test(n) is test)
     return cell, summary[specs.baseline_label(cell, name)]
 
 

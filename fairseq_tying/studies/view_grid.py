@@ -18,6 +18,7 @@ from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation.norms import plot_norm_histograms
 from fairseq_tying.studies import FOR_WHAT, specs
+from fairseq_tying.studies.cells import Cell, Summary
 from fairseq_tying.studies.engine import Cells, Section, band
 from fairseq_tying.studies.formatting import (
     epochs_text,
@@ -39,35 +40,35 @@ from fairseq_tying.studies.plots import (
 pearsonr = require("scipy.stats", "analysis", FOR_WHAT).pearsonr
 
 
-def cell_of(summary: dict[str, Any], tying: str, layer: str) -> dict[str, Any] | None:
+def cell_of(summary: Summary, tying: str, layer: str) -> Cell | None:
     return summary.get(f"{tying}/{layer}")
 
 
-def _delta(summary: dict[str, Any], cell: dict[str, Any], key: str, is_baseline: bool,
+def _delta(summary: Summary, cell: Cell, key: str, is_baseline: bool,
            per_seed: bool = True) -> str:
     """The cell's Δ against its baseline (``key``), with the two means over the seeds the Δ
     pairs where a cell has others."""
     if is_baseline:
         return "baseline"
-    if key not in cell:
+    if (test := cell.test(key)) is None:
         return "no baseline run"
-    note = shared_means(cell[key], cell, summary[specs.baseline_label(cell, key)])
-    return format_delta(cell[key], per_seed, note)
+    note = shared_means(test, cell, summary[specs.baseline_label(cell, key)])
+    return format_delta(test, per_seed, note)
 
 
-def stop_correlation(summary: dict[str, Any]) -> tuple[float, float, int] | None:
+def stop_correlation(summary: Summary) -> tuple[float, float, int] | None:
     """Pearson r (and its p) between the epoch at which each run stopped and its BLEU, over
     every run trained to a plateau: how much of a BLEU difference is training length. None
     when fewer than 3 runs have a stop or they all stopped at the same epoch."""
-    pairs = [(e, b) for c in summary.values() if "stop" in c
-             for e, b in zip(c["stop"]["epochs"], c["bleu"]["values"], strict=True)]
+    pairs = [(e, b) for c in summary.values() if c.stop is not None
+             for e, b in zip(c.stop.epochs, c.stat("bleu").values, strict=True)]
     if len(pairs) < 3 or len({e for e, _ in pairs}) < 2:
         return None
     r, p = pearsonr(*zip(*pairs, strict=True))
     return float(r), float(p), len(pairs)
 
 
-def claims_table(summary: dict[str, Any]) -> str | None:
+def claims_table(summary: Summary) -> str | None:
     """The claims whose cells the study has, as a markdown table (None when it has none)."""
     claims = specs.claims_of(summary)
     if not claims:
@@ -80,13 +81,13 @@ def claims_table(summary: dict[str, Any]) -> str | None:
         f"\n\n{holm_changes(changes)}" if changes else "")
 
 
-def tables(summary: dict[str, Any]) -> str:
+def tables(summary: Summary) -> str:
     """The study's tables: a row per output layer and a column per tying mode that has runs;
     a Δ table only where it has a pair to compare, the paper's beside ours only where three-way
     tying has runs."""
     tyings = [t for t in TYINGS if any(cell_of(summary, t, la) for la in LAYERS)]
     layers = [la for la in LAYERS if any(cell_of(summary, t, la) for t in tyings)]
-    seeds = sorted({s for c in summary.values() for s in c["seeds"]})
+    seeds = sorted({s for c in summary.values() for s in c.seeds})
 
     def grid(fmt) -> str:
         rows = [[la] + [fmt(c) if (c := cell_of(summary, t, la)) else "–" for t in tyings]
@@ -95,37 +96,38 @@ def tables(summary: dict[str, Any]) -> str:
 
     parts = [f"Seeds: {', '.join(map(str, seeds))}. Mean ± 95 % CI (Student t over seeds).\n",
              "**BLEU** (sacrebleu, detokenized, test set)\n",
-             grid(lambda c: f"{format_stat(c['bleu'])} (n={len(c['seeds'])})")]
+             grid(lambda c: f"{format_stat(c.stat('bleu'))} (n={len(c.seeds)})")]
     if BASELINE in layers and len(layers) > 1:
         parts += ["\n**Δ BLEU against `dot` with the same tying**: mean over the seeds both cells "
                   "share of the paired difference ± its 95 % CI over them (training variance; "
                   "where a cell has other seeds, the two means over the shared ones first); p of "
                   "the paired bootstrap over test sentences, pooled over the seeds (test-set "
                   "variance); per-seed p in brackets\n",
-                  grid(lambda c: _delta(summary, c, "vs_dot", c["output_layer"] == BASELINE))]
+                  grid(lambda c: _delta(summary, c, "vs_dot", c.head.output_layer == BASELINE))]
     if "none" in tyings and len(tyings) > 1:
         parts += ["\n**Δ BLEU of tying against the untied model with the same output layer** "
                   "(p as above; for a tying claim, the equivalence test's p last)\n",
-                  grid(lambda c: _delta(summary, c, "vs_untied", c["tying"] == "none"))]
-    parts += ["\n**chrF**\n", grid(lambda c: format_stat(c["chrf"])),
+                  grid(lambda c: _delta(summary, c, "vs_untied", c.head.tying == "none"))]
+    parts += ["\n**chrF**\n", grid(lambda c: format_stat(c.stat("chrf"))),
               "\n**Validation NLL** (base 2, per token, last validation)\n",
-              grid(lambda c: format_stat(c["valid_nll"], 3))]
-    if all("stop" in c for c in summary.values()):
+              grid(lambda c: format_stat(c.stat("valid_nll"), 3))]
+    if all(c.stop is not None for c in summary.values()):
         parts += ["\n**Epochs trained** (mean over seeds; stop reasons)\n",
                   grid(epochs_text),
                   "\n**BLEU of the best single checkpoint** (lowest validation NLL), beside the "
                   "average of the last epochs above\n",
-                  grid(lambda c: format_stat(c["bleu_best"]) if "bleu_best" in c else "–")]
+                  grid(lambda c: "–" if (best := c.stat("bleu_best")) is None
+                       else format_stat(best))]
     if corr := stop_correlation(summary):
         r, p, n = corr
         parts += [f"\n**BLEU and training length**: over the {n} runs, test BLEU against the "
                   f"epoch at which the run stopped has Pearson r = {r:.2f} ({format_p(p)}).\n"]
-    if all("valid_nll_common" in c for c in summary.values()):
-        epoch = next(iter(summary.values()))["valid_nll_common"]["epoch"]
+    if all(c.valid_nll_common is not None for c in summary.values()):
+        epoch = next(iter(summary.values())).valid_nll_common.epoch
         parts += [f"\n**Validation NLL after epoch {epoch}**, the last epoch every run reached: "
                   "the runs at equal training, where the plateau rule stops them at different "
                   "epochs\n",
-                  grid(lambda c: format_stat(c["valid_nll_common"], 3))]
+                  grid(lambda c: format_stat(c.valid_nll_common.stat, 3))]
     parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
     if "three_way" in tyings:
         parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: "
@@ -136,11 +138,11 @@ def tables(summary: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def params_table(summary: dict[str, Any]) -> str:
+def params_table(summary: Summary) -> str:
     rows, untied = [], None
     for t in TYINGS:
         counts = sorted({n for la in LAYERS if (c := cell_of(summary, t, la))
-                         for n in c["params"]})
+                         for n in c.params})
         if not counts:
             continue
         if len(counts) > 1:
@@ -151,7 +153,7 @@ def params_table(summary: dict[str, Any]) -> str:
     return markdown_table(["tying", "parameters", "of untied"], rows)
 
 
-def paper_table(summary: dict[str, Any]) -> str:
+def paper_table(summary: Summary) -> str:
     """Our three-way cells beside the BLEU of Liu et al.'s Transformer on IWSLT'14 Es→En
     (``OutputLayer.paper_bleu``), for every layer that has one."""
     rows = []
@@ -159,10 +161,10 @@ def paper_table(summary: dict[str, Any]) -> str:
     for la in (name for name, layer in LAYERS.items() if layer.paper_bleu is not None):
         c = cell_of(summary, "three_way", la)
         paper = LAYERS[la].paper_bleu
-        ours = format_stat(c["bleu"]) if c else "–"
+        ours = format_stat(c.stat("bleu")) if c else "–"
         if la == BASELINE:
             ours_delta = "baseline"
-        elif c and "vs_dot" in c:
+        elif c and c.test("vs_dot") is not None:
             ours_delta = _delta(summary, c, "vs_dot", False, per_seed=False)
         else:
             ours_delta = "–"
@@ -190,10 +192,10 @@ def plots(sections: list[Section], out: Path) -> list[Path]:
     return written
 
 
-def section_plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path]:
+def section_plots(cells: Cells, summary: Summary, out: Path) -> list[Path]:
     groups = {}
     for t in TYINGS:
-        marks = [points(la, c["bleu"], baseline=la == BASELINE)
+        marks = [points(la, c.stat("bleu"), baseline=la == BASELINE)
                  for la in LAYERS if (c := cell_of(summary, t, la))]
         if marks:
             groups[t] = marks
@@ -206,7 +208,7 @@ def section_plots(cells: Cells, summary: dict[str, Any], out: Path) -> list[Path
         written.append(out / "valid_nll_epochs.png")
         plot_bands(_per_tying(cells, band), written[-1], "epoch", "validation NLL (base 2)",
                    "Validation NLL per epoch: mean over seeds, band from min to max")
-    if all("stop" in c for c in summary.values()):  # trained to a plateau
+    if all(c.stop is not None for c in summary.values()):  # trained to a plateau
         written.append(out / "bleu_by_stop_epoch.png")
         plot_seed_lines({f"{t} × {la}": [(r.train.stop.epoch, r.eval.bleu)
                                          for r in cells[(t, la)].values()]

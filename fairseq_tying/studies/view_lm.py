@@ -10,32 +10,35 @@ from typing import Any
 
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.studies import verdicts
+from fairseq_tying.studies.cells import Cell, Summary
 from fairseq_tying.studies.engine import Key, Section, band
 from fairseq_tying.studies.formatting import epochs_text, format_stat, holm_changes, seeds_label
 from fairseq_tying.studies.plots import plot_bands, plot_methods, points
 from fairseq_tying.studies.specs import LM_BASELINE, LM_TIED, lm_label
 
 
-def _epochs(cell: dict[str, Any]) -> str:
-    return epochs_text(cell) if "stop" in cell else "–"
+def _epochs(cell: Cell) -> str:
+    return "–" if cell.stop is None else epochs_text(cell)
 
 
-def _delta(cell: dict[str, Any], to: str, base: Key) -> str:
-    if to not in cell:
-        return "baseline" if (cell["tying"], cell["output_layer"], cell["tag"]) == \
+def _delta(cell: Cell, to: str, base: Key) -> str:
+    if (diff := cell.test(to)) is None:
+        head = cell.head
+        return "baseline" if (head.tying, head.output_layer, head.tag) == \
             (*base[:2], None) else "–"
-    diff = cell[to]
-    return f"{format_stat(diff)} ({diff['verdict']})"
+    return f"{format_stat(diff.stat)} ({diff.verdict})"
 
 
-def main_table(summary: dict[str, Any]) -> str:
-    untied = summary.get(lm_label(LM_BASELINE, []), {}).get("params", [None])[0]
+def main_table(summary: Summary) -> str:
+    untied = base.params[0] if (base := summary.get(lm_label(LM_BASELINE, []))) is not None \
+        else None
     rows = []
     for name, c in summary.items():
-        params = "/".join(f"{n:,}" for n in c["params"])
-        rel = f" ({c['params'][0] / untied:.1%})" if untied and len(c["params"]) == 1 else ""
-        rows.append([name, f"{format_stat(c['test_ppl'])} (n={len(c['seeds'])})",
-                     format_stat(c["test_ppl_best"]) if "test_ppl_best" in c else "–",
+        params = "/".join(f"{n:,}" for n in c.params)
+        rel = f" ({c.params[0] / untied:.1%})" if untied and len(c.params) == 1 else ""
+        best = c.stat("test_ppl_best")
+        rows.append([name, f"{format_stat(c.stat('test_ppl'))} (n={len(c.seeds)})",
+                     "–" if best is None else format_stat(best),
                      _delta(c, "vs_untied_dot", LM_BASELINE), _delta(c, "vs_tied_dot", LM_TIED),
                      params + rel, _epochs(c)])
     return markdown_table(["tying × output layer", "test perplexity", "best checkpoint",
@@ -43,16 +46,15 @@ def main_table(summary: dict[str, Any]) -> str:
                            "epochs (per seed; stop)"], rows)
 
 
-def finding(summary: dict[str, Any]) -> str:
+def finding(summary: Summary) -> str:
     """Press & Wolf's finding beside ours (decoder-tied vs untied, dot product)."""
     tied = summary.get(lm_label(LM_TIED, []))
     ours, answer = "no paired runs", "unresolved"
-    if tied and "vs_untied_dot" in tied:
-        diff = tied["vs_untied_dot"]
-        base = summary[lm_label(LM_BASELINE, [])]["test_ppl"]
-        ours = (f"{format_stat(base)} → {format_stat(tied['test_ppl'])}; Δ "
-                f"{format_stat(diff)} over {seeds_label(diff['seeds'])}")
-        answer = diff["verdict"]
+    if tied and (diff := tied.test("vs_untied_dot")) is not None:
+        base = summary[lm_label(LM_BASELINE, [])].stat("test_ppl")
+        ours = (f"{format_stat(base)} → {format_stat(tied.stat('test_ppl'))}; Δ "
+                f"{format_stat(diff.stat)} over {seeds_label(diff.seeds)}")
+        answer = diff.verdict
     rows = [["Press & Wolf (2017), LSTM LMs, Penn Treebank and others",
              "significantly lower with tying, on a variety of models", "yes (their finding)"],
             ["this study, Transformer LM, Bible English (word level)", ours, answer]]
@@ -60,14 +62,14 @@ def finding(summary: dict[str, Any]) -> str:
                           rows)
 
 
-def changes(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+def changes(summary: Summary) -> list[tuple[str, str, str]]:
     """The comparisons whose verdict Holm–Bonferroni changed (raw p: the 95 % CI rule)."""
     out = []
     for name, cell in summary.items():
         for key, against in (("vs_untied_dot", "untied dot"), ("vs_tied_dot", "tied dot")):
-            if key in cell and (before := verdicts.interval(verdicts.without_holm(cell[key]))) \
-                    != cell[key]["verdict"]:
-                out.append((f"{name} vs {against}", before, cell[key]["verdict"]))
+            if (diff := cell.test(key)) is not None and \
+                    (before := verdicts.interval(verdicts.without_holm(diff))) != diff.verdict:
+                out.append((f"{name} vs {against}", before, diff.verdict))
     return out
 
 
@@ -75,7 +77,7 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     """The block's text and ``summary.json`` of the perplexity study."""
     (section,) = sections
     summary = section.summary
-    seeds = sorted({s for c in summary.values() for s in c["seeds"]})
+    seeds = sorted({s for c in summary.values() for s in c.seeds})
     text = "\n".join([
         f"Seeds: {', '.join(map(str, seeds))}. Test perplexity (fairseq-eval-lm) of the average "
         "of the last epoch checkpoints, and of the best single checkpoint (lowest validation "
@@ -97,7 +99,7 @@ def plots(sections: list[Section], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     test = out / "test_ppl.png"
     plot_methods({"test set, average of the last epoch checkpoints": [
-        points(name, c["test_ppl"], baseline=key == LM_BASELINE)
+        points(name, c.stat("test_ppl"), baseline=key == LM_BASELINE)
         for key, (name, c) in zip(cells, summary.items(), strict=True)]}, test,
         metric="test perplexity (fairseq-eval-lm)")
     if not all(r.train.valid_epochs is not None for runs in cells.values()

@@ -16,8 +16,9 @@ from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import main as study
 from fairseq_tying.launch.sweeps import recorded_stops
 from fairseq_tying.studies import records as study_records
+from fairseq_tying.studies.cells import SeedDifference, Stat
 from fairseq_tying.studies.commands import main
-from fairseq_tying.studies.stats import stat, t_test_p
+from fairseq_tying.studies.stats import t_test_p
 from fairseq_tying.studies.verdicts import interval as verdict
 from tests.helpers import REPO
 
@@ -63,10 +64,11 @@ def test_docs_block_is_what_the_committed_records_give(tmp_path, monkeypatch):
 ])
 def test_the_verdict_follows_the_ci_of_the_paired_differences(diffs, want):
     """One comparison (no family): the t-test at p < 0.05 is the 95 % CI excluding 0."""
-    diff = {**stat(diffs), "p": t_test_p(diffs)}
+    diff = SeedDifference(stat=Stat.of(diffs), p=t_test_p(diffs),
+                          seeds=tuple(range(1, len(diffs) + 1)))
     assert verdict(diff) == want
-    if diff["ci95"] is not None:
-        assert (abs(diff["mean"]) > diff["ci95"]) == (want != "unresolved")
+    if diff.stat.ci95 is not None:
+        assert (abs(diff.stat.mean) > diff.stat.ci95) == (want != "unresolved")
 
 
 def test_decoder_tied_cells_are_compared_with_tied_dot_seed_by_seed(tmp_path):

@@ -14,6 +14,7 @@ import yaml
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.common.run_spec import read_run_json
 from fairseq_tying.evaluation.perplexity import parse_eval_lm
+from fairseq_tying.studies.cells import SeedDifference
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.records import read_stop
@@ -122,7 +123,8 @@ def test_records_and_report(lm_runs, tmp_path):
     assert "Press & Wolf" in text and text.endswith("Written by hand.\n")
     summary = json.loads((plots / "summary.json").read_text())
     tied = summary["decoder × dot"]
-    assert tied["vs_untied_dot"]["verdict"] == interval(tied["vs_untied_dot"])
+    assert tied["vs_untied_dot"]["verdict"] == \
+        interval(SeedDifference.from_dict(tied["vs_untied_dot"]))
     tied_l = summary["decoder × dot + tiedL (D = 8)"]
     ppl = {r.name: json.loads((r / "eval.json").read_text())["perplexity"]
            for r in run_folders(lm_runs)}
