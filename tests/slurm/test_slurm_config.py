@@ -236,7 +236,7 @@ def test_the_lm_study_sweep_expands_to_its_21_runs():
         args = run.train_args
         assert ("--tied-embed-dim" in args) == (run.tag == "tiedL") == ("--tied-projection" in args)
         assert args[args.index("--task") + 1] == "language_modeling"
-        assert run.describe()["task"] == "language_modeling"
+        assert sweep.spec(run).identity.task == "language_modeling"
     assert tied_l[0].train_args[tied_l[0].train_args.index("--tied-embed-dim") + 1] == "64"
     assert {(r.tying, r.output_layer) for r in sweep.runs if r.tag is None} == {
         ("none", "dot"), *(("decoder", la) for la in ("dot", "l2norm", "sqnorm", "distance",
