@@ -227,6 +227,18 @@ def test_exporting_records_needs_no_matplotlib():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
+def _trained_run(tmp_path: Path, rank0: dict) -> Path:
+    """A run folder with a one-validation training log and ``rank0`` as its rank file."""
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "ranks").mkdir()
+    (run / "logs" / "train.rank0.log").write_text(
+        "x | num. shared model params: 10 (num. trained: 10)\n"
+        + _log_line("00:00:01", "valid", {"valid_loss": "6.0", "valid_num_updates": "5"}) + "\n")
+    (run / "ranks" / "rank0.json").write_text(json.dumps(rank0))
+    return run
+
+
 def test_a_record_names_every_processor_that_trained_its_run(tmp_path):
     """train.cpu is the training job's rank-0 file's: a run resumed on another processor names
     both, in order; one resumed on the same keeps one name."""
@@ -234,14 +246,7 @@ def test_a_record_names_every_processor_that_trained_its_run(tmp_path):
     assert machines(None, a) == machines(a, a) == a
     assert machines(machines(a, b), b) == f"{a}; then {b}"
     assert machines(f"{a}; then {b}", a) == f"{a}; then {b}; then {a}"
-    run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)
-    (run / "ranks").mkdir()
-    (run / "logs" / "train.rank0.log").write_text(
-        "x | num. shared model params: 10 (num. trained: 10)\n"
-        + _log_line("00:00:01", "valid", {"valid_loss": "6.0", "valid_num_updates": "5"}) + "\n")
-    rank0 = {"device": "cpu", "cpu": f"{a}; then {b}"}
-    (run / "ranks" / "rank0.json").write_text(json.dumps(rank0))
+    run = _trained_run(tmp_path, {"device": "cpu", "cpu": f"{a}; then {b}"})
     facts = train_facts(run)
     assert (facts.device, facts.cpu) == ("cpu", f"{a}; then {b}")
 
@@ -260,13 +265,7 @@ def test_a_record_names_torch_and_the_day_its_training_ended(tmp_path):
     assert facts["torch"] == torch.__version__ and facts["device"] == "cpu"
     assert before <= datetime.date.fromisoformat(facts["date"]) <= after
     assert "kernels" in facts["cpu"]
-    run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)
-    (run / "ranks").mkdir()
-    (run / "logs" / "train.rank0.log").write_text(
-        "x | num. shared model params: 10 (num. trained: 10)\n"
-        + _log_line("00:00:01", "valid", {"valid_loss": "6.0", "valid_num_updates": "5"}) + "\n")
-    (run / "ranks" / "rank0.json").write_text(json.dumps({**facts, "rank": 0, "pid": 1}))
+    run = _trained_run(tmp_path, {**facts, "rank": 0, "pid": 1})
     train = train_facts(run)
     assert (train.torch, train.date, train.cpu) == (facts["torch"], facts["date"], facts["cpu"])
     again = Training.from_dict(json.loads(json.dumps(train.to_dict())), "train")
