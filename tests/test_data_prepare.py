@@ -149,6 +149,26 @@ def test_spm_model_types(tmp_path):
     assert not all(s == int(s) for s in scores["unigram"])
 
 
+def test_the_same_corpus_gives_the_same_spm_model_bytes_wherever_it_is_built(tmp_path):
+    """The trainer spec names the training file and prefix, not the build folder's paths."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    data = {("train", "es"): [f"hola mundo {i}" for i in range(60)],
+            ("train", "en"): [f"hello world {i}" for i in range(60)]}
+    models = []
+    for where in ("a", "elsewhere/b"):
+        work = tmp_path / where
+        work.mkdir(parents=True)
+        args = prepare.parser().parse_args(_args(work, "sentencepiece", 40))
+        build.sentencepiece(work, data, ("es", "en"), args)
+        models.append((work / "spm.model").read_bytes())
+    assert models[0] == models[1]
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(models[0])
+    assert (list(proto.trainer_spec.input), proto.trainer_spec.model_prefix) == (
+        ["spm.train.txt"], "spm")
+
+
 def test_corpus_dir_errors_name_the_file(tmp_path, capsys):
     corpus = tmp_path / "c"
     corpus.mkdir()

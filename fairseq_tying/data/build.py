@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 from tqdm import tqdm
@@ -128,11 +129,23 @@ def sentencepiece(work: Path, data: dict, langs: tuple[str, ...], args) -> dict:
         minloglevel=2,
     )
     train.unlink()
+    stable_trainer_spec(work / "spm.model")
     sp = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
     out = {}
     for key, lines in tqdm(data.items(), desc="sentencepiece", unit="file"):
         out[key] = [" ".join(p) for p in sp.encode(lines, out_type=str)]
     return out
+
+
+def stable_trainer_spec(model: Path) -> None:
+    """Name the training file and the prefix in the model's trainer spec by their file names,
+    not by the paths of the temporary build folder they had: the same corpus and flags then give
+    the same ``spm.model`` bytes (the pieces and scores are the same either way)."""
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.read_bytes())
+    proto.trainer_spec.input[:] = [Path(p).name for p in proto.trainer_spec.input]
+    proto.trainer_spec.model_prefix = Path(proto.trainer_spec.model_prefix).name
+    model.write_bytes(proto.SerializeToString())
 
 
 def subword_nmt(work: Path, data: dict, langs: tuple[str, ...], args) -> dict:
