@@ -112,7 +112,7 @@ def test_an_evaluation_reads_back_typed_and_refuses_what_it_does_not_declare(tmp
     with pytest.raises(ValueError, match=r"eval\.json: unknown key\(s\) \['bleu_score'\]"):
         read_result(path)
     path.write_text(json.dumps({k: v for k, v in data.items() if k != "references_sha256"}))
-    with pytest.raises(ValueError, match=r"eval\.json lacks \['references_sha256'\]"):
+    with pytest.raises(ValueError, match=r"eval\.json: lacks \['references_sha256'\]"):
         read_result(path)
     lm = {"task": "language_modeling", "run": {"name": "lm"}, "subset": "test", "loss": 5.0,
           "perplexity": 32.0, "n_tokens": 10}

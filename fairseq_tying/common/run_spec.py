@@ -26,6 +26,7 @@ from typing import Any
 
 from fairseq_tying.common import RUN_JSON
 from fairseq_tying.common.atomic import write_json
+from fairseq_tying.common.typed import checked
 
 
 @dataclass(frozen=True)
@@ -84,21 +85,14 @@ class RunSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str) -> RunSpec:
         own = {f.name for f in fields(cls)} - {"identity"}
-        ident = {k: v for k, v in data.items() if k not in own}
-        return cls(Identity.from_dict(ident, where),
-                   **_checked(cls, {k: v for k, v in data.items() if k in own}, where))
+        identity = Identity.from_dict({k: v for k, v in data.items() if k not in own}, where)
+        return cls(identity=identity, **{k: v for k, v in data.items() if k in own})
 
 
 def _checked(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
-    """``data`` with no key that ``cls`` does not declare, and its required ones."""
-    declared = {f.name for f in fields(cls)}
-    if unknown := sorted(set(data) - declared):
-        raise ValueError(f"{where}: unknown key(s) {unknown}; it was written by another "
-                         "fairseq_tying than this one (or edited by hand): rewrite it with "
-                         "this one's launcher, or remove the keys")
-    if cls is Identity and "name" not in data:
-        raise ValueError(f"{where}: lacks the run's name")
-    return data
+    return checked(cls, data, where, unknown="it was written by another fairseq_tying than this "
+                   "one (or edited by hand): rewrite it with this one's launcher, or remove the "
+                   "keys")
 
 
 def write_run_json(spec: RunSpec, run_dir: str | os.PathLike | None = None) -> Path:

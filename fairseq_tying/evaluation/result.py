@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import write_json
 from fairseq_tying.common.run_spec import Identity
+from fairseq_tying.common.typed import checked
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,13 +81,9 @@ Result = TranslationResult | PerplexityResult
 
 def result_from_dict(data: dict[str, Any], where: str) -> Result:
     kind = PerplexityResult if data.get("task") == LM_TASK else TranslationResult
-    declared = {f.name: f for f in fields(kind)}
-    if unknown := sorted(set(data) - set(declared)):
-        raise ValueError(f"{where}: unknown key(s) {unknown}; it was not written by this "
-                         "fairseq_tying's `evaluate` (`evaluate-lm`): run it again on that run")
-    if missing := [n for n, f in declared.items() if n not in data and f.default is MISSING]:
-        raise ValueError(f"{where} lacks {missing}: it was not written by `evaluate` "
-                         "(`evaluate-lm`); run it again on that run")
+    checked(kind, data, where, unknown="it was not written by this fairseq_tying's `evaluate` "
+            "(`evaluate-lm`): run it again on that run", missing="it was not written by "
+            "`evaluate` (`evaluate-lm`); run it again on that run")
     if not isinstance(data["run"], dict):
         raise ValueError(f"{where}: its run must be a JSON object; run `evaluate` again")
     return kind(**{**data, "run": Identity.from_dict(data["run"], f"{where}: run")})

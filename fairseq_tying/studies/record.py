@@ -20,28 +20,22 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import atomic_write, write_json
 from fairseq_tying.common.run_spec import Identity
+from fairseq_tying.common.typed import checked
 
 SCHEMA = 1  # the layout above; a record without "schema" is schema 1
 
 
 def _parts(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
     """``data`` checked against ``cls``'s fields: none unknown, none required missing."""
-    names = [f.name for f in fields(cls) if f.init]
-    if unknown := sorted(set(data) - set(names)):
-        raise ValueError(f"{where}: unknown key(s) {unknown}; a record of a newer fairseq_tying "
-                         f"than this one (schema {SCHEMA})? Update fairseq_tying")
-    required = [f.name for f in fields(cls) if f.init and f.name not in data
-                and f.default is MISSING and f.default_factory is MISSING]
-    if required:
-        raise ValueError(f"{where}: lacks {required}")
-    return data
+    return checked(cls, data, where, unknown=f"a record of a newer fairseq_tying than this one "
+                   f"(schema {SCHEMA})? Update fairseq_tying")
 
 
 def _plain(obj: Any, keep: frozenset[str] = frozenset()) -> dict[str, Any]:
