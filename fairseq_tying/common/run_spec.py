@@ -46,7 +46,9 @@ class Identity:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str) -> Identity:
-        return cls(**_checked(cls, data, where))
+        return cls(**checked(cls, data, where, unknown="it was written by another fairseq_tying "
+                             "than this one (or edited by hand): rewrite it with this one's "
+                             "launcher, or remove the keys"))
 
     def to_dict(self) -> dict[str, Any]:
         """The identity as JSON (``eval.json``'s ``run``): its fields, None left out."""
@@ -87,12 +89,6 @@ class RunSpec:
         own = {f.name for f in fields(cls)} - {"identity"}
         identity = Identity.from_dict({k: v for k, v in data.items() if k not in own}, where)
         return cls(identity=identity, **{k: v for k, v in data.items() if k in own})
-
-
-def _checked(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
-    return checked(cls, data, where, unknown="it was written by another fairseq_tying than this "
-                   "one (or edited by hand): rewrite it with this one's launcher, or remove the "
-                   "keys")
 
 
 def write_run_json(spec: RunSpec, run_dir: str | os.PathLike | None = None) -> Path:
