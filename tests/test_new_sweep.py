@@ -50,11 +50,59 @@ def test_a_narrowed_grid_and_the_pilot(tmp_path, data):
     runs = load_sweep(tmp_path / "s.yaml", check_data=False).runs
     assert len(runs) == 2 * 4 * 2
     assert {r.arch for r in runs} == {"transformer_twwt", "dynamicconv_twwt"}
-    assert _new(tmp_path, data, "--pilot", "--tying", "none", "three_way", "--force") == 0
-    (pilot,) = load_sweep(tmp_path / "s.yaml", check_data=False).runs
-    assert (pilot.tying, pilot.output_layer, pilot.seed) == ("none", "dot", 1)
-    assert pilot.stopping["plateau"] is True and pilot.stopping["max_epoch"] == 100
-    assert pilot.stopping["patience"] == 3 and pilot.stopping["min_epoch"] == 5
+    assert _new(tmp_path, data, "--pilot", "--tying", "none", "three_way", "--output-layers",
+                "dot", "l2norm", "--seeds", "2", "3", "--force") == 0
+    pilots = load_sweep(tmp_path / "s.yaml", check_data=False).runs
+    # every cell, not only the baseline: a tied cell may still learn after the untied flattens
+    assert {(r.tying, r.output_layer, r.seed) for r in pilots} == {
+        ("none", "dot", 2), ("three_way", "dot", 2), ("three_way", "l2norm", 2)}
+    for pilot in pilots:
+        assert pilot.stopping["plateau"] is True and pilot.stopping["max_epoch"] == 100
+        assert pilot.stopping["patience"] == 3 and pilot.stopping["min_epoch"] == 5
+
+
+def _finish(run_dir: Path, epoch: int) -> None:
+    """The ``train.done`` the launcher writes when the plateau rule stops a run."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "train.done").write_text(json.dumps(
+        {"stop": {"epoch": epoch, "update": 84 * epoch, "reason": "plateau"}}))
+
+
+def test_the_budget_is_the_latest_stop_of_every_cells_pilot(tmp_path, data, capsys):
+    cells = ["--tying", "none", "three_way", "--output-layers", "dot", "l2norm"]
+    pilot_yaml, pilot_dir = tmp_path / "pilot.yaml", tmp_path / "pilot_runs"
+    assert launch_main(["new-sweep", "--data", str(data), "--out", str(pilot_yaml), "--pilot",
+                        "--output-dir", str(pilot_dir), *cells]) == 0
+    runs = load_sweep(pilot_yaml, check_data=False).runs
+    _finish(runs[0].run_dir, 9)
+    assert _new(tmp_path, data, "--budget-from", str(pilot_yaml), *cells) == 2
+    err = capsys.readouterr().err
+    assert "not finished: " + runs[1].name in err and str(pilot_yaml) in err
+    assert not (tmp_path / "s.yaml").exists()
+    for run, epoch in zip(runs[1:], (14, 11), strict=True):
+        _finish(run.run_dir, epoch)
+    assert _new(tmp_path, data, "--budget-from", str(pilot_yaml), *cells) == 0
+    sweep = load_sweep(tmp_path / "s.yaml", check_data=False)
+    assert {r.stopping["max_epoch"] for r in sweep.runs} == {14}  # the untied stopped at 9
+    assert sweep.continue_from == pilot_dir.resolve()
+    assert {r.name for r in runs} <= {r.name for r in sweep.runs}  # the pilots go on there
+    by_name = {r.name: r for r in sweep.runs}
+    for run in runs:  # the same command up to the training length: continue_from accepts it
+        ours, theirs = by_name[run.name].train_args, run.train_args
+        cut = [i for i, a in enumerate(ours) if a == "--max-epoch"][0]
+        assert ours[:cut] + ours[cut + 2:] == theirs[:cut] + theirs[cut + 2:]
+    # a cell the pilot did not train has no plateau to set the budget: refused by name
+    assert _new(tmp_path, data, "--budget-from", str(pilot_yaml), "--force", "--tying", "none",
+                "three_way", "--output-layers", "dot", "fixnorm") == 2
+    assert "no pilot run of transformer_twwt/three_way/fixnorm" in capsys.readouterr().err
+
+
+def test_a_learning_rate_of_ones_own(tmp_path, data, capsys):
+    assert _new(tmp_path, data, "--epochs", "9", "--lr", "0.0015") == 0
+    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
+    assert args[args.index("--lr") + 1] == "0.0015"
+    assert _new(tmp_path, data, "--epochs", "9", "--lr", "0", "--force") == 2
+    assert "--lr 0.0: a learning rate is positive" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -62,7 +110,7 @@ def test_a_narrowed_grid_and_the_pilot(tmp_path, data):
     (["--epochs", "9", "--tying", "none", "--output-layers", "dot", "l2norm"],
      "add it to --tying"),
     (["--epochs", "9", "--seeds", "1", "1"], "--seeds 1 1: a value twice"),
-    ([], "give --pilot"),
+    ([], "give one of --pilot"),
 ])
 def test_contradictory_options_are_refused_by_name(tmp_path, data, capsys, flags, message):
     assert _new(tmp_path, data, *flags) == 2

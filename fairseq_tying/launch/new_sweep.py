@@ -10,9 +10,12 @@ checkpoints and is scored on the data dir's test set as their average (beam 5), 
 best-validation checkpoint beside it; logs are JSON, which the answer (``python -m
 fairseq_tying.studies answer``) reads. Its grid, per family: the tying table with ``dot``
 (each of ``--tying``), then three-way tying with every other ``--output-layers``; ``--seeds``
-of each. ``--pilot`` writes the first of those runs (the baseline: the first ``--tying`` with
-``dot``, the first seed) trained until its validation NLL flattens (the plateau rule, at most
-``--max-epochs``); the epoch it stops at is the budget to give ``--epochs``. The file is plain
+of each. ``--pilot`` writes the first seed of every cell of that grid, each trained until its
+validation NLL flattens (the plateau rule, at most ``--max-epochs``): a tied model may still learn
+when the untied one has flattened, so the budget is the latest of their stop epochs, not the
+baseline's. ``--budget-from PILOT.yaml`` reads that budget from the finished pilot and lets the
+pilot's runs go on from their checkpoints (``continue_from:``; the learning-rate schedule does
+not depend on the budget). The file is plain
 YAML with comments: edit it before launching.
 """
 
@@ -68,20 +71,25 @@ def render(args: argparse.Namespace, prep: dict) -> str:
     """The sweep file's text."""
     model = MODELS[args.model]
     dataset = args.dataset
+    blocks = grid_blocks(args.families, args.tying, args.output_layers,
+                         args.seeds[:1] if args.pilot else args.seeds)
+    continued = ""
     if args.pilot:
-        blocks = [{"arch": FAMILIES[args.families[0]], "tying": [args.tying[0]],
-                   "output_layer": [BASELINE], "seed": [args.seeds[0]]}]
         stopping = (f"stopping:                 # the pilot: until the validation NLL flattens\n"
                     f"  patience: {PILOT['patience']}\n  min_gain: {PILOT['min_gain']}\n"
                     f"  min_epoch: {args.average_last}\n  max_epoch: {args.max_epochs}\n")
-        what = ("The pilot: the baseline trained until its validation NLL flattens; the epoch "
-                "it stops at\n# is the budget of the sweep (new-sweep --epochs E).")
+        what = ("The pilot: the first seed of every cell, each until its validation NLL "
+                "flattens; the latest\n# epoch they stop at is the sweep's budget "
+                "(new-sweep --budget-from THIS_FILE).")
     else:
-        blocks = grid_blocks(args.families, args.tying, args.output_layers, args.seeds)
         stopping = (f"stopping:                 # equal training: exactly max_epoch epochs\n"
                     f"  max_epoch: {args.epochs}\n  plateau: false\n")
         what = (f"Equal training: every run {args.epochs} epochs, scored as the average of "
                 f"its last {args.average_last} epoch\n# checkpoints.")
+        if args.budget_from is not None:
+            what += (f"\n# The budget is the latest stop epoch of the pilot {args.budget_from}"
+                     f" ({args.pilot_stops});\n# its runs go on from the pilot's checkpoints.")
+            continued = f"continue_from: {args.pilot_dir}\n"
     grid = "\n".join(
         f"  - {{dataset: [{dataset}], arch: [{b['arch']}], tying: {_flow(b['tying'])}, "
         f"output_layer: {_flow(b['output_layer'])}, seed: {_flow(b['seed'])}, "
@@ -107,7 +115,7 @@ datasets:
   {dataset}: {args.data}
 grid:
 {grid}
-{stopping}fairseq:
+{stopping}{continued}fairseq:
   task: translation
   source_lang: {src}
   target_lang: {tgt}
@@ -117,7 +125,7 @@ grid:
   optimizer: adam
   adam_betas: "(0.9, 0.98)"
   clip_norm: 1.0
-  lr: {model['lr']}
+  lr: {args.lr or model['lr']}
   lr_scheduler: inverse_sqrt
   warmup_updates: {model['warmup_updates']}
   best_checkpoint_metric: nll_loss  # checkpoint_best.pt and the pilot's plateau rule follow it
@@ -156,9 +164,13 @@ def read_prep(data: Path) -> dict:
 
 def check(args: argparse.Namespace) -> None:
     """Refuse contradictory options before anything is written."""
-    if args.pilot == (args.epochs is not None):
-        raise NewSweepError("give --pilot (train the baseline until it flattens) or --epochs E "
-                            "(the sweep's budget, e.g. the pilot's stop epoch), not both")
+    budgets = sum([args.pilot, args.epochs is not None, args.budget_from is not None])
+    if budgets != 1:
+        raise NewSweepError("give one of --pilot (train every cell until it flattens), "
+                            "--budget-from PILOT.yaml (the finished pilot's budget) or "
+                            "--epochs E (a budget of your own)")
+    if args.lr is not None and not args.lr > 0:
+        raise NewSweepError(f"--lr {args.lr}: a learning rate is positive")
     if args.epochs is not None and args.epochs < args.average_last:
         raise NewSweepError(f"--epochs {args.epochs}: fewer than --average-last "
                             f"{args.average_last} epoch checkpoints to average")
@@ -176,6 +188,40 @@ def check(args: argparse.Namespace) -> None:
         raise NewSweepError(f"--out {args.out} exists; give another file or --force")
 
 
+def read_pilot(args: argparse.Namespace) -> None:
+    """Set ``args.epochs`` to the latest stop epoch of the pilot ``args.budget_from`` (every
+    run finished, one for each cell of this sweep), and the pilot's runs to continue from."""
+    from fairseq_tying.launch.config import SweepError, load_sweep  # fairseq's registry: slow
+    from fairseq_tying.launch.local import stop_epoch
+
+    try:
+        pilot = load_sweep(args.budget_from, check_data=False)
+    except SweepError as err:
+        raise NewSweepError(f"--budget-from {args.budget_from}: {err}") from err
+    cells = {(FAMILIES[f], t, BASELINE) for f in args.families for t in args.tying}
+    cells |= {(FAMILIES[f], TIED, la) for f in args.families for la in args.output_layers
+              if la != BASELINE}
+    piloted = {(r.arch, r.tying, r.output_layer) for r in pilot.runs}
+    if missing := sorted(cells - piloted, key=str):
+        raise NewSweepError(f"--budget-from {args.budget_from}: no pilot run of "
+                            + ", ".join("/".join(c) for c in missing) + "; the budget is the "
+                            "latest of every cell's plateau (write the pilot with the same "
+                            "--tying, --output-layers and --families)")
+    stops = {r.name: stop_epoch(r) for r in pilot.runs if (r.arch, r.tying, r.output_layer)
+             in cells}
+    if unfinished := [name for name, epoch in stops.items() if epoch is None]:
+        raise NewSweepError(f"--budget-from {args.budget_from}: not finished: "
+                            + ", ".join(unfinished) + f"; train it first: python -m "
+                            f"fairseq_tying.launch {args.budget_from} --local")
+    args.epochs = max(stops.values())
+    args.pilot_dir = pilot.output_dir
+    args.pilot_stops = ", ".join(f"{name.split('.', 2)[-1]} {epoch}"
+                                 for name, epoch in stops.items())
+    if args.epochs < args.average_last:
+        raise NewSweepError(f"--budget-from {args.budget_from}: its budget {args.epochs} is "
+                            f"below --average-last {args.average_last}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fairseq_tying.launch new-sweep",
                                 description=__doc__.split("\n\n")[0],
@@ -186,9 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--epochs", type=int, help="every run's epoch budget")
     budget.add_argument("--pilot", action="store_true",
-                        help="the baseline alone, until its validation NLL flattens")
+                        help="the first seed of every cell, each until its validation NLL "
+                        "flattens")
+    budget.add_argument("--budget-from", type=Path, metavar="PILOT.yaml",
+                        help="the budget: the latest stop epoch of this finished pilot, whose "
+                        "runs go on from their checkpoints")
     p.add_argument("--max-epochs", type=int, default=100,
-                   help="--pilot: stop there if it has not flattened (default 100)")
+                   help="--pilot: stop a run there if it has not flattened (default 100)")
     p.add_argument("--name", help="the sweep's name (default: --out's stem)")
     p.add_argument("--dataset", help="the dataset's name in run names (default: --data's name)")
     p.add_argument("--output-dir", help="the run folders (default: runs/NAME)")
@@ -203,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=list(MODELS), default="small",
                    help="tiny: 1 layer of 16 (a smoke test); small: 2 layers of 128 (the "
                    "studies'); iwslt: fairseq's transformer_iwslt_de_en sizes")
+    p.add_argument("--lr", type=float,
+                   help="the peak learning rate (default: the --model's, e.g. 0.003 for small)")
     p.add_argument("--gpus", type=int, default=0,
                    help="GPUs per run (fp16 on SLURM); 0: a CPU run (default)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
@@ -218,6 +270,8 @@ def run(argv: list[str]) -> int:
     try:
         check(args)
         prep = read_prep(args.data)
+        if args.budget_from is not None:
+            read_pilot(args)
     except NewSweepError as err:
         print(f"error: new-sweep: {err}", file=sys.stderr)
         return 2
