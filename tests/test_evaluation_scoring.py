@@ -149,7 +149,19 @@ def _sacrebleu_paired(base: list[str], system: list[str], refs: list[str], n: in
             "chrf_p": scores[chrf][1].p_value}
 
 
-def test_compare_bleu_and_chrf_per_seed_are_sacrebleus_test():
+def _two_sided_by_hand(system: list[str], base: list[str], refs: list[str], n: int) -> float:
+    """The two-sided paired bootstrap p written out: sacrebleu's draws (seed 12345), each
+    resample's corpus BLEU by sacrebleu, p = (#{|m_b − m̄| ≥ |d|} + 1) / (B + 1)."""
+    bleu = BLEU()
+    d = bleu.corpus_score(system, [refs]).score - bleu.corpus_score(base, [refs]).score
+    idxs = np.random.default_rng(12345).choice(len(refs), size=(n, len(refs)))
+    m = np.array([bleu.corpus_score([system[i] for i in row], [[refs[i] for i in row]]).score
+                  - bleu.corpus_score([base[i] for i in row], [[refs[i] for i in row]]).score
+                  for row in idxs])
+    return (int(np.sum(np.abs(m - m.mean()) >= abs(d))) + 1) / (n + 1)
+
+
+def test_compare_per_seed_p_is_the_two_sided_bootstrap_written_out():
     refs, good, bad = _corpus()
     near = list(good)
     near[3] = bad[3]
@@ -158,13 +170,42 @@ def test_compare_bleu_and_chrf_per_seed_are_sacrebleus_test():
     pairs = [(name, runs[name], runs["good"]) for name in ("bad", "same", "near")]
     bleu, chrf = (compare(pairs, refs, 300, metric) for metric in ("bleu", "chrf"))
     for name in ("bad", "near"):
-        theirs = _sacrebleu_paired(good, runs[name].hypotheses, refs, 300)
-        assert bleu.per_seed_p[name] == pytest.approx(theirs["bleu_p"])
-        assert chrf.per_seed_p[name] == pytest.approx(theirs["chrf_p"])
+        assert bleu.per_seed_p[name] == pytest.approx(
+            _two_sided_by_hand(runs[name].hypotheses, good, refs, 300))
     assert bleu.per_seed_p["bad"] < 0.05 and chrf.per_seed_p["bad"] < 0.05
     assert bleu.per_seed_p["same"] == 1.0 and bleu.per_seed_delta["same"] == 0
     assert bleu.per_seed_p["near"] > 0.05
     assert bleu.delta == pytest.approx(sum(bleu.per_seed_delta.values()) / 3)
+
+
+def test_the_pooled_test_rejects_5_percent_of_true_nulls_not_10():
+    """Calibration: pairs of systems of the same quality (each sentence's two hypotheses drawn
+    from the same corruption), three seeds pooled, 400 times. The two-sided test rejects at
+    α = 0.05 about 5 % of the time; sacrebleu's p (absolute differences centred) about twice
+    as often."""
+    rng = random.Random(7)
+    words = "the a cat dog house big small red runs eats water bread and not very".split()
+    refs = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) for _ in range(120)]
+
+    def system() -> list[str]:
+        return [" ".join(w if rng.random() > 0.3 else rng.choice(words) for w in r.split())
+                for r in refs]
+
+    ours, theirs = [], []
+    for _ in range(400):
+        test = seed_paired_bootstrap([(system(), system()) for _ in range(3)], refs, 500)
+        ours.append(test["p"] < 0.05)
+        theirs.append(test["p_sacrebleu"] < 0.05)
+    assert 0.025 <= np.mean(ours) <= 0.08
+    assert np.mean(theirs) >= 1.5 * np.mean(ours)
+
+
+def test_a_difference_of_zero_has_p_one():
+    """Two different systems whose pooled difference is exactly 0 (each seed's pair swapped in
+    the other): the two-sided p is 1; sacrebleu's would be about 0.4."""
+    refs, good, bad = _corpus(6)
+    test = seed_paired_bootstrap([(bad, good), (good, bad)], refs, n_samples=300)
+    assert test["delta_bleu"] == 0 and test["p"] == 1.0
 
 
 def test_mean_ci_against_hand_computation():
@@ -207,7 +248,8 @@ def test_seed_paired_bootstrap_is_sacrebleus_test_for_one_seed():
     refs, good, bad = _corpus(2)
     mine = seed_paired_bootstrap([(bad, good)], refs, n_samples=300)
     theirs = _sacrebleu_paired(good, bad, refs, 300)
-    assert mine["p"] == pytest.approx(theirs["bleu_p"])
+    assert mine["p_sacrebleu"] == pytest.approx(theirs["bleu_p"])
+    assert mine["p"] == pytest.approx(_two_sided_by_hand(bad, good, refs, 300))
     assert mine["delta_bleu"] == pytest.approx(theirs["bleu"] - BLEU().corpus_score(
         good, [refs]).score)
 

@@ -236,7 +236,7 @@ def test_the_bootstrap_resolution_decides_no_verdict():
                                                       "Holm ≥ 12/201)"}
     assert {verdicts.in_words(t) for t in coarse} == {"no difference shown"}
     legend = formatting.legend(coarse, set())
-    assert "B = 200 bootstrap resamples: p ≥ 1/(B + 1)" in legend
+    assert "B = 200 bootstrap resamples: a bootstrap p ≥ 1/(B + 1) = 0.00498" in legend
     assert "m = 12 tests falls below m/(B + 1) = 0.0597" in legend
     fine = family(verdicts.resamples(12))
     assert {bootstrap(t, "gain") for t in fine} == {"supported"}

@@ -339,16 +339,18 @@ def test_the_short_answer_says_each_verdict_in_words():
     low, high = stats.t.interval(0.90, len(deltas) - 1, loc=np.mean(deltas),
                                  scale=stats.sem(deltas))
     assert high > 0.5  # the interval leaves the margin: the counted gain says "better"
+    assert tied.p == 1 / (tied.n_samples + 1) and tied.p_holm == tied.family * tied.p  # floors
     assert words[1] == ("three-way tying against untied (`dot`): **better**, "
-                        f"{tied.delta:+.2f} BLEU (p < 0.001, Holm "
-                        f"{tied.p_holm:.3f}; equivalence p = {eq.p:.3f}, Holm "
+                        f"{tied.delta:+.2f} BLEU (p ≤ {1 / (tied.n_samples + 1):.3g}, Holm ≤ "
+                        f"{tied.p_holm:.3g} (floor); equivalence p = {eq.p:.3f}, Holm "
                         f"{eq.p_holm:.3f}: 90 % interval {low:+.2f} to {high:+.2f} against "
                         f"±0.5), with {saved:.2f}M fewer parameters.")
     l2 = cells["three_way/l2norm"].test("vs_dot")
     seeds = ", ".join(f"{d:+.2f}" for d in l2.per_seed_delta.values())
-    # seed 1's Δ (−0.30) has the other sign but is not significant on its own (p = 0.093)
+    # seed 1's Δ (−0.30) has the other sign but is not significant on its own
+    assert list(l2.per_seed_p.values())[0] > 0.05 and l2.p == 1 / (l2.n_samples + 1)
     assert words[2] == (f"`l2norm` against `dot` (three-way tying): **no difference shown**, "
-                        f"{l2.delta:+.2f} BLEU (p < 0.001, Holm {l2.p_holm:.3f}: "
+                        f"{l2.delta:+.2f} BLEU (p ≤ {l2.p:.3g}, Holm ≤ {l2.p_holm:.3g} (floor): "
                         f"seeds differ in sign ({seeds})).")
     assert len(words) == 6 and all("fewer parameters" not in w for w in words[2:])
     three_way = {k: v for k, v in cells.items() if k.startswith("three_way/")}

@@ -25,12 +25,17 @@ def format_stat(s: Stat, digits: int = 2) -> str:
     return format_ci(s.mean, math.nan if s.ci95 is None else s.ci95, digits)
 
 
-def p_digits(p: float, compact: bool = False) -> str:
+def p_digits(p: float, compact: bool = False, floor: float | None = None) -> str:
     """``0.046`` or ``< 0.001`` (``<0.001`` compact, in lists); more digits where three would
     round onto ALPHA (p = 0.04995 reads ``0.04995``, not ``0.050``), so the printed p is on the
-    same side of ALPHA as p."""
+    same side of ALPHA as p. A resampling test's p has a ``floor`` (1/(B + 1), m/(B + 1) after
+    Holm): below 0.001 it prints the digits the floor needs, and a p at the floor ``≤ floor``,
+    since the observed difference beat every resample."""
+    sp = "" if compact else " "
+    if floor is not None and p <= floor * (1 + 1e-9):
+        return f"≤{sp}{floor:.3g}"
     if p < 0.001:
-        return "<0.001" if compact else "< 0.001"
+        return f"{p:.2g}" if floor is not None else f"<{sp}0.001"
     for digits in range(3, 7):
         text = f"{p:.{digits}f}"
         if (float(text) < ALPHA) == (p < ALPHA):
@@ -38,16 +43,28 @@ def p_digits(p: float, compact: bool = False) -> str:
     return text
 
 
-def format_p(p: float) -> str:
-    return "p < 0.001" if p < 0.001 else f"p = {p_digits(p)}"
+def format_p(p: float, floor: float | None = None) -> str:
+    text = p_digits(p, floor=floor)
+    return f"p {text}" if text[0] in "<≤" else f"p = {text}"
+
+
+def floors(test: Bootstrap | Equivalence | SeedDifference) -> tuple[float | None, float | None]:
+    """The smallest p and Holm p a test can have: a bootstrap's 1/(B + 1) and m/(B + 1) over
+    its family of m tests; none for a t-test (an equivalence test's, a seed difference's)."""
+    if not isinstance(test, Bootstrap) or test.n_samples is None:
+        return None, None
+    floor = 1 / (test.n_samples + 1)
+    return floor, None if test.family is None else min(1.0, test.family * floor)
 
 
 def format_ps(test: Bootstrap | Equivalence | SeedDifference) -> str:
     """``p = 0.046, Holm 0.322``: the raw p and the Holm-adjusted one over the study's tests
     (the raw p alone for a test outside a family)."""
+    floor, holm_floor = floors(test)
     if test.p_holm is None:
-        return format_p(test.p)
-    return f"{format_p(test.p)}, Holm {p_digits(test.p_holm)}"
+        return format_p(test.p, floor)
+    holm = p_digits(test.p_holm, floor=holm_floor)
+    return f"{format_p(test.p, floor)}, Holm {holm}{' (floor)' if holm[0] == '≤' else ''}"
 
 
 def format_tests(test: Bootstrap) -> str:
@@ -91,7 +108,8 @@ def format_delta(test: Bootstrap, per_seed: bool = True, note: str = "") -> str:
     lead = f"{note}; " if note else ""
     if not per_seed:
         return f"{format_seed_delta(test)} ({lead}{format_tests(test)})"
-    per = ", ".join(p_digits(p, compact=True) for p in test.per_seed_p.values())
+    floor = floors(test)[0]
+    per = ", ".join(p_digits(p, compact=True, floor=floor) for p in test.per_seed_p.values())
     tests = format_ps(test) + f"; [{per}]"
     if test.equivalence is not None:
         tests += f"; equivalence {format_ps(test.equivalence)}"

@@ -1,6 +1,6 @@
 """The comparisons of two cells, seed by seed: the paired bootstrap resampling of BLEU/chrF
-differences (on sacrebleu's per-sentence statistics, with the p-value of sacrebleu's own
-``PairedTest`` for one pair, pooled over seeds), and the per-seed difference of a value."""
+differences (on sacrebleu's per-sentence statistics and its draws, pooled over seeds, with a
+two-sided p), and the per-seed difference of a value."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ def seed_paired_bootstrap(
     ``(system, baseline)`` hypothesis pair per seed, all translating ``refs``.
 
     Every resample draws one set of sentence indices and applies it to all pairs, so the test
-    statistic is the mean (over seeds) of the corpus-BLEU difference. The p-value follows
-    sacrebleu's ``PairedTest`` (centred absolute differences, +1 smoothing); with one pair and
-    the same seed it is sacrebleu's own p-value.
+    statistic is the mean (over seeds) of the corpus-BLEU difference; ``p`` is two-sided
+    (``_pooled``), ``p_sacrebleu`` the p of sacrebleu's ``PairedTest`` from the same draws
+    (with one pair and the same seed, sacrebleu's own p-value).
     """
     return stats_paired_bootstrap([(metric_stats(a, refs), metric_stats(b, refs))
                                    for a, b in pairs], n_samples, seed)
@@ -77,16 +77,21 @@ def paired_samples(pairs: Sequence[tuple[np.ndarray, np.ndarray]], n_samples: in
 
 
 def _pooled(observed: np.ndarray, sampled: np.ndarray, metric: str) -> dict[str, Any]:
-    """sacrebleu's ``PairedTest`` p of the mean (over pairs) difference, from B resamples:
+    """The two-sided p of the mean (over pairs) difference d from B resamples m_1..m_B: the
+    resampled differences centred on their mean stand for the null distribution, and
 
-        p = (#{b : |m_b| − mean_b' |m_b'| > |d|} + 1) / (B + 1)
+        p = (#{b : |m_b − m̄| ≥ |d|} + 1) / (B + 1),
 
-    with d the observed mean difference and m_b the resample's; so p ≥ 1/(B + 1)."""
+    so p ≥ 1/(B + 1), and p = 1 for d = 0. Beside it ``p_sacrebleu``, sacrebleu's
+    ``PairedTest`` p, which centres the *absolute* differences, #{b : |m_b| − mean|m| > |d|}:
+    about half the two-sided p, and far below 1 for d near 0 (one-tailed in effect)."""
     diff, n_samples = float(observed.mean()), sampled.shape[1]
-    sample_diffs = np.abs(sampled.mean(0))
-    centred = sample_diffs - sample_diffs.mean()
-    p = (int(np.sum(centred > abs(diff))) + 1) / (n_samples + 1)
-    return {f"delta_{metric}": diff, "p": 1.0 if not sample_diffs.any() else p,
+    means = sampled.mean(0)
+    p = (int(np.sum(np.abs(means - means.mean()) >= abs(diff))) + 1) / (n_samples + 1)
+    absolute = np.abs(means)
+    theirs = (int(np.sum(absolute - absolute.mean() > abs(diff))) + 1) / (n_samples + 1)
+    return {f"delta_{metric}": diff, "p": p,
+            "p_sacrebleu": 1.0 if not absolute.any() else theirs,
             "n_seeds": len(observed), "n_samples": n_samples}
 
 

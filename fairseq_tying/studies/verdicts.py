@@ -69,7 +69,8 @@ MIN_SAMPLES = 1000  # the fewest resamples (sacrebleu's default), however small 
 GAIN, UNCHANGED = "gain", "unchanged"  # what a claim expects of its difference
 
 RULE = (f"a difference counts when the two cells share at least {SEEDS} seeds, the paired "
-        f"bootstrap pooled over them gives p < {ALPHA} after Holm–Bonferroni over the study's "
+        "bootstrap pooled over them (two-sided: p = (#{b : |Δ_b − mean Δ_b| ≥ |Δ|} + 1)/(B + 1) "
+        f"over B resamples Δ_b) gives p < {ALPHA} after Holm–Bonferroni over the study's "
         "tests, and every seed's difference has the same sign")
 INTERVAL_RULE = ("supported / contradicted / unresolved (lower perplexity): the t-test of the "
                  f"per-seed differences gives p < {ALPHA} after Holm–Bonferroni over the "
@@ -98,9 +99,10 @@ def resolution(n_samples: int, m: int) -> str:
     """The legend's sentence on the bootstrap's resolution: B, and the smallest Holm-adjusted
     p it allows over the family's m tests."""
     chosen = f" (at least {RESOLUTION}·m/α)" if n_samples >= RESOLUTION * m / ALPHA else ""
-    return (f"B = {n_samples:,} bootstrap resamples{chosen}: p ≥ 1/(B + 1), so no "
-            f"Holm-adjusted p of the study's m = {m} tests falls below m/(B + 1) = "
-            f"{m / (n_samples + 1):.4f}")
+    return (f"B = {n_samples:,} bootstrap resamples{chosen}: a bootstrap p ≥ 1/(B + 1) = "
+            f"{1 / (n_samples + 1):.3g}, so no Holm-adjusted bootstrap p of the study's m = {m} "
+            f"tests falls below m/(B + 1) = {m / (n_samples + 1):.3g} (a p at its floor reads "
+            "≤; an equivalence p, a t-test's, has no floor)")
 
 
 def holm(ps: Sequence[float]) -> list[float]:
