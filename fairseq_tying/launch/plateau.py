@@ -48,15 +48,28 @@ class Plateau:
             return None
         values = [h["value"] for h in history]
         epoch = history[-1]["epoch"]
-        if self.plateau and len(values) > self.patience and epoch >= self.min_epoch:
-            sign = -1.0 if self.maximize else 1.0  # compare as "lower is better"
-            before = min(sign * v for v in values[:-self.patience])
-            recent = min(sign * v for v in values[-self.patience:])
-            if recent > before - self.min_gain * abs(before):
-                return "plateau"
+        if self.plateau and epoch >= self.min_epoch and not self.still_learning(values):
+            return "plateau"
         if epoch < self.max_epoch:
             return None
         return "cap" if self.plateau else "budget"
+
+    def gain(self, values: list[float]) -> float | None:
+        """The fraction by which the last ``patience`` values improved the best value before
+        them, (min(L_1..L_{e-p}) − min(L_{e-p+1}..L_e)) / |min(L_1..L_{e-p})| for a loss
+        (negative: they did worse); None with ``patience`` values or fewer."""
+        if len(values) <= self.patience:
+            return None
+        sign = -1.0 if self.maximize else 1.0  # compare as "lower is better"
+        before = min(sign * v for v in values[:-self.patience])
+        recent = min(sign * v for v in values[-self.patience:])
+        return (before - recent) / abs(before)
+
+    def still_learning(self, values: list[float]) -> bool:
+        """Whether the curve ``values`` (one per epoch) has not flattened by its last value:
+        its last ``patience`` epochs gained at least ``min_gain``, or it is too short to tell."""
+        gain = self.gain(values)
+        return gain is None or gain >= self.min_gain
 
     @property
     def earliest_stop(self) -> int:

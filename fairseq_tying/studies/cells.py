@@ -27,6 +27,11 @@ def _family(test: Any) -> dict[str, Any]:
     return {} if test.p_holm is None else {"p_holm": test.p_holm, "family": test.family}
 
 
+def _learning(test: Any) -> dict[str, Any]:
+    """The cells of a comparison still learning at their budget (none: no field)."""
+    return {"learning": list(test.learning)} if test.learning else {}
+
+
 @dataclass(frozen=True)
 class Stat:
     """A value over a cell's seeds (``stats.stat``): each seed's, their mean and the half width
@@ -79,6 +84,35 @@ class AtEpoch:
         return {"epoch": self.epoch, **self.stat.to_dict()}
 
 
+@dataclass(frozen=True)
+class Learning:
+    """Whether a cell's runs still learn at their budget under the plateau rule: each seed's
+    ``gain`` (the fraction by which its last ``window`` epochs improved its best validation
+    value before them, ``Plateau.gain``; None where too few epochs tell), and the rule's
+    ``threshold`` (its ``min_gain``). The cell still learns when the mean of its seeds' gains
+    reaches the threshold, or a seed's cannot be told."""
+
+    gains: tuple[float | None, ...]
+    window: int
+    threshold: float
+
+    @property
+    def gain(self) -> float | None:
+        """The mean of the seeds' gains (None where one cannot be told)."""
+        return None if None in self.gains else sum(self.gains) / len(self.gains)
+
+    @property
+    def still(self) -> bool:
+        return self.gain is None or self.gain >= self.threshold
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Learning:
+        return cls(tuple(data["gains"]), data["window"], data["threshold"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gains": list(self.gains), "window": self.window, "threshold": self.threshold}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Equivalence:
     """Two one-sided t-tests of per-seed differences within ±``margin`` (``stats.tost``): the
@@ -119,14 +153,17 @@ class Bootstrap:
     equivalence: Equivalence | None = None
     p_holm: float | None = None
     family: int | None = None
+    learning: tuple[str, ...] = ()  # the compared cells still learning at their budget
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Bootstrap:
         (delta,) = [k for k in data if k.startswith("delta_") and k != "delta_ci95"]
         eq = data.get("equivalence")
-        return cls(**{k: v for k, v in data.items() if k not in (delta, "equivalence")},
+        return cls(**{k: v for k, v in data.items()
+                      if k not in (delta, "equivalence", "learning")},
                    delta=data[delta], metric=delta.removeprefix("delta_"),
-                   equivalence=None if eq is None else Equivalence.from_dict(eq))
+                   equivalence=None if eq is None else Equivalence.from_dict(eq),
+                   learning=tuple(data.get("learning", ())))
 
     def to_dict(self) -> dict[str, Any]:
         out = {f"delta_{self.metric}": self.delta, "p": self.p, "n_seeds": self.n_seeds}
@@ -136,7 +173,7 @@ class Bootstrap:
                 "delta_ci95": self.delta_ci95}
         if self.equivalence is not None:
             out["equivalence"] = self.equivalence.to_dict()
-        return out | _family(self)
+        return out | _family(self) | _learning(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,15 +188,17 @@ class SeedDifference:
     p_holm: float | None = None
     family: int | None = None
     verdict: str | None = None
+    learning: tuple[str, ...] = ()  # the compared cells still learning at their budget
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SeedDifference:
         return cls(stat=Stat.from_dict(data), p=data["p"], seeds=tuple(data["seeds"]),
                    p_holm=data.get("p_holm"), family=data.get("family"),
-                   verdict=data.get("verdict"))
+                   verdict=data.get("verdict"), learning=tuple(data.get("learning", ())))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {**self.stat.to_dict(), "p": self.p, "seeds": list(self.seeds), **_family(self)}
+        out = {**self.stat.to_dict(), "p": self.p, "seeds": list(self.seeds), **_family(self),
+               **_learning(self)}
         return out if self.verdict is None else {**out, "verdict": self.verdict}
 
 
@@ -230,8 +269,8 @@ Head = GridHead | LMHead | MethodHead
 
 # the facts a cell may report besides its metrics (engine.FACTS), as read from summary.json
 FACTS: dict[str, Any] = {"seeds": tuple, "params": tuple, "stop": Stops.from_dict,
-                         "valid_nll_common": AtEpoch.from_dict}
-Value = Stat | Stops | AtEpoch | tuple
+                         "valid_nll_common": AtEpoch.from_dict, "learning": Learning.from_dict}
+Value = Stat | Stops | AtEpoch | Learning | tuple
 
 
 def _value_dict(value: Value) -> Any:
@@ -264,6 +303,11 @@ class Cell:
     @property
     def valid_nll_common(self) -> AtEpoch | None:
         return self.values.get("valid_nll_common")
+
+    @property
+    def learning(self) -> Learning | None:
+        """Whether its runs still learn at their budget (None: no validation history)."""
+        return self.values.get("learning")
 
     def stat(self, metric: str) -> Stat | None:
         """The metric's mean ± CI over the seeds (None where a run lacks it)."""

@@ -19,7 +19,18 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
-from fairseq_tying.studies.cells import AtEpoch, Cell, Head, Stat, Stops, Summary, Test, Value
+from fairseq_tying.launch.plateau import Plateau
+from fairseq_tying.studies.cells import (
+    AtEpoch,
+    Cell,
+    Head,
+    Learning,
+    Stat,
+    Stops,
+    Summary,
+    Test,
+    Value,
+)
 from fairseq_tying.studies.record import Record
 from fairseq_tying.studies.significance import compare, seed_difference
 from fairseq_tying.studies.verdicts import resamples
@@ -27,6 +38,7 @@ from fairseq_tying.studies.verdicts import resamples
 Key = Hashable  # a cell's key, e.g. (tying, output layer)
 Runs = dict[Any, Record]  # a cell's runs by member (its seed)
 Cells = dict[Key, Runs]
+PLATEAU = Plateau()  # every sweep's rule unless it sets its own: 3 epochs, 0.5 %
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,7 @@ class Context:
     refs: Sequence[str] | None = None  # the test set's references (sentence-level tests)
     n_samples: int = 1000  # bootstrap resamples (engine.sections chooses them for a study)
     common_epoch: int | None = None  # the last epoch every run reached (runs under a rule)
+    rule: Plateau = PLATEAU  # the plateau rule that tells a run still learning at its budget
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,17 @@ def _valid_common(records: list[Record], ctx: Context) -> AtEpoch | None:
     return AtEpoch(ctx.common_epoch, Stat.of([valid_at(r, ctx.common_epoch) for r in records]))
 
 
+def _learning(records: list[Record], ctx: Context) -> Learning | None:
+    """Each run's gain over its last ``patience`` epochs under the plateau rule (None where
+    its record holds too few validations to tell, or none: it cannot be shown to have
+    flattened); None for runs without a training record (``collect``'s run folders)."""
+    if any(r.train is None for r in records):
+        return None
+    gains = tuple(ctx.rule.gain([v for _e, _u, v in r.train.valid_epochs or ()])
+                  for r in records)
+    return Learning(gains, ctx.rule.patience, ctx.rule.min_gain)
+
+
 # Cell facts: what a cell reports besides the metrics' mean ± CI (None: the cell has none);
 # cells.FACTS reads them back.
 FACTS: dict[str, Callable[[list[Record], Context], Value | None]] = {
@@ -116,6 +140,7 @@ FACTS: dict[str, Callable[[list[Record], Context], Value | None]] = {
     "params": lambda records, ctx: tuple(sorted({r.train.params for r in records})),
     "stop": _stop,
     "valid_nll_common": _valid_common,
+    "learning": _learning,
 }
 
 
@@ -149,8 +174,11 @@ def group(spec: Spec, records: Sequence[Record]) -> Cells:
 
 
 def summarize(spec: Spec, cells: Cells, ctx: Context) -> Summary:
-    """Per cell, by label: its head, its values, then its comparisons with its baselines."""
+    """Per cell, by label: its head, its values, then its comparisons with its baselines, each
+    naming the cells it compares that still learn at their budget."""
     out = {}
+    labels = {key: spec.label(key, list(runs.values())) for key, runs in cells.items()}
+    learning = {key: _learning(list(runs.values()), ctx) for key, runs in cells.items()}
     for key, runs in cells.items():
         records = list(runs.values())
         values = {name: value for name in spec.values
@@ -160,16 +188,18 @@ def summarize(spec: Spec, cells: Cells, ctx: Context) -> Summary:
             base = comp.baseline(key, cells.keys())
             if base is not None and base in cells and \
                     (test := comp.test(runs, cells[base], ctx)) is not None:
-                tests[comp.name] = test
-        out[spec.label(key, records)] = Cell(spec.head(key, records), values, tests)
+                still = tuple(labels[k] for k in (key, base)
+                              if learning[k] is not None and learning[k].still)
+                tests[comp.name] = replace(test, learning=still) if still else test
+        out[labels[key]] = Cell(spec.head(key, records), values, tests)
     return out
 
 
 def sections(spec: Spec, records: Sequence[Record], refs: Sequence[str] | None = None,
-             n_samples: int | None = None) -> list[Section]:
+             n_samples: int | None = None, rule: Plateau = PLATEAU) -> list[Section]:
     """The study's sections (the largest first), each grouped and summarized; the bootstrap
     draws ``n_samples`` resamples, by default as many as the spec's family needs
-    (``verdicts.resamples``)."""
+    (``verdicts.resamples``); ``rule`` tells a run still learning at its budget."""
     by_key: dict[Hashable, list[Record]] = defaultdict(list)
     for r in records:
         by_key[spec.section(r) if spec.section else None].append(r)
@@ -181,7 +211,7 @@ def sections(spec: Spec, records: Sequence[Record], refs: Sequence[str] | None =
     out = []
     for key, cells in grouped.items():
         ctx = Context(refs, n_samples, common_epoch(by_key[key]) if
-                      "valid_nll_common" in spec.values else None)
+                      "valid_nll_common" in spec.values else None, rule)
         out.append(Section(key, cells, summarize(spec, cells, ctx)))
     return out if spec.family is None else spec.family(out)
 

@@ -10,7 +10,15 @@ import math
 import numpy as np
 
 from fairseq_tying.studies import verdicts
-from fairseq_tying.studies.cells import Bootstrap, Cell, Equivalence, SeedDifference, Stat
+from fairseq_tying.studies.cells import (
+    Bootstrap,
+    Cell,
+    Equivalence,
+    Learning,
+    SeedDifference,
+    Stat,
+    Summary,
+)
 from fairseq_tying.studies.verdicts import ALPHA
 
 
@@ -116,11 +124,15 @@ def format_delta(test: Bootstrap, per_seed: bool = True, note: str = "") -> str:
     return f"{format_seed_delta(test)} ({lead}{tests})"
 
 
-def legend(tests: list[Bootstrap], margins: set[float]) -> str:
-    """The verdicts' legend: the bootstrap rule, the equivalence rule with its ``margins`` (of
+def legend(tests: list[Bootstrap], margins: set[float], learning: Learning | None = None
+           ) -> str:
+    """The verdicts' legend: the bootstrap rule, the convergence check with the numbers of
+    ``learning`` (a cell's; none: no sentence), the equivalence rule with its ``margins`` (of
     the claims that BLEU is unchanged; none: no such sentence) and the bootstrap's resolution
     over the family of ``tests``."""
     parts = [verdicts.RULE]
+    if learning is not None:
+        parts.append(verdicts.learning_rule(learning.window, learning.threshold))
     parts += [verdicts.equivalence_rule(m) for m in sorted(margins)]
     family = [t for t in tests if t.n_samples is not None]
     if family:
@@ -144,3 +156,23 @@ def epochs_text(cell: Cell) -> str:
     reasons = ", ".join(f"{stop.reasons.count(r)} {r}" for r in sorted(set(stop.reasons)))
     epochs = "/".join(str(e) for e in stop.epochs)
     return f"{np.mean(stop.epochs):.1f} ({epochs}; {reasons})"
+
+
+def still_learning(summary: Summary) -> str:
+    """``Still learning at the budget (…): three_way/dot (+1.8 %: +1.5, +2.3, +1.6), …`` — the
+    cells whose seeds' mean gain over their last epochs reaches the plateau rule's, each seed's
+    gain beside it; "" when none does."""
+    cells = [(label, c.learning) for label, c in summary.items()
+             if c.learning is not None and c.learning.still]
+    if not cells:
+        return ""
+
+    def pct(gain: float | None) -> str:
+        return "?" if gain is None else f"{100 * gain:+.1f}"
+
+    window, threshold = cells[0][1].window, cells[0][1].threshold
+    return (f"Still learning at the budget (validation NLL {100 * threshold:g} % or more "
+            f"lower over the last {window} epochs than before them, mean of the seeds; each "
+            "seed's in brackets): " + "; ".join(
+                f"{label} ({pct(ln.gain)} %: {', '.join(pct(g) for g in ln.gains)})"
+                for label, ln in cells) + ".")

@@ -23,6 +23,7 @@ from fairseq_tying.studies.cells import (
     Bootstrap,
     Cell,
     GridHead,
+    Learning,
     LMHead,
     MethodHead,
     RunComparison,
@@ -96,7 +97,7 @@ GRID = Spec(
     label=lambda key, records: f"{key[0]}/{key[1]}",
     head=lambda key, records: GridHead(*key),
     values=("seeds", "bleu", "chrf", "valid_nll", "params", "stop", "bleu_best",
-            "valid_nll_common"),
+            "valid_nll_common", "learning"),
     comparisons=(Comparison("vs_dot", _vs_dot, paired_bootstrap("bleu")),
                  Comparison("vs_untied", _vs_untied, paired_bootstrap("bleu"))),
     section=lambda r: r.run.arch,
@@ -151,12 +152,17 @@ def baseline_label(cell: Cell, test: str) -> str:
     return f"{key[0]}/{key[1]}"
 
 
-def family_of(summaries: Iterable[Summary]) -> tuple[list[Bootstrap], set[float]]:
-    """What a legend states of a study's claims (``formatting.legend``): their tests, and the
-    margins of those that BLEU is unchanged."""
+def family_of(summaries: Iterable[Summary]
+              ) -> tuple[list[Bootstrap], set[float], Learning | None]:
+    """What a legend states of a study's claims (``formatting.legend``): their tests, the
+    margins of those that BLEU is unchanged, and a cell's convergence check (its rule's
+    numbers; None where no cell has one)."""
+    summaries = list(summaries)
     pairs = [pair for summary in summaries for pair in claims_tests(summary)]
+    learning = next((c.learning for summary in summaries for c in summary.values()
+                     if c.learning is not None), None)
     return ([test for _, test in pairs],
-            {c.margin for c, _ in pairs if c.expects == verdicts.UNCHANGED})
+            {c.margin for c, _ in pairs if c.expects == verdicts.UNCHANGED}, learning)
 
 
 def changed_by_holm(test: Bootstrap, expects: str) -> tuple[str, str] | None:
@@ -212,7 +218,7 @@ LM = Spec(
     cell=lambda r: (r.run.tying, r.run.output_layer, r.run.tag or ""),
     label=lm_label,
     head=lambda key, records: LMHead(lm_label(key, records), key[0], key[1], key[2] or None),
-    values=("seeds", "test_ppl", "test_loss", "params", "test_ppl_best", "stop"),
+    values=("seeds", "test_ppl", "test_loss", "params", "test_ppl_best", "stop", "learning"),
     comparisons=(
         Comparison("vs_untied_dot", lambda key, cells: None if key == LM_BASELINE
                    else LM_BASELINE, seed_differences("test_ppl")),

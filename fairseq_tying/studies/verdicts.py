@@ -1,12 +1,12 @@
-"""Every verdict rule of the across-run views, in one place (version 3).
+"""Every verdict rule of the across-run views, in one place (version 4).
 
 ``bootstrap``: a difference in BLEU between two cells (a paired bootstrap pooled over the seeds
 the two cells share, ``significance.compare``) *counts* when
 
     the cells share at least SEEDS seeds (n ≥ SEEDS),
-    the paired bootstrap pooled over those seeds gives p < ALPHA after Holm–Bonferroni over the
-    study's family of tests (``adjust``; test-set variance, corrected for the number of
-    tests), and
+    the paired bootstrap pooled over those seeds gives a two-sided p < ALPHA after
+    Holm–Bonferroni over the study's family of tests (``adjust``; test-set variance, corrected
+    for the number of tests), and
     every seed's difference has the same sign (training variance).
 
 Beside the adjusted p the views print the raw p and the seed-level 95 % interval of the paired
@@ -22,6 +22,11 @@ unresolved otherwise. ``why_not`` names the test that failed:
                                 (m/(B + 1) ≥ ALPHA): the resolution decides, not the data;
     not significant after Holm  raw p < ALPHA, adjusted p ≥ ALPHA;
     seeds differ in sign        adjusted p < ALPHA, but a seed's Δ has the other sign.
+
+A claim is neither supported nor contradicted while a cell it compares *still learns* at its
+budget (``cells.Learning``: the mean over its seeds of the plateau rule's gain over the last
+epochs is at least the rule's ``min_gain``, or too few epochs tell): "unresolved (still
+learning at the budget: CELLS)", since a longer budget might reverse the finding.
 
 A claim that BLEU is *unchanged* (tying keeps BLEU) states a margin δ (MARGIN BLEU unless the
 claim gives its own) and is supported only by *equivalence*: two one-sided t-tests of the
@@ -71,11 +76,18 @@ GAIN, UNCHANGED = "gain", "unchanged"  # what a claim expects of its difference
 RULE = (f"a difference counts when the two cells share at least {SEEDS} seeds, the paired "
         "bootstrap pooled over them (two-sided: p = (#{b : |Δ_b − mean Δ_b| ≥ |Δ|} + 1)/(B + 1) "
         f"over B resamples Δ_b) gives p < {ALPHA} after Holm–Bonferroni over the study's "
-        "tests, and every seed's difference has the same sign")
+        "tests, and every seed's difference has the same sign; a claim between cells still "
+        "learning at their budget is unresolved")
 INTERVAL_RULE = ("supported / contradicted / unresolved (lower perplexity): the t-test of the "
                  f"per-seed differences gives p < {ALPHA} after Holm–Bonferroni over the "
                  "study's comparisons with the mean below 0 / above 0 / otherwise")
 COVERAGE = f"{100 * (1 - 2 * ALPHA):g} %"  # the interval of the equivalence test (TOST)
+
+
+def learning_rule(window: int, threshold: float) -> str:
+    """The legend's sentence on cells still learning, with the plateau rule's numbers."""
+    return (f"a cell still learns at its budget when its validation NLL improved by at least "
+            f"{100 * threshold:g} % over its last {window} epochs, on the mean of its seeds")
 
 
 def equivalence_rule(margin: float) -> str:
@@ -220,14 +232,23 @@ def _unchanged(test: Bootstrap, margin: float) -> str:
 
 def bootstrap(test: Bootstrap, expects: str, margin: float = MARGIN) -> str:
     """The verdict on a claim that expects a ``gain`` or that BLEU is ``unchanged`` (within
-    ±``margin`` where the test carries no equivalence test of its family)."""
+    ±``margin`` where the test carries no equivalence test of its family); a claim between
+    cells still learning at their budget is neither supported nor contradicted."""
     if test.n_seeds < SEEDS:
         return f"unresolved ({why_not(test)})"
     if expects == UNCHANGED:
-        return _unchanged(test, margin)
+        return _still_learning(test, _unchanged(test, margin))
     if counts(test):
-        return "supported" if test.delta > 0 else "contradicted"
+        return _still_learning(test, "supported" if test.delta > 0 else "contradicted")
     return f"unresolved ({why_not(test)})"
+
+
+def _still_learning(test: Bootstrap | SeedDifference, verdict: str) -> str:
+    """``verdict``, or "unresolved (still learning at the budget: …)" where it would decide
+    the claim while a compared cell still learns: a longer budget might reverse it."""
+    if test.learning and outcome(verdict) in ("supported", "contradicted"):
+        return f"unresolved (still learning at the budget: {', '.join(test.learning)})"
+    return verdict
 
 
 def in_words(test: Bootstrap) -> str:
@@ -236,6 +257,8 @@ def in_words(test: Bootstrap) -> str:
     shown, or too few seeds to tell."""
     if test.n_seeds < SEEDS:
         return f"too few seeds ({test.n_seeds} of {SEEDS})"
+    if test.learning and (counts(test) or equivalent(test.equivalence)):
+        return "still learning at the budget"
     eq = test.equivalence
     margin = f"±{eq.margin:g}" if eq is not None else ""
     if counts(test):
@@ -264,4 +287,4 @@ def interval(diff: SeedDifference) -> str:
     the t-test's ``p``, Holm-adjusted where ``adjust`` saw its family)."""
     if diff.stat.ci95 is None or not significant(adjusted_p(diff)):
         return "unresolved"
-    return "supported" if diff.stat.mean < 0 else "contradicted"
+    return _still_learning(diff, "supported" if diff.stat.mean < 0 else "contradicted")

@@ -18,6 +18,7 @@ from fairseq_tying.studies.formatting import (
     legend,
     seeds_label,
     shared_means,
+    still_learning,
 )
 from fairseq_tying.studies.record import Record
 
@@ -138,4 +139,8 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     for sec in sections:
         for line in in_words(sec.summary):
             lines.append(f"- `{sec.key}`, {line}" if many else f"- {line[0].upper()}{line[1:]}")
+    learning = [(sec.key, text) for sec in sections if (text := still_learning(sec.summary))]
+    if learning:
+        lines.append("")
+        lines += [f"`{key}`: {text}" if many else text for key, text in learning]
     return "\n".join(lines) + "\n", None

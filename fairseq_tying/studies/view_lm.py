@@ -67,8 +67,10 @@ def changes(summary: Summary) -> list[tuple[str, str, str]]:
     out = []
     for name, cell in summary.items():
         for key, against in (("vs_untied_dot", "untied dot"), ("vs_tied_dot", "tied dot")):
-            if (diff := cell.test(key)) is not None and \
-                    (before := verdicts.interval(verdicts.without_holm(diff))) != diff.verdict:
+            if (diff := cell.test(key)) is None:
+                continue
+            before = verdicts.outcome(verdicts.interval(verdicts.without_holm(diff)))
+            if before != verdicts.outcome(diff.verdict):
                 out.append((f"{name} vs {against}", before, diff.verdict))
     return out
 
