@@ -295,23 +295,23 @@ def test_state_dict_keys_are_spelled_in_the_core_only():
 
 
 def test_reading_a_sweep_file_needs_neither_fairseq_nor_the_evaluation():
-    """launch/sweepfile.py and every package module it leans on (at any depth) import no
+    """sweeps/sweepfile.py and every package module it leans on (at any depth) import no
     fairseq, torch, core or evaluation: checking a sweep file's keys needs none of them, and
-    only launch/grid.py consults fairseq's registry and the evaluation's flags."""
+    only sweeps/grid.py consults fairseq's registry and the evaluation's flags."""
     sources = _package_sources()
     graph = import_graph(sources)
-    needed, todo = set(), ["fairseq_tying.launch.sweepfile"]
+    needed, todo = set(), ["fairseq_tying.sweeps.sweepfile"]
     while todo:
         if (module := todo.pop()) not in needed:
             needed.add(module)
             todo += graph[module]
-    assert {"fairseq_tying.launch.sweep", "fairseq_tying.launch.plateau"} <= needed
+    assert {"fairseq_tying.sweeps.sweep", "fairseq_tying.sweeps.plateau"} <= needed
     heavy = ("fairseq.", "fairseq_cli.", "torch.", "fairseq_tying.core.",
-             "fairseq_tying.evaluation.", "fairseq_tying.studies.", "fairseq_tying.launch.grid.")
+             "fairseq_tying.evaluation.", "fairseq_tying.studies.", "fairseq_tying.sweeps.grid.")
     found = {m: sorted(n for n in imported_modules(sources[m][0], m, sources[m][1])
                        if (n + ".").startswith(heavy)) for m in needed}
     assert {m: names for m, names in found.items() if names} == {}
-    assert "fairseq_tying.launch.grid" in graph["fairseq_tying.launch.config"]
+    assert "fairseq_tying.sweeps.grid" in graph["fairseq_tying.sweeps.config"]
 
 
 REGISTRY = PACKAGE / "core" / "output_layers.py"

@@ -15,7 +15,6 @@ from statsmodels.stats.multitest import multipletests
 
 from fairseq_tying.common.blocks import block_text, markers, replace_block
 from fairseq_tying.launch.__main__ import main as launch
-from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest
 from fairseq_tying.studies import records, verdicts, view_answer, view_equal
 from fairseq_tying.studies.cells import Bootstrap, plain, summary_of
@@ -28,6 +27,7 @@ from fairseq_tying.studies.report import (
     summary_lead,
     summary_source,
 )
+from fairseq_tying.sweeps.config import load_sweep
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"

@@ -33,7 +33,8 @@ from fairseq_tying.common.eval_options import EvalOptions, LMEvalOptions
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.reproducible import cpu_name
 from fairseq_tying.common.run_spec import RunSpec
-from fairseq_tying.launch import FOR_WHAT, fairseq_hooks, plateau
+from fairseq_tying.launch import FOR_WHAT, fairseq_hooks
+from fairseq_tying.sweeps import plateau
 
 submitit = require("submitit", "launch", FOR_WHAT)
 

@@ -32,12 +32,12 @@ from typing import Any
 import yaml
 
 from fairseq_tying.data import prepare as data_prepare
-from fairseq_tying.launch.config import Sweep, check_data, load_sweep
-from fairseq_tying.launch.sweep import SweepError, section_fields, setting
-from fairseq_tying.launch.sweepfile import CHECKS, check_keys, read_section
 from fairseq_tying.launch.sweeps import Launch, launch, selected
 from fairseq_tying.studies import records, report, reproduction
 from fairseq_tying.studies.report import VIEWS, StudyReport, Summary, Target
+from fairseq_tying.sweeps.config import Sweep, check_data, load_sweep
+from fairseq_tying.sweeps.sweep import SweepError, section_fields, setting
+from fairseq_tying.sweeps.sweepfile import CHECKS, check_keys, read_section
 
 MANIFEST = Path("slurm/studies.yaml")
 STUDY, TARGET = "study", "target"  # the manifest's sections: a study, a report target
@@ -186,7 +186,7 @@ def prepare_data(study: Study, sweep: Sweep, dry_run: bool = False) -> None:
 
 
 def sweep_of(study: Study, runs: Path | None):
-    """The study's sweep (``launch.config.Sweep``), its runs in ``runs``, else in the
+    """The study's sweep (``sweeps.config.Sweep``), its runs in ``runs``, else in the
     manifest's ``runs``, else in the sweep's output_dir."""
     if study.sweep is None:
         raise ManifestError(f"study {study.name} has no sweep (its records are frozen); "

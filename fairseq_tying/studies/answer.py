@@ -33,10 +33,10 @@ from fairseq_tying.common import EVAL_JSON, TRAIN_DONE
 from fairseq_tying.common.atomic import write_text
 from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.evaluation.result import TranslationResult, read_result
-from fairseq_tying.launch.config import Run, Sweep, load_sweep
 from fairseq_tying.studies import across, records
 from fairseq_tying.studies.cells import summary_of
 from fairseq_tying.studies.report import Renderer, references
+from fairseq_tying.sweeps.config import Run, Sweep, load_sweep
 
 ANSWER = "answer.md"
 TITLE = "# Does it help?\n"

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common.blocks import markers
-from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import main as study
 from fairseq_tying.launch.sweeps import recorded_stops
 from fairseq_tying.studies import records as study_records
@@ -20,6 +19,7 @@ from fairseq_tying.studies.cells import SeedDifference, Stat
 from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.stats import t_test_p
 from fairseq_tying.studies.verdicts import interval as verdict
+from fairseq_tying.sweeps.config import load_sweep
 from tests.helpers import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm_study"

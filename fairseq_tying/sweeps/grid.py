@@ -20,8 +20,8 @@ from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.eval_options import EvalOptions, evaluate_options
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS
-from fairseq_tying.launch.sweep import GRID, Batch, Resources, Run, SweepError, section_fields
-from fairseq_tying.launch.sweepfile import check_int, check_keys
+from fairseq_tying.sweeps.sweep import GRID, Batch, Resources, Run, SweepError, section_fields
+from fairseq_tying.sweeps.sweepfile import check_int, check_keys
 
 GRID_KEYS = {*section_fields(Run, GRID), "flags"}
 # fairseq flags the launcher owns: setting them in `fairseq:` would contradict the grid/resources
