@@ -86,7 +86,7 @@ def test_evaluating_a_run_imports_nothing_from_the_comparison_of_runs():
     found = _imports_of("evaluation")
     assert len(found) > 8 and "fairseq_tying.evaluation.metrics" in found
     assert any(n.startswith("fairseq_tying.evaluation.") for n in
-               _imports_of("studies")["fairseq_tying.studies.records"])
+               _imports_of("studies")["fairseq_tying.studies.records.records"])
     bad = {m: sorted(n for n in names if (n + ".").startswith("fairseq_tying.studies."))
            for m, names in found.items()}
     assert {m: names for m, names in bad.items() if names} == {}
@@ -94,7 +94,7 @@ def test_evaluating_a_run_imports_nothing_from_the_comparison_of_runs():
 
 def test_no_view_imports_another_view():
     """Each view renders its own block; what views share (formatting, the papers' numbers)
-    lives in ``studies.formatting``, so a view is read and changed on its own."""
+    lives in ``studies.views.formatting``, so a view is read and changed on its own."""
     views = {m: names for m, names in _imports_of("studies").items()
              if m.rpartition(".")[2].startswith("view_")}
     assert len(views) >= 4

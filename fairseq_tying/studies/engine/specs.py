@@ -18,17 +18,7 @@ from dataclasses import dataclass, replace
 
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.output_layers import BASELINE
-from fairseq_tying.studies import verdicts
-from fairseq_tying.studies.cells import (
-    Bootstrap,
-    Cell,
-    GridHead,
-    LMHead,
-    MethodHead,
-    RunComparison,
-    Summary,
-)
-from fairseq_tying.studies.engine import (
+from fairseq_tying.studies.engine.engine import (
     Cells,
     Comparison,
     Context,
@@ -40,8 +30,18 @@ from fairseq_tying.studies.engine import (
     seed_differences,
     with_tests,
 )
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.significance import compare
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import (
+    Bootstrap,
+    Cell,
+    GridHead,
+    LMHead,
+    MethodHead,
+    RunComparison,
+    Summary,
+)
+from fairseq_tying.studies.statistics.significance import compare
 
 # --- translation: (tying, output layer) cells ------------------------------------------------
 

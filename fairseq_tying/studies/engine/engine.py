@@ -19,10 +19,19 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
-from fairseq_tying.studies.cells import AtEpoch, Cell, Head, Stat, Stops, Summary, Test, Value
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.significance import compare, seed_difference
-from fairseq_tying.studies.verdicts import resamples
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics.cells import (
+    AtEpoch,
+    Cell,
+    Head,
+    Stat,
+    Stops,
+    Summary,
+    Test,
+    Value,
+)
+from fairseq_tying.studies.statistics.significance import compare, seed_difference
+from fairseq_tying.studies.statistics.verdicts import resamples
 
 Key = Hashable  # a cell's key, e.g. (tying, output layer)
 Runs = dict[Any, Record]  # a cell's runs by member (its seed)

@@ -17,10 +17,11 @@ from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation.norms import plot_norm_histograms
-from fairseq_tying.studies import FOR_WHAT, specs
-from fairseq_tying.studies.cells import Cell, Summary
-from fairseq_tying.studies.engine import Cells, Section, band
-from fairseq_tying.studies.formatting import (
+from fairseq_tying.studies import FOR_WHAT
+from fairseq_tying.studies.engine import specs
+from fairseq_tying.studies.engine.engine import Cells, Section, band
+from fairseq_tying.studies.statistics.cells import Cell, Summary
+from fairseq_tying.studies.views.formatting import (
     epochs_text,
     format_delta,
     format_p,
@@ -29,7 +30,7 @@ from fairseq_tying.studies.formatting import (
     legend,
     shared_means,
 )
-from fairseq_tying.studies.plots import (
+from fairseq_tying.studies.views.plots import (
     plot_bands,
     plot_bleu_grid,
     plot_curves,

@@ -9,17 +9,18 @@ from typing import Any
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE, PAPER_LAYERS
-from fairseq_tying.studies import specs, verdicts
-from fairseq_tying.studies.cells import Cell, Summary
-from fairseq_tying.studies.engine import Section
-from fairseq_tying.studies.formatting import (
+from fairseq_tying.studies.engine import specs
+from fairseq_tying.studies.engine.engine import Section
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import Cell, Summary
+from fairseq_tying.studies.views.formatting import (
     format_seed_delta,
     format_tests,
     legend,
     seeds_label,
     shared_means,
 )
-from fairseq_tying.studies.record import Record
 
 
 def _order(cell: Cell) -> tuple:

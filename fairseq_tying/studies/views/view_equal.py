@@ -15,10 +15,14 @@ from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE
-from fairseq_tying.studies import specs, verdicts
-from fairseq_tying.studies.cells import Bootstrap, Cell, Summary
-from fairseq_tying.studies.engine import Cells, Section
-from fairseq_tying.studies.formatting import (
+from fairseq_tying.studies.engine import specs
+from fairseq_tying.studies.engine.engine import Cells, Section
+from fairseq_tying.studies.engine.specs import PRESS_WOLF, SHARED
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import Bootstrap, Cell, Summary
+from fairseq_tying.studies.statistics.stats import mean_ci
+from fairseq_tying.studies.views.formatting import (
     format_delta,
     format_stat,
     holm_changes,
@@ -26,10 +30,7 @@ from fairseq_tying.studies.formatting import (
     seeds_label,
     shared_means,
 )
-from fairseq_tying.studies.plots import plot_bands
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.specs import PRESS_WOLF, SHARED
-from fairseq_tying.studies.stats import mean_ci
+from fairseq_tying.studies.views.plots import plot_bands
 
 
 def _cells(summary: Summary) -> list[Cell]:
