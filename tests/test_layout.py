@@ -130,14 +130,18 @@ def test_imports_are_at_the_top_unless_a_comment_says_why():
     assert unexplained_imports("def f():\n    # os: why\n    import os\n    import re\n") == []
 
 
-def test_importing_the_tools_does_not_look_like_training():
+def test_importing_the_tools_neither_looks_like_training_nor_configures_logging():
     """The plugin reads an imported ``fairseq_cli.train`` as running under fairseq-train (and
     then guards a resume, core/models/guards.py): no module of the package imports it at the
-    top, so a tool that builds a model (params, export, bench) is not taken for a training."""
+    top, so a tool that builds a model (params, export, bench) is not taken for a training.
+    Importing them leaves logging to the host (fairseq's modules that configure it when
+    imported included); a command configures its own in its entry point."""
     modules = sorted(_module_name(p) for p in _modules() if p.name != "__main__.py")
-    code = ("import importlib, sys\n"
+    code = ("import importlib, logging, sys\n"
             f"for m in {modules!r}:\n    importlib.import_module(m)\n"
-            "assert 'fairseq_cli.train' not in sys.modules\n")
+            "assert 'fairseq_cli.train' not in sys.modules\n"
+            "assert 'fairseq.models.wav2vec.wav2vec2_classification' in sys.modules\n"
+            "assert (logging.root.handlers, logging.root.level) == ([], logging.WARNING)\n")
     subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True, cwd=REPO,
                    capture_output=True)
 
