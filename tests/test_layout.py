@@ -1,8 +1,10 @@
 """The package's layout rules (docs/design.md, "Layout"): one file name per module, a plugin
-core that imports nothing from the tools, the evaluation of one run that imports nothing from
-the comparison of runs, views that import no other view, no test infrastructure in the
-installed package, no module over 450 lines, no import cycle, state-dict keys spelled in the
-core only, and no decision by an output layer's name outside the layers' registry."""
+core that imports nothing from the tools, no import from a higher floor, function-level imports
+of the package's modules only where listed with their reason, the evaluation of one run that
+imports nothing from the comparison of runs, views that import no other view, no test
+infrastructure in the installed package, no module over 450 lines, no import cycle, state-dict
+keys spelled in the core only, and no decision by an output layer's name outside the layers'
+registry."""
 
 from __future__ import annotations
 
@@ -379,3 +381,94 @@ def test_common_holds_only_what_several_rooms_use():
                 users[dep].add(_room(module))
     assert {m: sorted(rooms) for m, rooms in users.items() if len(rooms) < 2} == {}
     assert "fairseq_tying.common.blocks" in users and _room("fairseq_tying.demo") == "demo"
+
+
+# The floors of the package, lowest first: a module imports from its own floor or one below,
+# never from one above (function-level imports included). The plugin (the package's __init__
+# and core/) is what fairseq-train loads; common/ serves the tools; sweeps/ is the sweep model
+# that launching and comparing runs share; then the tools of one run, the tools across runs,
+# and the commands that drive them all.
+FLOORS = (("fairseq_tying", "core"), ("common",), ("sweeps",),
+          ("data", "evaluation", "export", "analysis", "translate"), ("studies", "bench"),
+          ("launch", "demo"))
+
+
+def _floor(module: str) -> int:
+    return next(i for i, rooms in enumerate(FLOORS) if _room(module) in rooms)
+
+
+def imports_from_above(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for each import of ``graph`` from a higher floor."""
+    return sorted(f"{m} -> {dep}" for m, deps in graph.items() for dep in deps
+                  if _floor(dep) > _floor(m))
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    """core, then common, then sweeps, then the one-run tools (data, evaluation, export,
+    analysis, translate), then studies and bench, then launch and the demo: a room leans only
+    on the floors below it, so the sweep model is read without launching anything, a run is
+    evaluated without the across-run engine, and each floor is tested without those above."""
+    graph = import_graph(_package_sources())
+    assert {_room(m) for m in graph} == {room for rooms in FLOORS for room in rooms}
+    assert imports_from_above(graph) == []
+    assert imports_from_above({"fairseq_tying.sweeps.grid": {"fairseq_tying.evaluation.cli",
+                                                             "fairseq_tying.common"},
+                               "fairseq_tying.launch.job": {"fairseq_tying.studies.collect"}}
+                              ) == ["fairseq_tying.sweeps.grid -> fairseq_tying.evaluation.cli"]
+
+
+# The function-level imports of the package's own modules, each keeping an optional library
+# (whose absence the command then names, common/extras.py's run_main) or a slow import off a
+# command's start: {(importer, imported): why}.
+SACREMOSES = "sacremoses (0.7 s) off --help"
+MATPLOTLIB = "matplotlib (1 s) off --help"
+DEFERRED = {
+    ("fairseq_tying.demo", "fairseq_tying.studies.collect"):
+        "the analysis extra, named before any training",
+    ("fairseq_tying.evaluation.cli", "fairseq_tying.evaluation.evaluate"): SACREMOSES,
+    ("fairseq_tying.evaluation.cli", "fairseq_tying.evaluation.perplexity"): SACREMOSES,
+    ("fairseq_tying.translate", "fairseq_tying.common.moses"):
+        SACREMOSES + " and off a sentencepiece model",
+    ("fairseq_tying.launch.__main__", "fairseq_tying.launch.sweeps"):
+        "the launch extra (submitit), named when missing; new-sweep runs without it",
+    ("fairseq_tying.launch.__main__", "fairseq_tying.launch.studies"):
+        "the launch and analysis extras, named when missing; matplotlib off a sweep",
+    ("fairseq_tying.launch.job", "fairseq_tying.evaluation.evaluate"):
+        "sacremoses (0.7 s) off a training job",
+    ("fairseq_tying.launch.job", "fairseq_tying.evaluation.perplexity"):
+        "sacremoses (0.7 s) off a training job",
+    ("fairseq_tying.launch.job", "fairseq_tying.studies.collect"):
+        "matplotlib (1 s) off a training job",
+    ("fairseq_tying.studies.commands", "fairseq_tying.studies.collect"): MATPLOTLIB,
+    ("fairseq_tying.studies.commands", "fairseq_tying.studies.views.report"): MATPLOTLIB,
+    ("fairseq_tying.studies.commands", "fairseq_tying.studies.answer"): MATPLOTLIB,
+}
+
+
+def function_level_imports(sources: dict[str, tuple[str, bool]]) -> set[tuple[str, str]]:
+    """``(importer, imported)`` for each package module imported inside a function of
+    ``sources`` (``from pkg import name``: ``pkg.name`` if it is a module, else ``pkg``)."""
+    found = set()
+    for module, (source, is_package) in sources.items():
+        for fn in ast.walk(ast.parse(source)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    for name in imported_modules(ast.unparse(node), module, is_package):
+                        target = name if name in sources else name.rpartition(".")[0]
+                        if target in sources:
+                            found.add((module, target))
+    return found
+
+
+def test_a_function_imports_a_package_module_only_to_keep_it_off_a_commands_start():
+    """A module's own modules are imported at its top, where a reader sees its dependencies;
+    the exceptions keep an optional library or a slow import off a command's start, each
+    listed here with its reason."""
+    assert function_level_imports(_package_sources()) == set(DEFERRED)
+    assert all(why.strip() for why in DEFERRED.values())
+    sources = {"p": ("", True), "p.a": ("import p.b\ndef f():\n    from . import c\n", False),
+               "p.b": ("", False), "p.c": ("class C:\n    def g(self):\n        import p.b\n",
+                                           False)}
+    assert function_level_imports(sources) == {("p.a", "p.c"), ("p.c", "p.b")}
