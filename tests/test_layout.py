@@ -472,3 +472,47 @@ def test_a_function_imports_a_package_module_only_to_keep_it_off_a_commands_star
                "p.b": ("", False), "p.c": ("class C:\n    def g(self):\n        import p.b\n",
                                            False)}
     assert function_level_imports(sources) == {("p.a", "p.c"), ("p.c", "p.b")}
+
+
+TYING_REGISTRY = PACKAGE / "core" / "models" / "tying.py"
+# the comparisons with "none" that are about another option: their other side
+NOT_TYING = {"opts.quantization", "quantization", "post_process", "kind"}
+
+
+def tying_name_tests(source: str, modes: set[str]) -> list[int]:
+    """The lines of ``source`` that compare with a tying mode's name (``t == "none"``,
+    ``mode in ("none", "decoder")``), but for the ``"none"`` of another option (NOT_TYING)."""
+    def named(node: ast.AST) -> set[str]:
+        if isinstance(node, ast.Constant) and node.value in modes:
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in modes}
+        return set()
+
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        found = set().union(*map(named, sides))
+        other = {ast.unparse(side) for side in sides if not named(side)}
+        if found and not (found == {"none"} and other & NOT_TYING):
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_what_a_tying_mode_is_lives_in_the_registry_only():
+    """Each tying mode is one ``TyingMode`` of core/models/tying.py: what it shares, how it
+    exports, what it needs of the dictionaries, its label. Nothing else in the package compares
+    with a mode's name: a new mode is one entry there (and its tests)."""
+    from fairseq_tying.core.models import tying
+
+    modes = set(tying.TYING_MODES)
+    assert modes == {"none", "decoder", "three_way"}
+    found = [f"{p.relative_to(REPO)}:{line}" for p in _modules() if p != TYING_REGISTRY
+             for line in tying_name_tests(p.read_text(), modes)]
+    assert found == []
+    source = ('if t == "none":\n    pass\nx = mode in ("none", "decoder")\n'
+              'y = "three_way" != args.tying\nok = kind == "none"\nfine = t == UNTIED.name\n'
+              'z = {"decoder": 1}\n')
+    assert tying_name_tests(source, modes) == [1, 3, 4]

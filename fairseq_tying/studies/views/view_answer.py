@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fairseq_tying.core import output_layers
+from fairseq_tying.core.models.tying import THREE_WAY
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE, PAPER_LAYERS
 from fairseq_tying.studies.engine import specs
@@ -110,7 +111,7 @@ def answers(records: list[Record]) -> bool:
         seeds.setdefault((r.run.arch, r.run.tying, r.run.output_layer), set()).add(r.run.seed)
     if not seeds:
         return False
-    needed = {(t, BASELINE) for t in TYINGS} | {("three_way", layer) for layer in PAPER_LAYERS}
+    needed = {(t, BASELINE) for t in TYINGS} | {(THREE_WAY.name, layer) for layer in PAPER_LAYERS}
     return any(all(len(seeds.get((arch, *cell), ())) >= verdicts.SEEDS for cell in needed)
                for arch in {a for a, _, _ in seeds})
 
