@@ -3,8 +3,8 @@ core that imports nothing from the tools, no import from a higher floor, functio
 of the package's modules only where listed with their reason, the evaluation of one run that
 imports nothing from the comparison of runs, views that import no other view, no test
 infrastructure in the installed package, no module over 450 lines, no import cycle, state-dict
-keys spelled in the core only, and no decision by an output layer's name outside the layers'
-registry."""
+keys spelled in the core only, and no decision by an output layer's or a tying mode's name
+outside its registry."""
 
 from __future__ import annotations
 
