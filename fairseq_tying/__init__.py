@@ -7,19 +7,15 @@ only when used.
 """
 
 import logging
-import os
-import sys
 
-# Importing fairseq.models runs fairseq/models/wav2vec/wav2vec2_classification.py, which calls
-# logging.basicConfig(level=DEBUG): every library's DEBUG records (matplotlib's, ...) would then
-# reach stderr. Configure the root logger first, as fairseq's own CLIs do (same format, LOGLEVEL,
-# default INFO), so that call does nothing. A no-op when a CLI (fairseq-train loading this
-# package as --user-dir) or the application has configured logging already.
-logging.basicConfig(
-    format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-    datefmt="%Y-%m-%d %H:%M:%S",
-    level=os.environ.get("LOGLEVEL", "INFO").upper(),
-    stream=sys.stderr,
-)
-
-from fairseq_tying import core  # noqa: E402,F401  (registration, after the logging set-up)
+# Importing fairseq.models and fairseq.tasks runs modules that configure logging when imported
+# (wav2vec2_classification.py: logging.basicConfig(level=DEBUG), every library's DEBUG records
+# on stderr). A handler on the root logger while the plugin imports fairseq makes those calls do
+# nothing, and is removed after: importing the package leaves logging as it found it, to the
+# host (fairseq's CLIs, an application) or to our commands' entry points (run_main).
+_quiet = logging.NullHandler()
+logging.root.addHandler(_quiet)
+try:
+    from fairseq_tying import core  # noqa: F401  (registration)
+finally:
+    logging.root.removeHandler(_quiet)

@@ -19,8 +19,8 @@ import torch
 from matplotlib import image as mpimg
 
 import fairseq_tying
+from fairseq_tying.common.eval_options import evaluate_options
 from fairseq_tying.evaluation.average import average_checkpoints
-from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.launch import job
 from tests.helpers import (
     SPM_SIZES,

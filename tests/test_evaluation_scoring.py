@@ -15,22 +15,21 @@ import pytest
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
+from fairseq_tying.common.eval_options import evaluate_options, preset_for_arch, resolve_preset
 from fairseq_tying.evaluation import metrics
-from fairseq_tying.evaluation.cli import evaluate_options
 from fairseq_tying.evaluation.evaluate import evaluate_run
 from fairseq_tying.evaluation.generate import parse_hypotheses
 from fairseq_tying.evaluation.perplexity import evaluate_lm_run
-from fairseq_tying.evaluation.presets import preset_for_arch, resolve_preset
-from fairseq_tying.studies.formatting import format_ci
-from fairseq_tying.studies.record import Identity, Record
-from fairseq_tying.studies.significance import (
+from fairseq_tying.studies.records.record import Identity, Record
+from fairseq_tying.studies.statistics.significance import (
     bleu_scores,
     compare,
     metric_stats,
     resample_counts,
     seed_paired_bootstrap,
 )
-from fairseq_tying.studies.stats import mean_ci
+from fairseq_tying.studies.statistics.stats import mean_ci
+from fairseq_tying.studies.views.formatting import format_ci
 from tests.helpers import run_cli
 
 REFS = [

@@ -1,8 +1,10 @@
 """The package's layout rules (docs/design.md, "Layout"): one file name per module, a plugin
-core that imports nothing from the tools, the evaluation of one run that imports nothing from
-the comparison of runs, views that import no other view, no test infrastructure in the
-installed package, no module over 450 lines, no import cycle, state-dict keys spelled in the
-core only, and no decision by an output layer's name outside the layers' registry."""
+core that imports nothing from the tools, no import from a higher floor, function-level imports
+of the package's modules only where listed with their reason, the evaluation of one run that
+imports nothing from the comparison of runs, views that import no other view, no test
+infrastructure in the installed package, no module over 450 lines, no import cycle, state-dict
+keys spelled in the core only, and no decision by an output layer's or a tying mode's name
+outside its registry."""
 
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ def test_evaluating_a_run_imports_nothing_from_the_comparison_of_runs():
     found = _imports_of("evaluation")
     assert len(found) > 8 and "fairseq_tying.evaluation.metrics" in found
     assert any(n.startswith("fairseq_tying.evaluation.") for n in
-               _imports_of("studies")["fairseq_tying.studies.records"])
+               _imports_of("studies")["fairseq_tying.studies.records.records"])
     bad = {m: sorted(n for n in names if (n + ".").startswith("fairseq_tying.studies."))
            for m, names in found.items()}
     assert {m: names for m, names in bad.items() if names} == {}
@@ -94,7 +96,7 @@ def test_evaluating_a_run_imports_nothing_from_the_comparison_of_runs():
 
 def test_no_view_imports_another_view():
     """Each view renders its own block; what views share (formatting, the papers' numbers)
-    lives in ``studies.formatting``, so a view is read and changed on its own."""
+    lives in ``studies.views.formatting``, so a view is read and changed on its own."""
     views = {m: names for m, names in _imports_of("studies").items()
              if m.rpartition(".")[2].startswith("view_")}
     assert len(views) >= 4
@@ -130,14 +132,18 @@ def test_imports_are_at_the_top_unless_a_comment_says_why():
     assert unexplained_imports("def f():\n    # os: why\n    import os\n    import re\n") == []
 
 
-def test_importing_the_tools_does_not_look_like_training():
+def test_importing_the_tools_neither_looks_like_training_nor_configures_logging():
     """The plugin reads an imported ``fairseq_cli.train`` as running under fairseq-train (and
     then guards a resume, core/models/guards.py): no module of the package imports it at the
-    top, so a tool that builds a model (params, export, bench) is not taken for a training."""
+    top, so a tool that builds a model (params, export, bench) is not taken for a training.
+    Importing them leaves logging to the host (fairseq's modules that configure it when
+    imported included); a command configures its own in its entry point."""
     modules = sorted(_module_name(p) for p in _modules() if p.name != "__main__.py")
-    code = ("import importlib, sys\n"
+    code = ("import importlib, logging, sys\n"
             f"for m in {modules!r}:\n    importlib.import_module(m)\n"
-            "assert 'fairseq_cli.train' not in sys.modules\n")
+            "assert 'fairseq_cli.train' not in sys.modules\n"
+            "assert 'fairseq.models.wav2vec.wav2vec2_classification' in sys.modules\n"
+            "assert (logging.root.handlers, logging.root.level) == ([], logging.WARNING)\n")
     subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True, cwd=REPO,
                    capture_output=True)
 
@@ -295,23 +301,23 @@ def test_state_dict_keys_are_spelled_in_the_core_only():
 
 
 def test_reading_a_sweep_file_needs_neither_fairseq_nor_the_evaluation():
-    """launch/sweepfile.py and every package module it leans on (at any depth) import no
+    """sweeps/sweepfile.py and every package module it leans on (at any depth) import no
     fairseq, torch, core or evaluation: checking a sweep file's keys needs none of them, and
-    only launch/grid.py consults fairseq's registry and the evaluation's flags."""
+    only sweeps/grid.py consults fairseq's registry and the evaluation's flags."""
     sources = _package_sources()
     graph = import_graph(sources)
-    needed, todo = set(), ["fairseq_tying.launch.sweepfile"]
+    needed, todo = set(), ["fairseq_tying.sweeps.sweepfile"]
     while todo:
         if (module := todo.pop()) not in needed:
             needed.add(module)
             todo += graph[module]
-    assert {"fairseq_tying.launch.sweep", "fairseq_tying.launch.plateau"} <= needed
+    assert {"fairseq_tying.sweeps.sweep", "fairseq_tying.sweeps.plateau"} <= needed
     heavy = ("fairseq.", "fairseq_cli.", "torch.", "fairseq_tying.core.",
-             "fairseq_tying.evaluation.", "fairseq_tying.studies.", "fairseq_tying.launch.grid.")
+             "fairseq_tying.evaluation.", "fairseq_tying.studies.", "fairseq_tying.sweeps.grid.")
     found = {m: sorted(n for n in imported_modules(sources[m][0], m, sources[m][1])
                        if (n + ".").startswith(heavy)) for m in needed}
     assert {m: names for m, names in found.items() if names} == {}
-    assert "fairseq_tying.launch.grid" in graph["fairseq_tying.launch.config"]
+    assert "fairseq_tying.sweeps.grid" in graph["fairseq_tying.sweeps.config"]
 
 
 REGISTRY = PACKAGE / "core" / "output_layers.py"
@@ -375,3 +381,138 @@ def test_common_holds_only_what_several_rooms_use():
                 users[dep].add(_room(module))
     assert {m: sorted(rooms) for m, rooms in users.items() if len(rooms) < 2} == {}
     assert "fairseq_tying.common.blocks" in users and _room("fairseq_tying.demo") == "demo"
+
+
+# The floors of the package, lowest first: a module imports from its own floor or one below,
+# never from one above (function-level imports included). The plugin (the package's __init__
+# and core/) is what fairseq-train loads; common/ serves the tools; sweeps/ is the sweep model
+# that launching and comparing runs share; then the tools of one run, the tools across runs,
+# and the commands that drive them all.
+FLOORS = (("fairseq_tying", "core"), ("common",), ("sweeps",),
+          ("data", "evaluation", "export", "analysis", "translate"), ("studies", "bench"),
+          ("launch", "demo"))
+
+
+def _floor(module: str) -> int:
+    return next(i for i, rooms in enumerate(FLOORS) if _room(module) in rooms)
+
+
+def imports_from_above(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for each import of ``graph`` from a higher floor."""
+    return sorted(f"{m} -> {dep}" for m, deps in graph.items() for dep in deps
+                  if _floor(dep) > _floor(m))
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    """core, then common, then sweeps, then the one-run tools (data, evaluation, export,
+    analysis, translate), then studies and bench, then launch and the demo: a room leans only
+    on the floors below it, so the sweep model is read without launching anything, a run is
+    evaluated without the across-run engine, and each floor is tested without those above."""
+    graph = import_graph(_package_sources())
+    assert {_room(m) for m in graph} == {room for rooms in FLOORS for room in rooms}
+    assert imports_from_above(graph) == []
+    assert imports_from_above({"fairseq_tying.sweeps.grid": {"fairseq_tying.evaluation.cli",
+                                                             "fairseq_tying.common"},
+                               "fairseq_tying.launch.job": {"fairseq_tying.studies.collect"}}
+                              ) == ["fairseq_tying.sweeps.grid -> fairseq_tying.evaluation.cli"]
+
+
+# The function-level imports of the package's own modules, each keeping an optional library
+# (whose absence the command then names, common/extras.py's run_main) or a slow import off a
+# command's start: {(importer, imported): why}.
+SACREMOSES = "sacremoses (0.7 s) off --help"
+MATPLOTLIB = "matplotlib (1 s) off --help"
+DEFERRED = {
+    ("fairseq_tying.demo", "fairseq_tying.studies.collect"):
+        "the analysis extra, named before any training",
+    ("fairseq_tying.evaluation.cli", "fairseq_tying.evaluation.evaluate"): SACREMOSES,
+    ("fairseq_tying.evaluation.cli", "fairseq_tying.evaluation.perplexity"): SACREMOSES,
+    ("fairseq_tying.translate", "fairseq_tying.common.moses"):
+        SACREMOSES + " and off a sentencepiece model",
+    ("fairseq_tying.launch.__main__", "fairseq_tying.launch.sweeps"):
+        "the launch extra (submitit), named when missing; new-sweep runs without it",
+    ("fairseq_tying.launch.__main__", "fairseq_tying.launch.studies"):
+        "the launch and analysis extras, named when missing; matplotlib off a sweep",
+    ("fairseq_tying.launch.job", "fairseq_tying.evaluation.evaluate"):
+        "sacremoses (0.7 s) off a training job",
+    ("fairseq_tying.launch.job", "fairseq_tying.evaluation.perplexity"):
+        "sacremoses (0.7 s) off a training job",
+    ("fairseq_tying.launch.job", "fairseq_tying.studies.collect"):
+        "matplotlib (1 s) off a training job",
+    ("fairseq_tying.studies.commands", "fairseq_tying.studies.collect"): MATPLOTLIB,
+    ("fairseq_tying.studies.commands", "fairseq_tying.studies.views.report"): MATPLOTLIB,
+    ("fairseq_tying.studies.commands", "fairseq_tying.studies.answer"): MATPLOTLIB,
+}
+
+
+def function_level_imports(sources: dict[str, tuple[str, bool]]) -> set[tuple[str, str]]:
+    """``(importer, imported)`` for each package module imported inside a function of
+    ``sources`` (``from pkg import name``: ``pkg.name`` if it is a module, else ``pkg``)."""
+    found = set()
+    for module, (source, is_package) in sources.items():
+        for fn in ast.walk(ast.parse(source)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    for name in imported_modules(ast.unparse(node), module, is_package):
+                        target = name if name in sources else name.rpartition(".")[0]
+                        if target in sources:
+                            found.add((module, target))
+    return found
+
+
+def test_a_function_imports_a_package_module_only_to_keep_it_off_a_commands_start():
+    """A module's own modules are imported at its top, where a reader sees its dependencies;
+    the exceptions keep an optional library or a slow import off a command's start, each
+    listed here with its reason."""
+    assert function_level_imports(_package_sources()) == set(DEFERRED)
+    assert all(why.strip() for why in DEFERRED.values())
+    sources = {"p": ("", True), "p.a": ("import p.b\ndef f():\n    from . import c\n", False),
+               "p.b": ("", False), "p.c": ("class C:\n    def g(self):\n        import p.b\n",
+                                           False)}
+    assert function_level_imports(sources) == {("p.a", "p.c"), ("p.c", "p.b")}
+
+
+TYING_REGISTRY = PACKAGE / "core" / "models" / "tying.py"
+# the comparisons with "none" that are about another option: their other side
+NOT_TYING = {"opts.quantization", "quantization", "post_process", "kind"}
+
+
+def tying_name_tests(source: str, modes: set[str]) -> list[int]:
+    """The lines of ``source`` that compare with a tying mode's name (``t == "none"``,
+    ``mode in ("none", "decoder")``), but for the ``"none"`` of another option (NOT_TYING)."""
+    def named(node: ast.AST) -> set[str]:
+        if isinstance(node, ast.Constant) and node.value in modes:
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in modes}
+        return set()
+
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        found = set().union(*map(named, sides))
+        other = {ast.unparse(side) for side in sides if not named(side)}
+        if found and not (found == {"none"} and other & NOT_TYING):
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_what_a_tying_mode_is_lives_in_the_registry_only():
+    """Each tying mode is one ``TyingMode`` of core/models/tying.py: what it shares, how it
+    exports, what it needs of the dictionaries, its label. Nothing else in the package compares
+    with a mode's name: a new mode is one entry there (and its tests)."""
+    from fairseq_tying.core.models import tying
+
+    modes = set(tying.TYING_MODES)
+    assert modes == {"none", "decoder", "three_way"}
+    found = [f"{p.relative_to(REPO)}:{line}" for p in _modules() if p != TYING_REGISTRY
+             for line in tying_name_tests(p.read_text(), modes)]
+    assert found == []
+    source = ('if t == "none":\n    pass\nx = mode in ("none", "decoder")\n'
+              'y = "three_way" != args.tying\nok = kind == "none"\nfine = t == UNTIED.name\n'
+              'z = {"decoder": 1}\n')
+    assert tying_name_tests(source, modes) == [1, 3, 4]

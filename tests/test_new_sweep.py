@@ -10,7 +10,7 @@ import pytest
 
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS
 from fairseq_tying.launch.__main__ import main as launch_main
-from fairseq_tying.launch.config import load_sweep
+from fairseq_tying.sweeps.config import load_sweep
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from fairseq_tying.common.checkpoints import CheckpointConfig
 from fairseq_tying.common.run_spec import Identity, RunSpec, read_run_json, write_run_json
 from fairseq_tying.evaluation.result import PerplexityResult, TranslationResult, read_result
 from fairseq_tying.evaluation.run import RunFacts
-from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.job import EvalJob, TrainJob
+from fairseq_tying.sweeps.config import load_sweep
 from tests.helpers import REPO
 
 # the run.json of a run launched before the identity had its own type (a quarter study's run)

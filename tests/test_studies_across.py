@@ -1,12 +1,13 @@
-"""``studies.across``: a claim's Δ on two data sets and its change, by Welch's interval."""
+"""``studies.statistics.across``: a claim's Δ on two data sets and its change, by Welch's
+interval."""
 
 from __future__ import annotations
 
 import pytest
 from scipy import stats
 
-from fairseq_tying.studies import across
-from fairseq_tying.studies.cells import Bootstrap, Cell, GridHead, Summary
+from fairseq_tying.studies.statistics import across
+from fairseq_tying.studies.statistics.cells import Bootstrap, Cell, GridHead, Summary
 
 
 @pytest.mark.parametrize("a, b", [([1.33, 1.44, 1.06], [2.1, 2.5, 1.8]),

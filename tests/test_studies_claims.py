@@ -1,5 +1,6 @@
-"""The verdict rules (``studies.verdicts``: the bootstrap rule, equivalence, Holm, the bootstrap's
-resolution), the claims table and the short answer's rows, on hand-made comparisons."""
+"""The verdict rules (``studies.statistics.verdicts``: the bootstrap rule, equivalence, Holm,
+the bootstrap's resolution), the claims table and the short answer's rows, on hand-made
+comparisons."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fairseq_tying.studies import formatting, verdicts, view_answer
-from fairseq_tying.studies.cells import (
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import (
     Bootstrap,
     Cell,
     Equivalence,
@@ -18,10 +19,11 @@ from fairseq_tying.studies.cells import (
     Stat,
     Stops,
 )
-from fairseq_tying.studies.formatting import format_ps, p_digits
-from fairseq_tying.studies.stats import t_test_p, tost
-from fairseq_tying.studies.verdicts import SEEDS, bootstrap, counts, holm, why_not
-from fairseq_tying.studies.view_grid import claims_table, stop_correlation
+from fairseq_tying.studies.statistics.stats import t_test_p, tost
+from fairseq_tying.studies.statistics.verdicts import SEEDS, bootstrap, counts, holm, why_not
+from fairseq_tying.studies.views import formatting, view_answer
+from fairseq_tying.studies.views.formatting import format_ps, p_digits
+from fairseq_tying.studies.views.view_grid import claims_table, stop_correlation
 
 
 def comparison(*deltas: float, p: float, per_seed_p: tuple[float, ...] | None = None

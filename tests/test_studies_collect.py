@@ -18,13 +18,13 @@ from matplotlib import image as mpimg
 from fairseq_tying.evaluation import metrics
 from fairseq_tying.evaluation.cli import main as evaluation
 from fairseq_tying.launch.job import machines, rank_facts
-from fairseq_tying.studies import engine, specs
 from fairseq_tying.studies.collect import collect
 from fairseq_tying.studies.commands import main
-from fairseq_tying.studies.formatting import format_ci
-from fairseq_tying.studies.record import Training
-from fairseq_tying.studies.records import load_evaluated, train_facts, training_summary
-from fairseq_tying.studies.stats import mean_ci
+from fairseq_tying.studies.engine import engine, specs
+from fairseq_tying.studies.records.record import Training
+from fairseq_tying.studies.records.records import load_evaluated, train_facts, training_summary
+from fairseq_tying.studies.statistics.stats import mean_ci
+from fairseq_tying.studies.views.formatting import format_ci
 from tests.helpers import REPO
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -222,7 +222,7 @@ def test_exporting_records_needs_no_matplotlib():
     only what training needs: the record path must not import the plotting stack."""
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from fairseq_tying.evaluation import norms\n"
-            "from fairseq_tying.studies import records\n"
+            "from fairseq_tying.studies.records import records\n"
             "assert callable(records.export) and callable(norms.row_norms)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common.checkpoints import CheckpointConfig
-from fairseq_tying.studies.record import SCHEMA, Perplexity, Record, Stop, Translation
-from fairseq_tying.studies.records import build_record, export
+from fairseq_tying.studies.records.record import SCHEMA, Perplexity, Record, Stop, Translation
+from fairseq_tying.studies.records.records import build_record, export
 from tests.helpers import REPO
 
 RECORDS = sorted(REPO.glob("docs/*/records/*.json"))

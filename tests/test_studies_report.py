@@ -15,19 +15,21 @@ from statsmodels.stats.multitest import multipletests
 
 from fairseq_tying.common.blocks import block_text, markers, replace_block
 from fairseq_tying.launch.__main__ import main as launch
-from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest
-from fairseq_tying.studies import records, verdicts, view_answer, view_equal
-from fairseq_tying.studies.cells import Bootstrap, plain, summary_of
-from fairseq_tying.studies.engine import Section
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.report import (
+from fairseq_tying.studies.engine.engine import Section
+from fairseq_tying.studies.records import records
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import Bootstrap, plain, summary_of
+from fairseq_tying.studies.views import view_answer, view_equal
+from fairseq_tying.studies.views.report import (
     Renderer,
     recorded,
     references,
     summary_lead,
     summary_source,
 )
+from fairseq_tying.sweeps.config import load_sweep
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"
@@ -365,7 +367,7 @@ def test_a_partial_grid_tables_only_what_its_runs_compare():
     """Rows are the output layers with runs; the Δ against dot needs another layer, the Δ of
     tying an untied column and another, the paper's table three-way runs (the committed GPU
     studies: two baselines; seven three-way runs)."""
-    from fairseq_tying.studies.view_grid import tables
+    from fairseq_tying.studies.views.view_grid import tables
 
     gpu = REPO / "docs" / "converged_gpu"
     baselines = tables(summary_of(json.loads((gpu / "summary.json").read_text())))

@@ -16,10 +16,10 @@ from fairseq_tying.bench import gpu_check, layers_report
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.output_layers import BASELINE, OutputLayer, register_output_layer
 from fairseq_tying.export import ExportError, stock_arch
-from fairseq_tying.launch.config import load_sweep
-from fairseq_tying.studies import records
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.report import Renderer, references
+from fairseq_tying.studies.records import records
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.views.report import Renderer, references
+from fairseq_tying.sweeps.config import load_sweep
 from tests.helpers import (
     REPO,
     TOY_LAYER,

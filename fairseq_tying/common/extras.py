@@ -1,4 +1,5 @@
-"""The optional libraries (pyproject.toml's extras) and the message a command gives without one.
+"""The optional libraries (pyproject.toml's extras) and the message a command gives without one;
+the entry point of a command (``run_main``), which also configures its logging.
 
 ``pip install .`` gives the plugin, data preparation and evaluation; a tool that needs more
 imports it through ``require``, which names the extra to install where the import fails.
@@ -7,6 +8,8 @@ imports it through ``require``, which names the extra to install where the impor
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -43,9 +46,23 @@ def require(module: str, extra: str, for_what: str) -> ModuleType:
                            f"{install_hint(extra)}", name=top) from e
 
 
+def configure_logging() -> None:
+    """The logging of our commands and jobs, as fairseq's CLIs configure theirs: INFO (or
+    LOGLEVEL) on stderr, fairseq's format; a no-op where logging is configured already.
+    Called by an entry point, never on import: importing the package configures nothing."""
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+        stream=sys.stderr,
+    )
+
+
 def run_main(main: str | Callable[[], object]) -> int:
-    """A ``python -m`` entry point: ``main()`` (a module's name: its ``main``), where a missing
-    extra ends the command with its message (exit status 2) rather than a traceback."""
+    """A ``python -m`` entry point: ``main()`` (a module's name: its ``main``) with our logging
+    (:func:`configure_logging`), where a missing extra ends the command with its message (exit
+    status 2) rather than a traceback."""
+    configure_logging()
     try:
         result = (importlib.import_module(main).main if isinstance(main, str) else main)()
     except MissingExtra as e:

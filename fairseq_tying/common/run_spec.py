@@ -2,7 +2,7 @@
 
 :class:`Identity` says which run it is (what a study groups and compares runs by);
 :class:`RunSpec` is that identity with how the launcher runs it. The sweep makes the spec
-(``launch.sweep.Sweep.spec``), :func:`write_run_json` writes it to ``RUN_DIR/run.json`` (the
+(``sweeps.sweep.Sweep.spec``), :func:`write_run_json` writes it to ``RUN_DIR/run.json`` (the
 demo's runs too), :func:`read_run_json` reads it back for every tool, the evaluation writes the
 resolved identity into ``eval.json``'s ``run`` and a study's record carries it.
 
@@ -69,9 +69,9 @@ class RunSpec:
     data_bin: str | None = None  # its binarized data, fairseq-train's DATA
     world_size: int | None = None
     gpu: bool | None = None
-    stopping: dict[str, Any] | None = None  # the plateau rule's settings (launch.plateau)
+    stopping: dict[str, Any] | None = None  # the plateau rule's settings (sweeps.plateau)
     update_freq: int | None = None
-    resources: dict[str, Any] | None = None  # the SLURM job's (launch.sweep.Resources)
+    resources: dict[str, Any] | None = None  # the SLURM job's (sweeps.sweep.Resources)
     sweep: str | None = None  # the sweep's name ...
     sweep_file: str | None = None  # ... and file
 

@@ -16,7 +16,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 import fairseq_tying.core  # noqa: F401  (registration)
-from fairseq_tying.core.models.tying import TYING_MODES
+from fairseq_tying.core.models.tying import TYING_MODES, UNTIED, tying_mode
 
 
 class _Task:
@@ -63,8 +63,8 @@ def count(arch: str, model_argv: list[str], tying: str, task: _Task) -> tuple[in
 def table(arch: str, model_argv: list[str], task: _Task) -> str:
     joined = task.source_dictionary == task.target_dictionary
     rows = {t: count(arch, model_argv, t, task) for t in TYING_MODES
-            if t != "three_way" or joined}
-    untied_total = rows["none"][0]
+            if not tying_mode(t).joined_dictionary or joined}
+    untied_total = rows[UNTIED.name][0]
     lines = [f"{arch}: source vocabulary {len(task.source_dictionary)}, "
              f"target vocabulary {len(task.target_dictionary)}",
              "| tying | total parameters | embedding parameters | saving vs untied |",

@@ -11,9 +11,9 @@ from typing import Any
 
 from fairseq_tying.common import checkpoints
 from fairseq_tying.common.atomic import read_lines, write_lines, write_text
+from fairseq_tying.common.eval_options import resolve_preset
 from fairseq_tying.evaluation import average, metrics
 from fairseq_tying.evaluation.generate import generate
-from fairseq_tying.evaluation.presets import resolve_preset
 from fairseq_tying.evaluation.result import Evaluated, TranslationResult
 from fairseq_tying.evaluation.run import RunFacts
 

@@ -88,7 +88,7 @@ class Metric:
     scorer: type | None = None  # sacrebleu's metric: paired bootstraps over sentences
 
     def of(self, record: Any) -> float | None:
-        """The run's value (``studies.record.Record.value``); None when an optional value is
+        """The run's value (``studies.records.record.Record.value``); None when an optional value is
         missing."""
         return record.value(self.path, self.optional)
 

@@ -53,6 +53,7 @@ from fairseq_tying.core import names, output_layers, scoring
 from fairseq_tying.core.models.dynamicconv_tying import DynamicConvModel
 from fairseq_tying.core.models.transformer_lm_tying import TiedTransformerLanguageModel
 from fairseq_tying.core.models.transformer_tying import TiedTransformerModel
+from fairseq_tying.core.models.tying import tying_mode
 
 PLUGIN_MODEL_KEYS = ("tying", "output_layer", "tied_projection", "tied_embed_dim", "output_bias",
                      "freeze_embeddings")
@@ -172,7 +173,7 @@ def _decoder_matrices(model: dict[str, Tensor], args: Namespace
     w_out, bias = layer.affine(model[names.SCORER_WEIGHT])
     assert bias is None, layer.name  # layers with a bias were refused by stock_arch
     decoder_in = model[names.DECODER_EMBED]
-    if args.tying != "none" and layer.unit_inputs:
+    if tying_mode(args.tying).decoder and layer.unit_inputs:
         decoder_in = scoring.unit_rows(decoder_in)
     return decoder_in, w_out, model.get(names.SCORER_PROJECTION)
 
@@ -185,7 +186,7 @@ def _matmul(a: Tensor, b: Tensor) -> Tensor:
 def _shares_rows(args: Namespace, folded: bool) -> bool:
     """Whether the stock output matrix is the decoder's input lookup (one tensor): the layer
     scores with the input rows, and no projection L was ``folded`` into the output matrix."""
-    return (args.tying != "none" and not folded
+    return (tying_mode(args.tying).decoder and not folded
             and _layer(args).scores_input_rows)
 
 
@@ -207,10 +208,9 @@ def bake(model: dict[str, Tensor], args: Namespace) -> tuple[dict[str, Tensor], 
         w_out = _matmul(w_out, projection)
     tied = _shares_rows(args, folded)
     new = _bake_decoder(model, decoder_in, w_out, tied)
-    new[names.ENCODER_EMBED] = (new[names.DECODER_EMBED] if args.tying == "three_way"
+    new[names.ENCODER_EMBED] = (new[names.DECODER_EMBED] if tying_mode(args.tying).encoder
                                 else model[names.ENCODER_EMBED].clone())
-    flags = {"share_all_embeddings": args.tying == "three_way" and tied,
-             "share_decoder_input_output_embed": tied}
+    flags = tying_mode(args.tying).stock_flags(tied)
     return new, flags
 
 

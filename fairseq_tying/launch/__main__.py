@@ -8,17 +8,16 @@ from __future__ import annotations
 import sys
 
 from fairseq_tying.common.extras import run_main
+from fairseq_tying.launch import new_sweep
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    # each command imported on use, so that a missing extra gets its message (run_main): a
-    # sweep needs the launch extra, a study also the analysis extra (its views' plots)
     if argv[:1] == ["new-sweep"]:  # write an equal-training sweep file for a prepared data dir
-        from fairseq_tying.launch import new_sweep  # needs fairseq alone
-
-        return new_sweep.run(argv[1:])
+        return new_sweep.run(argv[1:])  # needs no extra
     if argv[:1] == ["study"]:  # a study of slurm/studies.yaml, by name
+        # the other commands imported on use, so that a missing extra gets its message
+        # (run_main): a sweep needs the launch extra, a study also the analysis extra (plots)
         from fairseq_tying.launch import studies
 
         return studies.run(studies.build_parser().parse_args(argv[1:]))

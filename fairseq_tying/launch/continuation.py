@@ -19,7 +19,7 @@ from pathlib import Path
 from fairseq_tying.common import CONTINUED_FROM, RUN_JSON, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, building_dir, write_json
 from fairseq_tying.common.run_spec import read_run_json
-from fairseq_tying.launch.config import Run, Sweep, SweepError, data_bin
+from fairseq_tying.sweeps.config import Run, Sweep, SweepError, data_bin
 
 LENGTH_FLAGS = {"--max-epoch"}  # what may differ between the two runs' commands
 TRAIN_LOG = Path("logs") / "train.rank0.log"

@@ -30,10 +30,11 @@ from fairseq.distributed import utils as dist_utils
 
 from fairseq_tying.common import EVAL_JSON, PLUGIN_DIR, TRAIN_DONE, atomic, checkpoints
 from fairseq_tying.common.eval_options import EvalOptions, LMEvalOptions
-from fairseq_tying.common.extras import require
+from fairseq_tying.common.extras import configure_logging, require
 from fairseq_tying.common.reproducible import cpu_name
 from fairseq_tying.common.run_spec import RunSpec
-from fairseq_tying.launch import FOR_WHAT, fairseq_hooks, plateau
+from fairseq_tying.launch import FOR_WHAT, fairseq_hooks
+from fairseq_tying.sweeps import plateau
 
 submitit = require("submitit", "launch", FOR_WHAT)
 
@@ -225,6 +226,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         return ["fairseq-train", *args]
 
     def __call__(self) -> dict:
+        configure_logging()  # a process of its own: its log holds fairseq's INFO lines
         run_dir = Path(self.run.run_dir)
         done = run_dir / DONE
         if done.exists():  # finished before (e.g. requeued after the end): never retrain
@@ -334,6 +336,7 @@ class EvalJob:
         self.also = also or {}
 
     def __call__(self) -> str:
+        configure_logging()
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         run_dir, cpu = Path(self.run.run_dir), not self.run.gpu
         for tag, options in self.also.items():
@@ -375,6 +378,7 @@ class CollectJob:
         # imported when it runs: a training job does not load matplotlib (1 s)
         from fairseq_tying.studies.collect import collect
 
+        configure_logging()
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         collect(self.runs_root, self.out_dir)
         out = Path(self.out_dir) / "results.md"

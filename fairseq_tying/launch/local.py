@@ -4,7 +4,6 @@ SIGTERM."""
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
@@ -19,10 +18,10 @@ from tqdm import tqdm
 from fairseq_tying.common import LM_TASK, PLUGIN_DIR
 from fairseq_tying.common.extras import require
 from fairseq_tying.launch import FOR_WHAT
-from fairseq_tying.launch.config import Run, Sweep, SweepError
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, LocalRunJob, TrainJob, hold_run
-from fairseq_tying.launch.plateau import Plateau, read_history
 from fairseq_tying.launch.submit import Inline, Submitted, prepare_run_dir
+from fairseq_tying.sweeps.config import Run, Sweep, SweepError
+from fairseq_tying.sweeps.plateau import Plateau, epochs_done, read_history, stop_epoch
 
 submitit = require("submitit", "launch", FOR_WHAT)
 
@@ -141,20 +140,6 @@ def training_now(runs: list[Run]) -> str:
         return f"{name} epoch {history[-1]['epoch']} ({history[-1]['value']:.4g})"
 
     return ", ".join(label(r) for r in runs)
-
-
-def epochs_done(run: Run) -> int:
-    """Epochs the run has validated so far (its valid_history.json)."""
-    history = read_history(run.run_dir)
-    return history[-1]["epoch"] if history else 0
-
-
-def stop_epoch(run: Run) -> int | None:
-    """The epoch at which a finished run stopped (its train.done), None if not known."""
-    done = run.run_dir / DONE
-    if not done.is_file():
-        return None
-    return json.loads(done.read_text()).get("stop", {}).get("epoch")
 
 
 def _duration(seconds: float) -> str:

@@ -29,6 +29,8 @@ from pathlib import Path
 from fairseq_tying.common.atomic import write_text
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.output_layers import BASELINE, OUTPUT_LAYERS
+from fairseq_tying.sweeps.config import SweepError, load_sweep
+from fairseq_tying.sweeps.plateau import stop_epoch
 
 FAMILIES = {"transformer": "transformer_twwt", "dynamicconv": "dynamicconv_twwt"}
 TIED = "three_way"  # the tying mode every output layer is compared under
@@ -191,9 +193,6 @@ def check(args: argparse.Namespace) -> None:
 def read_pilot(args: argparse.Namespace) -> None:
     """Set ``args.epochs`` to the latest stop epoch of the pilot ``args.budget_from`` (every
     run finished, one for each cell of this sweep), and the pilot's runs to continue from."""
-    from fairseq_tying.launch.config import SweepError, load_sweep  # fairseq's registry: slow
-    from fairseq_tying.launch.local import stop_epoch
-
     try:
         pilot = load_sweep(args.budget_from, check_data=False)
     except SweepError as err:

@@ -8,7 +8,7 @@ report blocks, ``summary.json`` and plots from its records alone.
     python -m fairseq_tying.launch study equal --reproduce work/reproduce/equal --only '*.s1'
 
 ``--reproduce DIR`` trains recorded runs afresh into DIR and compares each with its committed
-record (``studies.reproduction``); the records and reports are only read.
+record (``studies.records.reproduction``); the records and reports are only read.
 
 Paths in the manifest are relative to the working directory (the repository's root), as in the
 sweep files. A study's run folders are its sweep's ``output_dir`` (``--runs`` for another), its
@@ -32,12 +32,13 @@ from typing import Any
 import yaml
 
 from fairseq_tying.data import prepare as data_prepare
-from fairseq_tying.launch.config import Sweep, check_data, load_sweep
-from fairseq_tying.launch.sweep import SweepError, section_fields, setting
-from fairseq_tying.launch.sweepfile import CHECKS, check_keys, read_section
 from fairseq_tying.launch.sweeps import Launch, launch, selected
-from fairseq_tying.studies import records, report, reproduction
-from fairseq_tying.studies.report import VIEWS, StudyReport, Summary, Target
+from fairseq_tying.studies.records import records, reproduction
+from fairseq_tying.studies.views import report
+from fairseq_tying.studies.views.report import VIEWS, StudyReport, Summary, Target
+from fairseq_tying.sweeps.config import Sweep, check_data, load_sweep
+from fairseq_tying.sweeps.sweep import SweepError, section_fields, setting
+from fairseq_tying.sweeps.sweepfile import CHECKS, check_keys, read_section
 
 MANIFEST = Path("slurm/studies.yaml")
 STUDY, TARGET = "study", "target"  # the manifest's sections: a study, a report target
@@ -186,7 +187,7 @@ def prepare_data(study: Study, sweep: Sweep, dry_run: bool = False) -> None:
 
 
 def sweep_of(study: Study, runs: Path | None):
-    """The study's sweep (``launch.config.Sweep``), its runs in ``runs``, else in the
+    """The study's sweep (``sweeps.config.Sweep``), its runs in ``runs``, else in the
     manifest's ``runs``, else in the sweep's output_dir."""
     if study.sweep is None:
         raise ManifestError(f"study {study.name} has no sweep (its records are frozen); "

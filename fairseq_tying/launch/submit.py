@@ -14,9 +14,9 @@ from fairseq_tying.common import LM_TASK, PLUGIN_DIR, atomic
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.run_spec import write_run_json
 from fairseq_tying.launch import FOR_WHAT
-from fairseq_tying.launch.config import Resources, Run, Sweep, SweepError
 from fairseq_tying.launch.continuation import start_from
 from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
+from fairseq_tying.sweeps.config import Resources, Run, Sweep, SweepError
 
 submitit = require("submitit", "launch", FOR_WHAT)
 _make_sbatch_string = require("submitit.slurm.slurm", "launch", FOR_WHAT)._make_sbatch_string

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fairseq_tying.common.reproducible import pinned_environ
-from fairseq_tying.launch.config import Run, Sweep, SweepError, check_data, load_sweep
 from fairseq_tying.launch.continuation import check_sources
 from fairseq_tying.launch.job import RunBusy
 from fairseq_tying.launch.local import Stopped, run_local
 from fairseq_tying.launch.submit import dry_run, record, submit_slurm
-from fairseq_tying.studies.record import Record
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.sweeps.config import Run, Sweep, SweepError, check_data, load_sweep
 
 MODES = ("slurm", "local", "dry_run")
 

@@ -33,10 +33,11 @@ from fairseq_tying.common import EVAL_JSON, TRAIN_DONE
 from fairseq_tying.common.atomic import write_text
 from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.evaluation.result import TranslationResult, read_result
-from fairseq_tying.launch.config import Run, Sweep, load_sweep
-from fairseq_tying.studies import across, records
-from fairseq_tying.studies.cells import summary_of
-from fairseq_tying.studies.report import Renderer, references
+from fairseq_tying.studies.records import records
+from fairseq_tying.studies.statistics import across
+from fairseq_tying.studies.statistics.cells import summary_of
+from fairseq_tying.studies.views.report import Renderer, references
+from fairseq_tying.sweeps.config import Run, Sweep, load_sweep
 
 ANSWER = "answer.md"
 TITLE = "# Does it help?\n"
@@ -136,7 +137,7 @@ def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
     ``records_only``, the answer of the records already in ``OUT/records`` alone (e.g. a
     clone's committed records); with ``report``, the answer also into its marked ``block``;
     with ``beside`` (another study's ``summary.json`` and its name), each shared comparison's
-    change from there to here (``studies.across``)."""
+    change from there to here (``studies.statistics.across``)."""
     sweep = load_sweep(sweep_file, runs, check_data=False)
     out = out or Path("answers") / sweep.name
     refs = refs or default_references(sweep)

@@ -18,13 +18,14 @@ import numpy as np
 from fairseq_tying.common.atomic import read_lines, write_json, write_text
 from fairseq_tying.common.run_spec import SHOWN
 from fairseq_tying.common.tables import markdown_table
-from fairseq_tying.studies import engine, verdicts
-from fairseq_tying.studies.cells import Bootstrap, Cell, Stat
-from fairseq_tying.studies.formatting import format_delta, format_stat, p_digits
-from fairseq_tying.studies.plots import plot_methods, points
-from fairseq_tying.studies.record import Record, Translation
-from fairseq_tying.studies.records import load_evaluated
-from fairseq_tying.studies.specs import RUN_METRICS, default_baseline, runs_spec, test_set
+from fairseq_tying.studies.engine import engine
+from fairseq_tying.studies.engine.specs import RUN_METRICS, default_baseline, runs_spec, test_set
+from fairseq_tying.studies.records.record import Record, Translation
+from fairseq_tying.studies.records.records import load_evaluated
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import Bootstrap, Cell, Stat
+from fairseq_tying.studies.views.formatting import format_delta, format_stat, p_digits
+from fairseq_tying.studies.views.plots import plot_methods, points
 
 
 def choose_baseline(records: list[Record], baseline: str | None) -> str:

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # imported once a command runs: their plots import matplotlib (1 s), kept off --help
     from fairseq_tying.studies.collect import collect
-    from fairseq_tying.studies.report import Target, build, references
+    from fairseq_tying.studies.views.report import Target, build, references
 
     if args.command == "answer":
         from fairseq_tying.studies.answer import answer

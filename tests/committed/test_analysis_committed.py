@@ -9,7 +9,7 @@ import pytest
 
 from fairseq_tying import analysis
 from fairseq_tying.common.blocks import block_text
-from fairseq_tying.studies.record import Record
+from fairseq_tying.studies.records.record import Record
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common.blocks import markers
-from fairseq_tying.launch.config import load_sweep
 from fairseq_tying.launch.studies import main as study
 from fairseq_tying.launch.sweeps import recorded_stops
-from fairseq_tying.studies import records as study_records
-from fairseq_tying.studies.cells import SeedDifference, Stat
 from fairseq_tying.studies.commands import main
-from fairseq_tying.studies.stats import t_test_p
-from fairseq_tying.studies.verdicts import interval as verdict
+from fairseq_tying.studies.records import records as study_records
+from fairseq_tying.studies.statistics.cells import SeedDifference, Stat
+from fairseq_tying.studies.statistics.stats import t_test_p
+from fairseq_tying.studies.statistics.verdicts import interval as verdict
+from fairseq_tying.sweeps.config import load_sweep
 from tests.helpers import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm_study"

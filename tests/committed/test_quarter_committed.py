@@ -12,9 +12,9 @@ import pytest
 from fairseq_tying.common.atomic import write_lines
 from fairseq_tying.common.blocks import block_text
 from fairseq_tying.data.bible import read_split
-from fairseq_tying.launch.config import load_sweep
-from fairseq_tying.studies import records
 from fairseq_tying.studies.commands import main as studies
+from fairseq_tying.studies.records import records
+from fairseq_tying.sweeps.config import load_sweep
 from tests.helpers import REPO
 
 QUARTER = REPO / "docs" / "quarter"

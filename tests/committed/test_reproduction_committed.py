@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from fairseq_tying.studies import reproduction
-from fairseq_tying.studies.record import Record
+from fairseq_tying.studies.records import reproduction
+from fairseq_tying.studies.records.record import Record
 from tests.helpers import REPO
 
 FOLDER = REPO / "docs" / "reproduction" / "equal"

@@ -16,15 +16,15 @@ from scipy import stats
 
 from fairseq_tying.common.blocks import markers
 from fairseq_tying.core.output_layers import PAPER_LAYERS as LAYERS  # the studies' grid
-from fairseq_tying.launch.config import load_sweep
-from fairseq_tying.launch.plateau import Plateau
 from fairseq_tying.launch.studies import main as study
-from fairseq_tying.studies import records as study_records
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.records import training_summary
-from fairseq_tying.studies.specs import claim_family_size
-from fairseq_tying.studies.verdicts import holm, resamples
-from fairseq_tying.studies.view_grid import TYINGS
+from fairseq_tying.studies.engine.specs import claim_family_size
+from fairseq_tying.studies.records import records as study_records
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.records.records import training_summary
+from fairseq_tying.studies.statistics.verdicts import holm, resamples
+from fairseq_tying.studies.views.view_grid import TYINGS
+from fairseq_tying.sweeps.config import load_sweep
+from fairseq_tying.sweeps.plateau import Plateau
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"

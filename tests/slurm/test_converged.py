@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from fairseq_tying.common.reproducible import has_avx2
-from fairseq_tying.studies import records as study_records
 from fairseq_tying.studies.commands import main
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.records import read_stop, train_facts
+from fairseq_tying.studies.records import records as study_records
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.records.records import read_stop, train_facts
 from tests.helpers import REPO, first_stop, launch, run_folders, write_sweep
 
 pytestmark = pytest.mark.slow

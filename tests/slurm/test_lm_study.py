@@ -14,11 +14,11 @@ import yaml
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.common.run_spec import read_run_json
 from fairseq_tying.evaluation.perplexity import parse_eval_lm
-from fairseq_tying.studies.cells import SeedDifference
 from fairseq_tying.studies.commands import main
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.records import read_stop
-from fairseq_tying.studies.verdicts import interval
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.records.records import read_stop
+from fairseq_tying.studies.statistics.cells import SeedDifference
+from fairseq_tying.studies.statistics.verdicts import interval
 from tests.helpers import REPO, first_stop, launch, run_cli, run_folders
 
 STOP = {"patience": 1, "min_gain": 0.02, "min_epoch": 1, "max_epoch": 3}

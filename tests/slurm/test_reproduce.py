@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_tying.studies.record import Record
+from fairseq_tying.studies.records.record import Record
 from tests.helpers import REPO, launch, study_prepare
 
 pytestmark = pytest.mark.slow

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.launch.__main__ import main
-from fairseq_tying.launch.config import SweepError, load_sweep
 from fairseq_tying.launch.continuation import without_length
-from fairseq_tying.launch.grid import GRID_KEYS
 from fairseq_tying.launch.job import DONE
 from fairseq_tying.launch.local import Forecast, local_order, training_now
-from fairseq_tying.launch.plateau import Plateau, record_epoch, write_history
-from fairseq_tying.launch.sweep import EVALUATION, Batch, Resources, Sweep, section_fields
-from fairseq_tying.launch.sweepfile import STOPPING_FIELDS
+from fairseq_tying.sweeps.config import SweepError, load_sweep
+from fairseq_tying.sweeps.grid import GRID_KEYS
+from fairseq_tying.sweeps.plateau import Plateau, record_epoch, write_history
+from fairseq_tying.sweeps.sweep import EVALUATION, Batch, Resources, Sweep, section_fields
+from fairseq_tying.sweeps.sweepfile import STOPPING_FIELDS
 from tests.helpers import REPO, launch, write_sweep
 
 # the tiny sweep's fairseq section without its update budget: a `stopping:` section decides

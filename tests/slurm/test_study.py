@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from fairseq_tying.common.blocks import block_text, markers
-from fairseq_tying.studies import records
 from fairseq_tying.studies.commands import main
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.significance import seed_paired_bootstrap
+from fairseq_tying.studies.records import records
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics.significance import seed_paired_bootstrap
 from tests.helpers import launch, write_sweep
 
 pytestmark = pytest.mark.slow

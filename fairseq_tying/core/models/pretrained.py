@@ -65,14 +65,15 @@ def fill(embedding: nn.Embedding, dictionary: Dictionary, path: str, flag: str,
     return len(found)
 
 
-def load_pretrained(mode: str, args: Namespace, task, encoder: nn.Embedding,
+def load_pretrained(mode, args: Namespace, task, encoder: nn.Embedding,
                     decoder: nn.Embedding) -> None:
-    """Fill the matrices named by ``--encoder-embed-path`` / ``--decoder-embed-path``."""
+    """Fill the matrices named by ``--encoder-embed-path`` / ``--decoder-embed-path``; ``mode``:
+    the model's ``tying.TyingMode`` (not imported here: tying.py imports this module)."""
     enc_path = getattr(args, "encoder_embed_path", None)
     dec_path = getattr(args, "decoder_embed_path", None)
     tied_hint = ("add --tied-embed-dim {D} --tied-projection (the decoder then works at its "
                  f"hidden size H={args.decoder_embed_dim} and maps to and from D)")
-    if mode == "three_way":
+    if mode.encoder:
         if enc_path and dec_path and enc_path != dec_path:
             raise ValueError(
                 f"--tying three_way has one matrix for all three roles, but --encoder-embed-path "
@@ -87,7 +88,7 @@ def load_pretrained(mode: str, args: Namespace, task, encoder: nn.Embedding,
         fill(encoder, task.source_dictionary, enc_path, "--encoder-embed-path",
              "set --encoder-embed-dim {D}")
     if dec_path:
-        hint = tied_hint if mode == "decoder" else "set --decoder-embed-dim {D}"
+        hint = tied_hint if mode.decoder else "set --decoder-embed-dim {D}"
         fill(decoder, task.target_dictionary, dec_path, "--decoder-embed-path", hint)
 
 

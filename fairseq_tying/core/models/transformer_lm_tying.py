@@ -29,10 +29,18 @@ from fairseq.models.transformer_lm import (
 
 from fairseq_tying.core.models import guards, pretrained
 from fairseq_tying.core.models.transformer_tying import TiedTransformerDecoder
-from fairseq_tying.core.models.tying import TyingSpec, add_tying_args, attach_scorer, tying_defaults
+from fairseq_tying.core.models.tying import (
+    TYINGS,
+    TyingSpec,
+    add_tying_args,
+    attach_scorer,
+    tying_defaults,
+    tying_mode,
+)
 from fairseq_tying.core.modules import TiedEmbedding
 
-LM_TYING_MODES = ("none", "decoder")
+# no encoder: the modes whose matrix has no encoder role
+LM_TYING_MODES = tuple(name for name, mode in TYINGS.items() if not mode.encoder)
 # fairseq LM input options that build another embedding module than one token matrix
 _OTHER_INPUTS = ("character_embeddings", "adaptive_input", "tie_adaptive_weights")
 
@@ -52,7 +60,7 @@ class TiedTransformerLanguageModel(TransformerLanguageModel):
         stock_defaults(args)
         spec = lm_spec(args, task)
         guards.check_resume(args)
-        args.share_decoder_input_output_embed = spec.mode == "decoder"
+        args.share_decoder_input_output_embed = tying_mode(spec.mode).decoder
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = getattr(args, "tokens_per_sample",
                                                 DEFAULT_MAX_TARGET_POSITIONS)
@@ -88,8 +96,8 @@ def load_vectors(args: Namespace, task, embed: TiedEmbedding, spec: TyingSpec) -
     path = getattr(args, "decoder_embed_path", None)
     if path:
         pretrained.fill(embed, task.source_dictionary, path, "--decoder-embed-path",
-                        "set --tied-embed-dim {D}" + (" --tied-projection" if spec.mode ==
-                                                       "decoder" else ""))
+                        "set --tied-embed-dim {D}" + (" --tied-projection"
+                                                       if tying_mode(spec.mode).decoder else ""))
     if getattr(args, "freeze_embeddings", False):
         pretrained.freeze(embed)
 

@@ -17,8 +17,44 @@ from fairseq_tying.core import output_layers
 from fairseq_tying.core.models import guards, pretrained
 from fairseq_tying.core.modules import OutputScorer, TiedEmbedding
 
-TYING_MODES = ("none", "decoder", "three_way")
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TyingMode:
+    """A tying mode: which of the three token matrices (encoder input, decoder input, decoder
+    output) are one. What a mode shares, how it exports, what it needs of the dictionaries and
+    its label are said here; nothing else in the package decides by a mode's name."""
+
+    name: str  # the value of --tying
+    label: str  # how a report names it ("three-way tying")
+    decoder: bool  # the decoder's input and output are one matrix, the one the layer scores
+    encoder: bool = False  # the encoder's input is that matrix too
+
+    @property
+    def joined_dictionary(self) -> bool:
+        """Whether source and target need one dictionary (fairseq-preprocess
+        --joined-dictionary): the encoder looks its tokens up in the decoder's matrix."""
+        return self.encoder
+
+    def stock_flags(self, shares_rows: bool) -> dict[str, bool]:
+        """Stock fairseq's sharing flags for an export whose output matrix is the decoder's
+        input lookup (``shares_rows``: the layer scores with the input rows, no projection
+        folded in) or its own matrix."""
+        return {"share_all_embeddings": self.encoder and shares_rows,
+                "share_decoder_input_output_embed": shares_rows}
+
+
+UNTIED = TyingMode("none", "untied", decoder=False)
+DECODER = TyingMode("decoder", "decoder", decoder=True)  # DWT, Press & Wolf 2017
+THREE_WAY = TyingMode("three_way", "three-way", decoder=True, encoder=True)  # TWWT
+TYINGS = {mode.name: mode for mode in (UNTIED, DECODER, THREE_WAY)}
+TYING_MODES = tuple(TYINGS)
+
+
+def tying_mode(name: str) -> TyingMode:
+    """The tying mode called ``name`` (a --tying value)."""
+    return TYINGS[name]
 
 
 def add_tying_args(parser: ArgumentParser) -> None:
@@ -104,7 +140,7 @@ def prepare_model(args: Namespace, task, max_positions: int):
     args.share_all_embeddings = spec.mode == "three_way"
     args.share_decoder_input_output_embed = spec.mode != "none"
     encoder, decoder = build_embeddings(spec, args, task)
-    pretrained.load_pretrained(spec.mode, args, task, encoder, decoder)
+    pretrained.load_pretrained(tying_mode(spec.mode), args, task, encoder, decoder)
     if getattr(args, "freeze_embeddings", False):
         pretrained.freeze(encoder, decoder)
     return spec, encoder, decoder

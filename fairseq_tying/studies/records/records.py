@@ -1,6 +1,6 @@
-"""The records of a study: each evaluated run's :class:`~fairseq_tying.studies.record.Record`
-built from its folder (:func:`build_record`, the one builder), exported into a study's records
-folder and read back.
+"""The records of a study: each evaluated run's
+:class:`~fairseq_tying.studies.records.record.Record` built from its folder (:func:`build_record`,
+the one builder), exported into a study's records folder and read back.
 
 A study's record is small enough to commit, complete enough to recompute every table and plot:
 the run's settings, fairseq's parameter count and validations, the scores with their
@@ -29,7 +29,7 @@ from fairseq_tying.common.atomic import read_lines
 from fairseq_tying.evaluation import norms
 from fairseq_tying.evaluation.result import PerplexityResult, Result, read_result
 from fairseq_tying.evaluation.run import RunFacts
-from fairseq_tying.studies.record import (
+from fairseq_tying.studies.records.record import (
     Evaluation,
     Perplexity,
     Record,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.studies import FOR_WHAT
-from fairseq_tying.studies.cells import Bootstrap, Summary
+from fairseq_tying.studies.statistics.cells import Bootstrap, Summary
 
 _st = require("scipy.stats", "analysis", FOR_WHAT)
 

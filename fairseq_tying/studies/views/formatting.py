@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from fairseq_tying.studies import verdicts
-from fairseq_tying.studies.cells import (
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import (
     Bootstrap,
     Cell,
     Equivalence,
@@ -19,7 +19,7 @@ from fairseq_tying.studies.cells import (
     Stat,
     Summary,
 )
-from fairseq_tying.studies.verdicts import ALPHA
+from fairseq_tying.studies.statistics.verdicts import ALPHA
 
 
 def format_ci(mean: float, half: float, digits: int = 2) -> str:

@@ -7,12 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from fairseq_tying.core import output_layers
+from fairseq_tying.core.models.tying import THREE_WAY
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE, PAPER_LAYERS
-from fairseq_tying.studies import specs, verdicts
-from fairseq_tying.studies.cells import Cell, Summary
-from fairseq_tying.studies.engine import Section
-from fairseq_tying.studies.formatting import (
+from fairseq_tying.studies.engine import specs
+from fairseq_tying.studies.engine.engine import Section
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import Cell, Summary
+from fairseq_tying.studies.views.formatting import (
     format_seed_delta,
     format_tests,
     legend,
@@ -20,7 +23,6 @@ from fairseq_tying.studies.formatting import (
     shared_means,
     still_learning,
 )
-from fairseq_tying.studies.record import Record
 
 
 def _order(cell: Cell) -> tuple:
@@ -110,7 +112,7 @@ def answers(records: list[Record]) -> bool:
         seeds.setdefault((r.run.arch, r.run.tying, r.run.output_layer), set()).add(r.run.seed)
     if not seeds:
         return False
-    needed = {(t, BASELINE) for t in TYINGS} | {("three_way", layer) for layer in PAPER_LAYERS}
+    needed = {(t, BASELINE) for t in TYINGS} | {(THREE_WAY.name, layer) for layer in PAPER_LAYERS}
     return any(all(len(seeds.get((arch, *cell), ())) >= verdicts.SEEDS for cell in needed)
                for arch in {a for a, _, _ in seeds})
 

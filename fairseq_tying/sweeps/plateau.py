@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.common import VALID_HISTORY
+from fairseq_tying.common import TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import write_json
+from fairseq_tying.sweeps.sweep import Run
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,17 @@ def resume_history(run_dir: Path, state: dict[str, Any] | None) -> list[dict[str
         update = int(state["optimizer_history"][-1]["num_updates"])
         history = record_epoch(history, done, update, val_loss)
     return history
+
+
+def epochs_done(run: Run) -> int:
+    """Epochs the run has validated so far (its valid_history.json)."""
+    history = read_history(run.run_dir)
+    return history[-1]["epoch"] if history else 0
+
+
+def stop_epoch(run: Run) -> int | None:
+    """The epoch at which a finished run stopped (its train.done), None if not known."""
+    done = run.run_dir / TRAIN_DONE
+    if not done.is_file():
+        return None
+    return json.loads(done.read_text()).get("stop", {}).get("epoch")

@@ -13,14 +13,16 @@ import numpy as np
 
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.tables import markdown_table
+from fairseq_tying.core.models.tying import THREE_WAY, UNTIED
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS as LAYERS
 from fairseq_tying.evaluation.norms import plot_norm_histograms
-from fairseq_tying.studies import FOR_WHAT, specs
-from fairseq_tying.studies.cells import Cell, Summary
-from fairseq_tying.studies.engine import Cells, Section, band
-from fairseq_tying.studies.formatting import (
+from fairseq_tying.studies import FOR_WHAT
+from fairseq_tying.studies.engine import specs
+from fairseq_tying.studies.engine.engine import Cells, Section, band
+from fairseq_tying.studies.statistics.cells import Cell, Summary
+from fairseq_tying.studies.views.formatting import (
     epochs_text,
     format_delta,
     format_p,
@@ -29,7 +31,7 @@ from fairseq_tying.studies.formatting import (
     legend,
     shared_means,
 )
-from fairseq_tying.studies.plots import (
+from fairseq_tying.studies.views.plots import (
     plot_bands,
     plot_bleu_grid,
     plot_curves,
@@ -104,10 +106,10 @@ def tables(summary: Summary) -> str:
                   "the paired bootstrap over test sentences, pooled over the seeds (test-set "
                   "variance); per-seed p in brackets\n",
                   grid(lambda c: _delta(summary, c, "vs_dot", c.head.output_layer == BASELINE))]
-    if "none" in tyings and len(tyings) > 1:
+    if UNTIED.name in tyings and len(tyings) > 1:
         parts += ["\n**Δ BLEU of tying against the untied model with the same output layer** "
                   "(p as above; for a tying claim, the equivalence test's p last)\n",
-                  grid(lambda c: _delta(summary, c, "vs_untied", c.head.tying == "none"))]
+                  grid(lambda c: _delta(summary, c, "vs_untied", c.head.tying == UNTIED.name))]
     parts += ["\n**chrF**\n", grid(lambda c: format_stat(c.stat("chrf"))),
               "\n**Validation NLL** (base 2, per token, last validation)\n",
               grid(lambda c: format_stat(c.stat("valid_nll"), 3))]
@@ -129,7 +131,7 @@ def tables(summary: Summary) -> str:
                   "epochs\n",
                   grid(lambda c: format_stat(c.valid_nll_common.stat, 3))]
     parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
-    if "three_way" in tyings:
+    if THREE_WAY.name in tyings:
         parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: "
                   "three-way tying on the Bible, mean over seeds)\n", paper_table(summary)]
     if table := claims_table(summary):
@@ -147,7 +149,7 @@ def params_table(summary: Summary) -> str:
             continue
         if len(counts) > 1:
             raise ValueError(f"tying {t}: output layers disagree on the parameter count {counts}")
-        untied = counts[0] if t == "none" else untied
+        untied = counts[0] if t == UNTIED.name else untied
         rel = f"{counts[0] / untied:.1%}" if untied else "–"
         rows.append([t, f"{counts[0]:,}", rel])
     return markdown_table(["tying", "parameters", "of untied"], rows)
@@ -159,7 +161,7 @@ def paper_table(summary: Summary) -> str:
     rows = []
     base = LAYERS[BASELINE].paper_bleu
     for la in (name for name, layer in LAYERS.items() if layer.paper_bleu is not None):
-        c = cell_of(summary, "three_way", la)
+        c = cell_of(summary, THREE_WAY.name, la)
         paper = LAYERS[la].paper_bleu
         ours = format_stat(c.stat("bleu")) if c else "–"
         if la == BASELINE:

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
-from fairseq_tying.studies.cells import Bootstrap, SeedDifference, Stat
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.stats import mean_ci, t_test_p
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics.cells import Bootstrap, SeedDifference, Stat
+from fairseq_tying.studies.statistics.stats import mean_ci, t_test_p
 
 
 def metric_stats(hyps: Sequence[str], refs: Sequence[str], metric: str = "bleu") -> np.ndarray:

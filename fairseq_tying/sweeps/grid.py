@@ -1,8 +1,9 @@
 """Expanding a sweep's grid into runs and their ``fairseq-train`` flags.
 
-The part of reading a sweep that consults other tools, each only when called: fairseq's
-registry of architectures (after the plugin has registered its own) and the command line of
-the evaluation, which checks the sweep's evaluation arguments.
+The part of reading a sweep that consults fairseq and the plugin, each only when called:
+fairseq's registry of architectures (after the plugin has registered its own), the tying modes
+and output layers, and the evaluation's flags (``common.eval_options``), which check the
+sweep's evaluation arguments.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from typing import Any
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_tying.common import LM_TASK
-from fairseq_tying.common.eval_options import EvalOptions
+from fairseq_tying.common.eval_options import EvalOptions, evaluate_options
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS
-from fairseq_tying.evaluation.cli import evaluate_options
-from fairseq_tying.launch.sweep import GRID, Batch, Resources, Run, SweepError, section_fields
-from fairseq_tying.launch.sweepfile import check_int, check_keys
+from fairseq_tying.sweeps.sweep import GRID, Batch, Resources, Run, SweepError, section_fields
+from fairseq_tying.sweeps.sweepfile import check_int, check_keys
 
 GRID_KEYS = {*section_fields(Run, GRID), "flags"}
 # fairseq flags the launcher owns: setting them in `fairseq:` would contradict the grid/resources

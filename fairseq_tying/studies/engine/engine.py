@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from fairseq_tying.evaluation.metrics import METRICS
-from fairseq_tying.launch.plateau import Plateau
-from fairseq_tying.studies.cells import (
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics.cells import (
     AtEpoch,
     Cell,
     Head,
@@ -31,9 +31,9 @@ from fairseq_tying.studies.cells import (
     Test,
     Value,
 )
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.significance import compare, seed_difference
-from fairseq_tying.studies.verdicts import resamples
+from fairseq_tying.studies.statistics.significance import compare, seed_difference
+from fairseq_tying.studies.statistics.verdicts import resamples
+from fairseq_tying.sweeps.plateau import Plateau
 
 Key = Hashable  # a cell's key, e.g. (tying, output layer)
 Runs = dict[Any, Record]  # a cell's runs by member (its seed)

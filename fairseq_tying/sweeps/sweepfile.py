@@ -3,7 +3,7 @@ expansion, and the checks of each section's keys and values.
 
 The keys of ``resources:``, ``batch:`` and ``evaluation:`` and the checks of their values come
 from the fields of :mod:`.sweep`'s dataclasses, those of ``stopping:`` from
-:class:`~fairseq_tying.launch.plateau.Plateau`'s. Nothing here imports fairseq: the grid and
+:class:`~fairseq_tying.sweeps.plateau.Plateau`'s. Nothing here imports fairseq: the grid and
 the flags it becomes are :mod:`.grid`'s. Every error is a :class:`SweepError` naming the key.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from fairseq_tying.launch.plateau import Plateau
-from fairseq_tying.launch.sweep import (
+from fairseq_tying.sweeps.plateau import Plateau
+from fairseq_tying.sweeps.sweep import (
     EVALUATION,
     Batch,
     Resources,
@@ -198,7 +198,7 @@ def parse_evaluation(raw: Any, res: Resources) -> dict[str, Any]:
 
 def parse_stopping(raw: Any, fairseq: Any) -> dict[str, Any] | None:
     """``stopping: {patience, min_gain, min_epoch, max_epoch, plateau}``: train each run to a
-    validation plateau (:mod:`fairseq_tying.launch.plateau`), with a checkpoint every epoch."""
+    validation plateau (:mod:`fairseq_tying.sweeps.plateau`), with a checkpoint every epoch."""
     if raw is None:
         return None
     where = "stopping"

@@ -17,19 +17,9 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 
 from fairseq_tying.core import output_layers
+from fairseq_tying.core.models.tying import DECODER, THREE_WAY, UNTIED, tying_mode
 from fairseq_tying.core.output_layers import BASELINE
-from fairseq_tying.studies import verdicts
-from fairseq_tying.studies.cells import (
-    Bootstrap,
-    Cell,
-    GridHead,
-    Learning,
-    LMHead,
-    MethodHead,
-    RunComparison,
-    Summary,
-)
-from fairseq_tying.studies.engine import (
+from fairseq_tying.studies.engine.engine import (
     Cells,
     Comparison,
     Context,
@@ -41,8 +31,19 @@ from fairseq_tying.studies.engine import (
     seed_differences,
     with_tests,
 )
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.significance import compare
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import (
+    Bootstrap,
+    Cell,
+    GridHead,
+    Learning,
+    LMHead,
+    MethodHead,
+    RunComparison,
+    Summary,
+)
+from fairseq_tying.studies.statistics.significance import compare
 
 # --- translation: (tying, output layer) cells ------------------------------------------------
 
@@ -54,7 +55,7 @@ def _vs_dot(key: Key, cells: Collection[Key]) -> Key | None:
 
 def _vs_untied(key: Key, cells: Collection[Key]) -> Key | None:
     tying, layer = key
-    return None if tying == "none" else ("none", layer)
+    return None if tying == UNTIED.name else (UNTIED.name, layer)
 
 
 def claim_family(sections: list[Section]) -> list[Section]:
@@ -107,7 +108,7 @@ GRID = Spec(
 
 PRESS_WOLF = "Press & Wolf (2017)"
 # tying modes whose matrix is shared by the output layer, as in the normalization paper
-SHARED = ("three_way", "decoder")
+SHARED = (THREE_WAY.name, DECODER.name)
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,9 @@ def normalized() -> list[str]:
 def study_claims() -> list[Claim]:
     """Tying keeps BLEU (with ``dot``); each normalized layer beats ``dot`` on a shared matrix
     (its paper's claim: ``OutputLayer.citation``)."""
-    tying = [Claim(f"{t.replace('_', '-')} tying keeps BLEU (`{BASELINE}`)", PRESS_WOLF,
+    tying = [Claim(f"{tying_mode(t).label} tying keeps BLEU (`{BASELINE}`)", PRESS_WOLF,
                    f"{t}/{BASELINE}", "vs_untied", verdicts.UNCHANGED) for t in SHARED]
-    layers = [Claim(f"`{la}` beats `{BASELINE}` ({t.replace('_', '-')} tying)",
+    layers = [Claim(f"`{la}` beats `{BASELINE}` ({tying_mode(t).label} tying)",
                     output_layers.get(la).citation, f"{t}/{la}", "vs_dot",
                     verdicts.GAIN) for t in SHARED for la in normalized()]
     return tying + layers
@@ -180,8 +181,8 @@ def claims_of(summary: Summary) -> list[tuple[Claim, Bootstrap, str]]:
 
 # --- language models: (tying, output layer, tag) cells ---------------------------------------
 
-LM_BASELINE: Key = ("none", BASELINE, "")
-LM_TIED: Key = ("decoder", BASELINE, "")
+LM_BASELINE: Key = (UNTIED.name, BASELINE, "")
+LM_TIED: Key = (DECODER.name, BASELINE, "")
 
 
 def lm_label(key: Key, records: list[Record]) -> str:
@@ -200,7 +201,7 @@ def _flag(args: list[str], flag: str) -> str | None:
 def _lm_order(key: Key) -> tuple:
     tying, layer, tag = key
     layers = output_layers.names()
-    return (tag != "", tag, tying != "none", layers.index(layer) if layer in layers else 99)
+    return (tag != "", tag, tying != UNTIED.name, layers.index(layer) if layer in layers else 99)
 
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fairseq_tying.launch import grid, sweepfile
-from fairseq_tying.launch.sweep import Resources, Run, Sweep, SweepError, data_bin
+from fairseq_tying.sweeps import grid, sweepfile
+from fairseq_tying.sweeps.sweep import Resources, Run, Sweep, SweepError, data_bin
 
 __all__ = ["Resources", "Run", "Sweep", "SweepError", "check_data", "data_bin", "load_sweep"]
 

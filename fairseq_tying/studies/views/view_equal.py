@@ -13,12 +13,17 @@ from typing import Any
 
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core import output_layers
+from fairseq_tying.core.models.tying import THREE_WAY, UNTIED
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE
-from fairseq_tying.studies import specs, verdicts
-from fairseq_tying.studies.cells import Bootstrap, Cell, Summary
-from fairseq_tying.studies.engine import Cells, Section
-from fairseq_tying.studies.formatting import (
+from fairseq_tying.studies.engine import specs
+from fairseq_tying.studies.engine.engine import Cells, Section
+from fairseq_tying.studies.engine.specs import PRESS_WOLF, SHARED
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import Bootstrap, Cell, Summary
+from fairseq_tying.studies.statistics.stats import mean_ci
+from fairseq_tying.studies.views.formatting import (
     format_delta,
     format_stat,
     holm_changes,
@@ -26,10 +31,7 @@ from fairseq_tying.studies.formatting import (
     seeds_label,
     shared_means,
 )
-from fairseq_tying.studies.plots import plot_bands
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.specs import PRESS_WOLF, SHARED
-from fairseq_tying.studies.stats import mean_ci
+from fairseq_tying.studies.views.plots import plot_bands
 
 
 def _cells(summary: Summary) -> list[Cell]:
@@ -195,11 +197,11 @@ def _delta_panels(arch: str, cells: Cells) -> dict[str, dict[str, tuple]]:
     ``ARCH: tying − untied``: each tying mode against untied, with ``dot``."""
     keys = _with_epochs(cells)
     pairs = {f"{arch}: layer − dot (three-way)":
-             {f"{la} − {BASELINE}": (("three_way", la), ("three_way", BASELINE)) for t, la in keys
-              if t == "three_way" and la != BASELINE},
+             {f"{la} − {BASELINE}": ((THREE_WAY.name, la), (THREE_WAY.name, BASELINE))
+              for t, la in keys if t == THREE_WAY.name and la != BASELINE},
              f"{arch}: tying − untied (dot)":
-             {f"{t} − none": ((t, BASELINE), ("none", BASELINE)) for t, la in keys
-              if la == BASELINE and t != "none"}}
+             {f"{t} − {UNTIED.name}": ((t, BASELINE), (UNTIED.name, BASELINE)) for t, la in keys
+              if la == BASELINE and t != UNTIED.name}}
     out = {}
     for name, lines in pairs.items():
         bands = {label: band for label, (cell, base) in lines.items() if base in keys

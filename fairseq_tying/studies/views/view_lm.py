@@ -9,12 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from fairseq_tying.common.tables import markdown_table
-from fairseq_tying.studies import verdicts
-from fairseq_tying.studies.cells import Cell, Summary
-from fairseq_tying.studies.engine import Key, Section, band
-from fairseq_tying.studies.formatting import epochs_text, format_stat, holm_changes, seeds_label
-from fairseq_tying.studies.plots import plot_bands, plot_methods, points
-from fairseq_tying.studies.specs import LM_BASELINE, LM_TIED, lm_label
+from fairseq_tying.studies.engine.engine import Key, Section, band
+from fairseq_tying.studies.engine.specs import LM_BASELINE, LM_TIED, lm_label
+from fairseq_tying.studies.statistics import verdicts
+from fairseq_tying.studies.statistics.cells import Cell, Summary
+from fairseq_tying.studies.views.formatting import (
+    epochs_text,
+    format_stat,
+    holm_changes,
+    seeds_label,
+)
+from fairseq_tying.studies.views.plots import plot_bands, plot_methods, points
 
 
 def _epochs(cell: Cell) -> str:

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from fairseq_tying.launch import plateau
-from fairseq_tying.launch.plateau import Plateau
+from fairseq_tying.sweeps import plateau
+from fairseq_tying.sweeps.plateau import Plateau
 from tests.helpers import first_stop
 
 

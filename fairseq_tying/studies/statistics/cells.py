@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fairseq_tying.evaluation.metrics import METRICS
-from fairseq_tying.studies.stats import stat
+from fairseq_tying.studies.statistics.stats import stat
 
 
 def _family(test: Any) -> dict[str, Any]:

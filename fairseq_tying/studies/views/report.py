@@ -21,11 +21,13 @@ from typing import Any
 from fairseq_tying.common.atomic import read_lines, write_json
 from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.data.bible import read_split
-from fairseq_tying.studies import engine, records, view_answer, view_equal, view_grid, view_lm
-from fairseq_tying.studies.cells import plain
-from fairseq_tying.studies.engine import Section, Spec
-from fairseq_tying.studies.record import Record
-from fairseq_tying.studies.specs import GRID, LM
+from fairseq_tying.studies.engine import engine
+from fairseq_tying.studies.engine.engine import Section, Spec
+from fairseq_tying.studies.engine.specs import GRID, LM
+from fairseq_tying.studies.records import records
+from fairseq_tying.studies.records.record import Record
+from fairseq_tying.studies.statistics.cells import plain
+from fairseq_tying.studies.views import view_answer, view_equal, view_grid, view_lm
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ class Sweep:
     # default: the training job's
     eval_cpus: int = setting(1, key="cpus_per_task", section=EVALUATION, minimum=1)
     eval_mem_gb: float = setting(4, key="mem_gb", section=EVALUATION, unit="GB")
-    # what `args` and each of `also` say, parsed once (launch.config.load_sweep)
+    # what `args` and each of `also` say, parsed once (sweeps.config.load_sweep)
     evaluation: EvalOptions = field(default_factory=TranslationEvalOptions)
     evaluation_also: dict[str, EvalOptions] = field(default_factory=dict)
     update_freq: int = 1

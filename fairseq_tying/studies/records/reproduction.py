@@ -17,7 +17,7 @@ from typing import Any
 from fairseq_tying.common.atomic import write_json, write_text
 from fairseq_tying.common.reproducible import cpu_name
 from fairseq_tying.common.tables import markdown_table
-from fairseq_tying.studies.records import Record
+from fairseq_tying.studies.records.records import Record
 
 NOT_RECORDED = "not recorded"
 SPREAD = "min–max of the cell's committed seeds"

@@ -62,8 +62,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from fairseq_tying.studies.cells import Bootstrap, Equivalence, SeedDifference
-from fairseq_tying.studies.stats import tost
+from fairseq_tying.studies.statistics.cells import Bootstrap, Equivalence, SeedDifference
+from fairseq_tying.studies.statistics.stats import tost
 
 SEEDS = 3  # the fewest seeds a verdict uses (3 per cell; 5 for the headline cells)
 ALPHA = 0.05

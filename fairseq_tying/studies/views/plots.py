@@ -13,7 +13,7 @@ import numpy as np
 from fairseq_tying.common.atomic import atomic_write
 from fairseq_tying.common.extras import pyplot, require
 from fairseq_tying.studies import FOR_WHAT
-from fairseq_tying.studies.cells import Stat
+from fairseq_tying.studies.statistics.cells import Stat
 
 plt = pyplot(FOR_WHAT)
 MaxNLocator = require("matplotlib.ticker", "analysis", FOR_WHAT).MaxNLocator

@@ -1,0 +1,1 @@
+"""The across-run engine: records into sections of typed cells, driven by the studies' specs."""

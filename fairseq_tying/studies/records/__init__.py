@@ -1,0 +1,1 @@
+"""A run's record: its typed layout, its builder from a run folder, a reproduction against it."""

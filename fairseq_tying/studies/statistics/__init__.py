@@ -1,0 +1,1 @@
+"""Statistics over seeds: the typed cells, intervals and tests, comparisons, verdict rules."""
