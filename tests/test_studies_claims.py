@@ -268,3 +268,42 @@ def test_a_delta_over_fewer_seeds_than_its_means_gives_their_means():
     assert view_answer.rows(same)[1][4] == "+1.28 ± 0.49 over untied"
     assert formatting.shared_means(tied, summary["three_way/dot"], summary["none/dot"]) == \
         f"seeds 1, 2, 3: {a:.2f} − {b:.2f}"
+
+
+@pytest.mark.parametrize("deltas, p, expects, counted", [
+    ((0.5, 0.4, 0.6), 0.01, "gain", "supported"),
+    ((-0.5, -0.4, -0.6), 0.01, "gain", "contradicted"),
+    ((1.9, 1.5, 2.2), 0.001, "unchanged", "contradicted (better)"),
+    ((0.3, -0.2, 0.1), 0.4, "unchanged", "supported (equivalent within ±0.5)"),
+])
+def test_a_claim_between_cells_still_learning_is_not_decided(deltas, p, expects, counted):
+    test = comparison(*deltas, p=p)
+    assert bootstrap(test, expects) == counted
+    learning = replace(test, learning=("three_way/dot",))
+    assert bootstrap(learning, expects) == \
+        "unresolved (still learning at the budget: three_way/dot)"
+    if counts(test):  # in words, a difference; equivalence only with its family's test
+        assert verdicts.in_words(learning) == "still learning at the budget"
+
+
+def test_an_undecided_claim_keeps_its_own_reason_while_learning():
+    test = replace(comparison(0.5, 0.4, 0.6, p=0.2), learning=("none/dot", "three_way/dot"))
+    assert bootstrap(test, "gain") == "unresolved (within the test set's noise)"
+    diff = SeedDifference(stat=Stat.of([-1.0, -1.2, -0.9]), p=0.01, seeds=(1, 2, 3))
+    assert verdicts.interval(diff) == "supported"
+    assert verdicts.interval(replace(diff, learning=("decoder × dot",))) == \
+        "unresolved (still learning at the budget: decoder × dot)"
+
+
+def test_the_mean_of_the_seeds_gains_decides_and_an_untold_seed_keeps_it_learning():
+    from fairseq_tying.studies.statistics.cells import Learning
+    assert not Learning((0.004, 0.001, 0.006), 3, 0.005).still  # mean 0.0037
+    assert Learning((0.004, 0.003, 0.009), 3, 0.005).still  # mean 0.0053
+    assert Learning((0.001, None, 0.001), 3, 0.005).still
+    line = formatting.still_learning({
+        "three_way/dot": _cell("three_way", "dot", {1: 14.0}),
+        "none/dot": replace(_cell("none", "dot", {1: 14.0}), values={
+            "seeds": (1, 2), "learning": Learning((0.02, 0.016), 3, 0.005)})})
+    assert line == ("Still learning at the budget (validation NLL 0.5 % or more lower over the "
+                    "last 3 epochs than before them, mean of the seeds; each seed's in "
+                    "brackets): none/dot (+1.8 %: +2.0, +1.6).")

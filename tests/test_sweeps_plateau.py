@@ -91,3 +91,19 @@ def test_resume_history_follows_the_checkpoint(tmp_path):
 @pytest.mark.parametrize("value", [history([1.0]), []])
 def test_no_decision_without_enough_epochs(value):
     assert Plateau(patience=3).decide(value) is None
+
+
+def test_the_gain_is_the_rules_own_quantity():
+    """``gain``: by how much the last ``patience`` epochs beat the best before them, written
+    out; a run stops for a plateau exactly where it falls under ``min_gain``."""
+    rule = Plateau(patience=3, min_gain=0.005, max_epoch=50)
+    values = [6.0, 5.0, 4.6, 4.55, 4.52, 4.51]
+    assert rule.gain(values) == pytest.approx((4.6 - 4.51) / 4.6)
+    assert rule.still_learning(values) and not rule.still_learning([*values, 4.51, 4.50, 4.50])
+    assert rule.gain(values[:3]) is None and rule.still_learning(values[:3])  # too few to tell
+    assert rule.gain([4.0, 4.1, 4.2, 4.3]) < 0  # worse than before: not learning
+    rng = random.Random(1)
+    for _ in range(200):
+        values = [5.0 * (1 - rng.uniform(-0.01, 0.03)) ** e for e in range(1, 12)]
+        flat = all(v > min(values[:-3]) * (1 - 0.005) for v in values[-3:])  # helpers.first_stop
+        assert rule.still_learning(values) == (not flat)

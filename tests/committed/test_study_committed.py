@@ -112,6 +112,29 @@ def test_each_paired_test_is_the_records_scores_and_holm_over_the_claims(name):
     assert samples == {resamples(m)} and m / (resamples(m) + 1) <= 0.05 / 20
 
 
+def test_every_cell_is_checked_for_learning_at_its_budget_from_its_records():
+    """Each cell's convergence check in the equal study's summary.json is its runs' validation
+    NLL written out: per seed, (best of epochs 1–37 − best of 38–40) / best of 1–37; a cell
+    still learns when their mean is 0.5 % or more, and its comparisons say so (cosine's at 40
+    epochs: +0.4, +0.5, +0.6 %)."""
+    summary = json.loads((DOCS / "equal" / "summary.json").read_text())
+    nll = {(r.run.arch, r.run.tying, r.run.output_layer, r.run.seed):
+           [v for _, _, v in r.train.valid_epochs] for r in _records(DOCS / "equal")}
+    still = set()
+    for arch, cells in summary.items():
+        for label, cell in cells.items():
+            want = [(min(v[:-3]) - min(v[-3:])) / min(v[:-3]) for v in (
+                nll[(arch, cell["tying"], cell["output_layer"], seed)] for seed in cell["seeds"])]
+            assert cell["learning"] == {"gains": pytest.approx(want), "window": 3,
+                                        "threshold": 0.005}
+            if sum(want) / len(want) >= 0.005:
+                still.add((arch, label))
+            for key in ("vs_dot", "vs_untied"):
+                if isinstance(test := cell.get(key), dict) and "per_seed_delta" in test:
+                    assert (label in test.get("learning", ())) == ((arch, label) in still)
+    assert still == {("transformer_twwt", "three_way/cosine")}
+
+
 def test_the_one_epoch_study_covers_its_grid_after_600_updates():
     records = _records(DOCS / "study")
     cells = {(r.run.tying, r.run.output_layer, r.run.seed) for r in records}
