@@ -23,12 +23,19 @@ from fairseq_tying.evaluation.perplexity import evaluate_lm_run
 from fairseq_tying.studies.records.record import Identity, Record
 from fairseq_tying.studies.statistics.significance import (
     bleu_scores,
+    chrf_scores,
     compare,
     metric_stats,
     resample_counts,
     seed_paired_bootstrap,
 )
-from fairseq_tying.studies.statistics.stats import mean_ci
+from fairseq_tying.studies.statistics.stats import (
+    detectable,
+    mean_ci,
+    seeds_for_equivalence,
+    tost,
+    tost_power,
+)
 from fairseq_tying.studies.views.formatting import format_ci
 from tests.helpers import run_cli
 
@@ -305,3 +312,34 @@ def test_sweep_evaluation_args_are_evaluate_run_keywords():
         evaluate_options(["--tag", "Best"])
     with pytest.raises(ValueError, match="evaluation.args: unrecognized arguments: --bogus"):
         evaluate_options(["--bogus"])
+
+
+def test_the_vectorized_chrf_of_every_resample_is_sacrebleus():
+    refs, good, bad = _corpus(8)
+    bad = list(bad)
+    bad[4] = ""  # no character n-grams on one side
+    stats = metric_stats(bad, refs, "chrf")
+    rows = resample_counts(len(refs), 400) @ stats.astype(np.float64)
+    chrf = CHRF()
+    want = [chrf._compute_score_from_stats(list(r)).score for r in rows]
+    np.testing.assert_allclose(chrf_scores(rows), want, rtol=1e-12, atol=1e-12)
+    assert chrf_scores(np.zeros((1, stats.shape[1])))[0] == 0.0
+
+
+def test_what_seeds_can_show_matches_statsmodels_and_a_simulation():
+    """The detectable Δ is statsmodels' t-test power solved for the effect (× sd); TOST's power
+    at a true Δ of 0 is what 4,000 simulated seed sets give (their share that ``tost`` calls
+    equivalent), and the seeds it needs are the first n reaching 80 %."""
+    from statsmodels.stats.power import TTestPower
+
+    for n in (3, 5, 10):
+        effect = TTestPower().solve_power(nobs=n, alpha=0.05, power=0.8)
+        assert detectable(0.3, n) == pytest.approx(0.3 * effect, rel=1e-6)
+    rng = np.random.default_rng(0)
+    for n in (3, 5):
+        sims = rng.normal(0, 0.3, size=(4000, n))
+        share = np.mean([tost(list(x), 0.5)["p"] < 0.05 for x in sims])
+        assert tost_power(0.3, n, 0.5) == pytest.approx(share, abs=0.02)
+    need = seeds_for_equivalence(0.3, 0.5)
+    assert tost_power(0.3, need, 0.5) >= 0.8 > tost_power(0.3, need - 1, 0.5)
+    assert detectable(0.3, 1) == math.inf and seeds_for_equivalence(0.0, 0.5) == 2

@@ -21,6 +21,7 @@ from fairseq_tying.studies.records import records
 from fairseq_tying.studies.records.record import Record
 from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Bootstrap, plain, summary_of
+from fairseq_tying.studies.statistics.stats import seeds_for_equivalence
 from fairseq_tying.studies.views import view_answer, view_equal
 from fairseq_tying.studies.views.report import (
     Renderer,
@@ -327,6 +328,26 @@ def test_the_rule_in_words_is_better_worse_no_difference_or_not_decided():
     assert verdicts.in_words(_test([0.9], 0.001)) == "too few seeds (1 of 3)"
 
 
+def _also(cell, name: str) -> str:
+    """What a claim's bullet adds: the finding on chrF and the best checkpoint, and what its
+    seeds can show (sd of the per-seed Δs; the t-test's detectable Δ by statsmodels)."""
+    from statsmodels.stats.power import TTestPower
+
+    test = cell.test(name)
+    finding = verdicts.finding(test)
+    others = {"chrF": cell.test(name + "_chrf"), "the best checkpoint": cell.test(name + "_best")}
+    differ = [f"not on {k} ({verdicts.finding(t)} there)" for k, t in others.items()
+              if verdicts.finding(t) != finding]
+    robust = "holds on BLEU only" if len(differ) == 2 else "; ".join(differ) or \
+        "holds on chrF and the best checkpoint"
+    deltas = list(test.per_seed_delta.values())
+    sd = float(np.std(deltas, ddof=1))
+    effect = TTestPower().solve_power(nobs=len(deltas), alpha=0.05, power=0.8)
+    need = seeds_for_equivalence(sd, 0.5)
+    return (f"{robust}; {len(deltas)} seeds (sd {sd:.2f}) detect |Δ| ≥ {effect * sd:.2f} with "
+            f"80 % power, equivalence within ±0.5 needs {need}")
+
+
 def test_the_short_answer_says_each_verdict_in_words():
     """Under the table, one sentence a claim: the converged study's tying modes are better
     (with the parameters they save, from the cells' counts) and each normalized layer shows no
@@ -346,14 +367,16 @@ def test_the_short_answer_says_each_verdict_in_words():
                         f"{tied.delta:+.2f} BLEU (p ≤ {1 / (tied.n_samples + 1):.3g}, Holm ≤ "
                         f"{tied.p_holm:.3g} (floor); equivalence p = {eq.p:.3f}, Holm "
                         f"{eq.p_holm:.3f}: 90 % interval {low:+.2f} to {high:+.2f} against "
-                        f"±0.5), with {saved:.2f}M fewer parameters.")
+                        f"±0.5), with {saved:.2f}M fewer parameters; "
+                        f"{_also(cells['three_way/dot'], 'vs_untied')}.")
     l2 = cells["three_way/l2norm"].test("vs_dot")
     seeds = ", ".join(f"{d:+.2f}" for d in l2.per_seed_delta.values())
     # seed 1's Δ (−0.30) has the other sign but is not significant on its own
     assert list(l2.per_seed_p.values())[0] > 0.05 and l2.p == 1 / (l2.n_samples + 1)
     assert words[2] == (f"`l2norm` against `dot` (three-way tying): **no difference shown**, "
                         f"{l2.delta:+.2f} BLEU (p ≤ {l2.p:.3g}, Holm ≤ {l2.p_holm:.3g} (floor): "
-                        f"seeds differ in sign ({seeds})).")
+                        f"seeds differ in sign ({seeds})); "
+                        f"{_also(cells['three_way/l2norm'], 'vs_dot')}.")
     assert len(words) == 6 and all("fewer parameters" not in w for w in words[2:])
     three_way = {k: v for k, v in cells.items() if k.startswith("three_way/")}
     assert view_answer.in_words(three_way) == words[2:]

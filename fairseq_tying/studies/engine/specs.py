@@ -47,6 +47,9 @@ from fairseq_tying.studies.statistics.significance import compare
 
 # --- translation: (tying, output layer) cells ------------------------------------------------
 
+# a claim's comparison under the protocol's other choices: its name plus one of these
+ALSO = {"_chrf": "chrF", "_best": "the best checkpoint"}
+
 
 def _vs_dot(key: Key, cells: Collection[Key]) -> Key | None:
     tying, layer = key
@@ -75,6 +78,11 @@ def claim_family(sections: list[Section]) -> list[Section]:
     for where, _, eq in found:
         test = next(adjusted)
         tests[where] = test if eq is None else replace(test, equivalence=next(adjusted))
+    for also in ALSO:  # each other choice its own family, over the same claims
+        others = [((i, cell, name + also), test) for (i, cell, name), _, _ in found
+                  if (test := sections[i].summary[cell].test(name + also)) is not None]
+        tests |= dict(zip([w for w, _ in others],
+                          verdicts.adjust([t for _, t in others]), strict=True))
     return with_tests(sections, tests)
 
 
@@ -100,7 +108,13 @@ GRID = Spec(
     values=("seeds", "bleu", "chrf", "valid_nll", "params", "stop", "bleu_best",
             "valid_nll_common", "learning"),
     comparisons=(Comparison("vs_dot", _vs_dot, paired_bootstrap("bleu")),
-                 Comparison("vs_untied", _vs_untied, paired_bootstrap("bleu"))),
+                 Comparison("vs_untied", _vs_untied, paired_bootstrap("bleu")),
+                 # the protocol's other choices: chrF instead of BLEU, and the best-validation
+                 # checkpoint (its corpus BLEU per seed) instead of the last-5 average
+                 *(Comparison(f"{name}{also}", base, test)
+                   for name, base in (("vs_dot", _vs_dot), ("vs_untied", _vs_untied))
+                   for also, test in (("_chrf", paired_bootstrap("chrf")),
+                                      ("_best", seed_differences("bleu_best"))))),
     section=lambda r: r.run.arch,
     family=claim_family,
     family_size=claim_family_size,

@@ -59,7 +59,7 @@ def _comparisons(summaries: dict[str, Summary]) -> dict[tuple[str, str, str], Bo
     differences."""
     return {(model, label, name): test for model, cells in summaries.items()
             for label, cell in cells.items() for name, test in cell.tests.items()
-            if isinstance(test, Bootstrap)}
+            if isinstance(test, Bootstrap) and test.metric == "bleu"}
 
 
 def rows(here: dict[str, Summary], there: dict[str, Summary]) -> list[list[str]]:

@@ -119,6 +119,8 @@ def _scores(metric: str) -> Callable[[np.ndarray], np.ndarray]:
     scorer = _scorer(metric)
     if metric == "bleu" and _is_default_bleu(scorer):
         return bleu_scores
+    if metric == "chrf" and (scorer.beta, scorer.eps_smoothing) == (2, False):
+        return chrf_scores
     return lambda rows: np.array([scorer._compute_score_from_stats(r).score for r in rows])
 
 
@@ -148,6 +150,26 @@ def bleu_scores(stats: np.ndarray) -> np.ndarray:
         scorer = _scorer("bleu")
         out[~plain] = [scorer._compute_score_from_stats(r).score for r in stats[~plain]]
     return out
+
+
+def chrf_scores(stats: np.ndarray) -> np.ndarray:
+    """sacrebleu's corpus chrF (β = 2, effective-order averaging) of rows of summed statistics
+    ``[hyp_n, ref_n, match_n]`` for each character order n:
+
+        P = mean_n match_n / hyp_n,  R = mean_n match_n / ref_n   (over the orders with
+        hyp_n > 0 and ref_n > 0),  chrF = 100 · (1 + β²) P R / (β² P + R)  (0 if P + R = 0)
+
+    in numpy over all rows."""
+    hyp, ref, match = stats[:, 0::3], stats[:, 1::3], stats[:, 2::3]
+    valid = (hyp > 0) & (ref > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        prec = np.where(valid, match / np.where(hyp > 0, hyp, 1), 0.0)
+        rec = np.where(valid, match / np.where(ref > 0, ref, 1), 0.0)
+        orders = valid.sum(1)
+        p = np.where(orders > 0, prec.sum(1) / np.maximum(orders, 1), 0.0)
+        r = np.where(orders > 0, rec.sum(1) / np.maximum(orders, 1), 0.0)
+        beta2 = 4.0
+        return np.where(p + r > 0, 100 * (1 + beta2) * p * r / (beta2 * p + r), 0.0)
 
 
 def _scorer(metric: str):
@@ -192,10 +214,10 @@ def seed_difference(runs: dict[int, Any], base: dict[int, Any], metric: str
                     ) -> SeedDifference | None:
     """Per-seed ``metric`` of ``runs`` minus ``base`` (paired by seed): the Stat of the
     differences, the seeds and the t-test's ``p`` (its verdict comes with the study's family,
-    ``specs.LM``); None without shared seeds."""
+    ``specs.LM``); None without shared seeds, or where a run lacks an optional metric."""
     shared = sorted(set(runs) & set(base))
-    if not shared:
-        return None
     get = METRICS[metric].of
+    if not shared or any(get(r[s]) is None for r in (runs, base) for s in shared):
+        return None
     values = [get(runs[s]) - get(base[s]) for s in shared]
     return SeedDifference(stat=Stat.of(values), p=t_test_p(values), seeds=tuple(shared))

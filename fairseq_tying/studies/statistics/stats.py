@@ -1,5 +1,6 @@
 """Mean and 95% confidence interval over seeds (Student's t distribution), the one-sample t-test
-and the two one-sided tests of equivalence (TOST) of per-seed differences."""
+and the two one-sided tests of equivalence (TOST) of per-seed differences, and what a number
+of seeds can show: the smallest difference the t-test detects, the seeds TOST needs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from fairseq_tying.common.extras import require
 from fairseq_tying.studies import FOR_WHAT
 
 _st = require("scipy.stats", "analysis", FOR_WHAT)
+_optimize = require("scipy.optimize", "analysis", FOR_WHAT)
+_integrate = require("scipy.integrate", "analysis", FOR_WHAT)
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -66,3 +69,57 @@ def tost(values: Sequence[float], margin: float, alpha: float = 0.05) -> dict[st
         p = max(float(_st.t.sf((mean + margin) / se, n - 1)),
                 float(_st.t.cdf((mean - margin) / se, n - 1)))
     return {"margin": margin, "low": mean - t * se, "high": mean + t * se, "p": p, "n": n}
+
+
+POWER = 0.8  # the chance of showing an effect that a power statement assumes
+
+
+def detectable(sd: float, n: int, alpha: float = 0.05, power: float = POWER) -> float:
+    """The smallest true mean difference δ that the two-sided one-sample t-test over ``n``
+    seeds, whose differences spread with standard deviation ``sd``, rejects "no difference"
+    with probability ``power`` at level α:
+
+        P(|T| > t_{1−α/2, n−1}) = power,  T ~ noncentral t(n − 1, δ·√n / sd)
+
+    (scipy's ``nct``); inf for fewer than two seeds, 0 for no spread."""
+    if n < 2:
+        return math.inf
+    if sd == 0:
+        return 0.0
+    df, crit = n - 1, float(_st.t.ppf(1 - alpha / 2, n - 1))
+
+    def shortfall(delta: float) -> float:
+        nc = delta * math.sqrt(n) / sd
+        return float(_st.nct.sf(crit, df, nc) + _st.nct.cdf(-crit, df, nc)) - power
+
+    high = sd
+    while shortfall(high) < 0:
+        high *= 2
+    return float(_optimize.brentq(shortfall, 0.0, high, xtol=1e-9 * sd))
+
+
+def tost_power(sd: float, n: int, margin: float, alpha: float = 0.05) -> float:
+    """The probability that TOST (``tost``) shows equivalence within ±``margin`` over ``n``
+    seeds when the true difference is 0 and the seeds spread with ``sd``: with d̄ ~ N(0, sd²/n)
+    independent of s² ~ sd²·χ²_{n−1}/(n − 1), TOST holds iff |d̄| < margin − t_{1−α,n−1}·s/√n,
+    so the power is E_s[max(0, 2Φ((margin − t·s/√n)·√n/sd) − 1)], integrated over χ²_{n−1}."""
+    if n < 2:
+        return 0.0
+    if sd == 0:
+        return 1.0
+    t, root = float(_st.t.ppf(1 - alpha, n - 1)), math.sqrt(n)
+
+    def given(u: float) -> float:
+        s = sd * math.sqrt(u / (n - 1))
+        inside = 2 * float(_st.norm.cdf((margin - t * s / root) * root / sd)) - 1
+        return max(0.0, inside) * float(_st.chi2.pdf(u, n - 1))
+
+    return float(_integrate.quad(given, 0, math.inf, limit=200)[0])
+
+
+def seeds_for_equivalence(sd: float, margin: float, alpha: float = 0.05,
+                          power: float = POWER, most: int = 100) -> int | None:
+    """The fewest seeds with which TOST shows equivalence within ±``margin`` with probability
+    ``power`` when the true difference is 0 (``tost_power``); None beyond ``most``."""
+    return next((n for n in range(2, most + 1) if tost_power(sd, n, margin, alpha) >= power),
+                None)

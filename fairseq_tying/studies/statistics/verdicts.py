@@ -268,6 +268,35 @@ def in_words(test: Bootstrap) -> str:
     return "no difference shown" + (f", nor equivalence within {margin}" if eq else "")
 
 
+def finding(test: Bootstrap | SeedDifference) -> str:
+    """``better``, ``worse`` or ``none``: a bootstrap's counted difference (``counts``), or a
+    per-seed difference whose t-test is significant after Holm with every seed of one sign."""
+    if isinstance(test, Bootstrap):
+        shown = counts(test)
+        delta = test.delta
+    else:
+        values, delta = test.stat.values, test.stat.mean
+        shown = significant(adjusted_p(test)) and (all(v > 0 for v in values)
+                                                    or all(v < 0 for v in values))
+    return ("better" if delta > 0 else "worse") if shown else "none"
+
+
+def robustness(test: Bootstrap, others: dict[str, Bootstrap | SeedDifference]) -> str:
+    """Whether a claim's finding (``finding`` of its BLEU comparison) is the same under the
+    protocol's other choices (``others`` by name: "chrF", "the best checkpoint"): "holds on
+    chrF and the best checkpoint", "holds on BLEU only", or "not on chrF (none there)"; ""
+    without others."""
+    if not others:
+        return ""
+    mine = finding(test)
+    differ = {name: finding(t) for name, t in others.items() if finding(t) != mine}
+    if not differ:
+        return "holds on " + " and ".join(others)
+    if len(differ) == len(others) > 1:
+        return "holds on BLEU only"
+    return "; ".join(f"not on {name} ({found} there)" for name, found in differ.items())
+
+
 def without_holm(test: Family) -> Family:
     """The test as the raw-p rule judges it: no family correction (of its equivalence test
     either)."""

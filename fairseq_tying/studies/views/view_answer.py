@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import THREE_WAY
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
@@ -14,7 +16,8 @@ from fairseq_tying.studies.engine import specs
 from fairseq_tying.studies.engine.engine import Section
 from fairseq_tying.studies.records.record import Record
 from fairseq_tying.studies.statistics import verdicts
-from fairseq_tying.studies.statistics.cells import Cell, Summary
+from fairseq_tying.studies.statistics.cells import Bootstrap, Cell, Summary
+from fairseq_tying.studies.statistics.stats import POWER, detectable, seeds_for_equivalence
 from fairseq_tying.studies.views.formatting import (
     format_seed_delta,
     format_tests,
@@ -77,7 +80,8 @@ def in_words(summary: Summary) -> list[str]:
     """Each claim's comparison as a sentence: which cell against which, the rules' finding in
     plain words (``verdicts.in_words``), the difference and its evidence (for a claim that
     BLEU is unchanged, the equivalence test's interval against its margin; else why no
-    difference was shown), and for a tying mode the parameters it saves."""
+    difference was shown), for a tying mode the parameters it saves, whether the finding holds
+    on chrF and on the best checkpoint, and what its seeds can show."""
     base = summary[_baseline(summary)]
     out = []
     for cell, claim in _claimed(summary):
@@ -97,9 +101,27 @@ def in_words(summary: Summary) -> list[str]:
                                               test.per_seed_delta.values()) + ")"
         saved = (base.params[0] - cell.params[0]) / 1e6
         spare = f", with {saved:.2f}M fewer parameters" if claim.test == "vs_untied" else ""
+        others = {name: t for also, name in specs.ALSO.items()
+                  if (t := cell.test(claim.test + also)) is not None}
+        after = [x for x in (verdicts.robustness(test, others), power(test)) if x]
         out.append(f"{what}: **{verdicts.in_words(test)}**, {test.delta:+.2f} BLEU "
-                   f"({evidence}){spare}.")
+                   f"({evidence}){spare}" + "".join(f"; {x}" for x in after) + ".")
     return out
+
+
+def power(test: Bootstrap) -> str:
+    """What the claim's seeds can show, from the spread of its per-seed differences: the
+    smallest Δ the t-test over them detects 8 times in 10 at α = 0.05, and the seeds that
+    equivalence within ±0.5 BLEU would need if the true Δ were 0."""
+    deltas = list(test.per_seed_delta.values())
+    if len(deltas) < 2:
+        return ""
+    sd = float(np.std(deltas, ddof=1))
+    need = seeds_for_equivalence(sd, verdicts.MARGIN, verdicts.ALPHA)
+    seeds = "more than 100" if need is None else str(need)
+    return (f"{len(deltas)} seeds (sd {sd:.2f}) detect |Δ| ≥ "
+            f"{detectable(sd, len(deltas), verdicts.ALPHA):.2f} with {100 * POWER:g} % power, "
+            f"equivalence within ±{verdicts.MARGIN:g} needs {seeds}")
 
 
 def answers(records: list[Record]) -> bool:
@@ -121,7 +143,13 @@ def _legend(sections: list[Section]) -> str:
     return ("Δ: the paired difference over the seeds both cells share, mean ± its 95 % "
             "interval over them; where a cell has other seeds, the two means over the shared "
             "ones follow it. Verdict: " + legend(*specs.family_of(s.summary for s in sections))
-            + ".\n")
+            + ". Beside each claim: whether its finding (better, worse or no difference) holds "
+            "on chrF (its paired bootstrap) and on the best-validation checkpoint (the t-test "
+            "of the seeds' BLEU differences), each with Holm over the claims; and what its "
+            "seeds can show, from the spread (sd) of their differences: the smallest |Δ| the "
+            f"t-test over them detects with {100 * POWER:g} % power at α = {verdicts.ALPHA} "
+            "(before Holm), and the seeds with which equivalence would hold as often were the "
+            "true Δ 0.\n")
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
