@@ -128,8 +128,9 @@ def make_inputs(core, layer: str, vocab: int, tokens: int, dim: int, dtype, devi
     params = {"weight": weight, "hidden": torch.randn(tokens, dim, generator=g, device=device)}
     if output_bias:
         params["output_bias"] = 0.1 * torch.randn(vocab, generator=g, device=device)
-    for name, value in core.layers.get(layer).initial_values(dim).items():  # fixnorm's g = √D
-        params[name] = torch.tensor(value, device=device)
+    # fixnorm's g = √D, ngpt's sz (V values)
+    for name, value in core.layers.get(layer).initial_values(vocab, dim).items():
+        params[name] = torch.as_tensor(value, device=device)
     params = {k: v.to(dtype).requires_grad_() for k, v in params.items()}
     target = torch.randint(2, vocab, (tokens,), generator=g, device=device)
     if predicting:  # a fifth of the rows predict their target: a count to compare
@@ -142,9 +143,10 @@ def make_inputs(core, layer: str, vocab: int, tokens: int, dim: int, dtype, devi
 def affine(core, layer: str, params: dict):
     """(ĥ, W_out, b) of the output layer."""
     found = core.layers.get(layer)
-    w_out, bias = found.output_matrix_and_bias(params["weight"], params.get("output_bias"))
-    scalars = {name: params[name] for name in found.parameters}
-    return found.scored_hidden(params["hidden"], **scalars), w_out, bias
+    learned = {name: params[name] for name in found.parameters}
+    w_out, bias = found.output_matrix_and_bias(params["weight"], params.get("output_bias"),
+                                               **learned)
+    return found.scored_hidden(params["hidden"], **learned), w_out, bias
 
 
 def loss_of(core, method: str, hidden, w_out, bias, target, budget_mb: float,

@@ -498,9 +498,24 @@ def decode_full_and_incremental(model, task) -> tuple:
 # ---- independent references -----------------------------------------------------------------
 
 
+GAIN = 2.5  # fixnorm's g where a test picks the learned values
+
+
+def learned_values(vocab: int, dim: int) -> dict[str, torch.Tensor | float]:
+    """Learned parameters of every layer for a test (a layer reads its own): fixnorm's g, and
+    ngpt's stored sz, each token's own value around nGPT's initial 1/√D."""
+    import torch
+
+    return {"gain": GAIN, "sz": torch.linspace(0.5, 1.5, vocab) / math.sqrt(dim)}
+
+
 def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
-                     gain: torch.Tensor | float | None = None) -> torch.Tensor:
-    """The formulas written out row by row in float64 (``gain``: fixnorm's g)."""
+                     gain: torch.Tensor | float | None = None, *,
+                     sz: torch.Tensor | None = None, softcap: float = 30.0,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The formulas written out row by row in float64 (``gain``: fixnorm's g; ``sz``: ngpt's
+    stored vector, s_z = sz·√D; ``softcap``: softcap's c; ``bias``: an output bias b₂, inside
+    softcap's tanh)."""
     import torch
 
     h, w = h.double(), w.double()
@@ -510,14 +525,19 @@ def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
     for i in range(w.shape[0]):
         dot = h @ w[i]
         norm = math.sqrt(float((w[i] * w[i]).sum()))
-        out[:, i] = {
-            "dot": dot,
-            "l2norm": dot / norm,
-            "cosine": dot / norm,
-            "sqnorm": dot / norm**2,
-            "distance": dot - 0.5 * norm**2,
-            "fixnorm": None if gain is None else g * dot / (h_norms * norm),
-        }[output_layer]
+        b = 0.0 if bias is None else float(bias[i])
+        cos = dot / (h_norms * norm) if norm > 0 else 0 * dot
+        if output_layer == "softcap":  # the bias inside the cap, with the affine scores
+            out[:, i] = softcap * torch.tanh((dot + b) / softcap)
+        elif output_layer == "ngpt":
+            out[:, i] = float(sz[i]) * math.sqrt(w.shape[1]) * cos + b
+        elif output_layer == "fixnorm":
+            out[:, i] = g * cos + b
+        else:
+            inv = 1 / norm if norm > 0 else 0.0  # a zero (padding) row scores 0
+            out[:, i] = b + {"dot": dot, "l2norm": dot * inv, "cosine": dot * inv,
+                             "sqnorm": dot * inv**2, "distance": dot - 0.5 * norm**2,
+                             }[output_layer]
     return out
 
 
