@@ -405,28 +405,34 @@ TOY_LAYER_FILE = REPO / "tests" / "toy_layer.py"
 TOY_LAYER = "scaled_dot"  # s_i = α·h·w_i, the one class of TOY_LAYER_FILE
 
 
-def toy_env() -> dict[str, str]:
-    """``cli_env()`` with the toy layer registered in every process it starts."""
+# s_i = softplus(h·w_i): an affine map and a transform, the one class of TOY_TRANSFORM_FILE
+TOY_TRANSFORM_FILE = REPO / "tests" / "toy_transform_layer.py"
+TOY_TRANSFORM = "softplus_dot"
+
+
+def toy_env(path: Path = TOY_LAYER_FILE) -> dict[str, str]:
+    """``cli_env()`` with the toy layer of ``path`` registered in every process it starts."""
     from fairseq_tying.core.output_layers import PLUGINS_ENV
 
-    return {**cli_env(), PLUGINS_ENV: str(TOY_LAYER_FILE)}
+    return {**cli_env(), PLUGINS_ENV: str(path)}
 
 
 @contextmanager
-def toy_layer_registered() -> Iterator:
-    """The toy layer registered in this process (as ``FAIRSEQ_TYING_LAYERS`` registers it in
-    a CLI process), and gone again afterwards, so that no other test sees it."""
+def toy_layer_registered(path: Path = TOY_LAYER_FILE, name: str = TOY_LAYER) -> Iterator:
+    """The toy layer ``name`` of ``path`` registered in this process (as
+    ``FAIRSEQ_TYING_LAYERS`` registers it in a CLI process), and gone again afterwards, so that
+    no other test sees it."""
     from fairseq_tying.core import output_layers
 
     before = set(sys.modules)
-    output_layers.load_plugins(str(TOY_LAYER_FILE))
+    output_layers.load_plugins(str(path))
     loaded = set(sys.modules) - before  # the toy's module only: the test may import more
     try:
-        yield output_layers.get(TOY_LAYER)
+        yield output_layers.get(name)
     finally:
-        output_layers.OUTPUT_LAYERS.pop(TOY_LAYER, None)
-        for name in loaded:
-            del sys.modules[name]
+        output_layers.OUTPUT_LAYERS.pop(name, None)
+        for module in loaded:
+            del sys.modules[module]
 
 
 def export_args(**kw) -> Namespace:
