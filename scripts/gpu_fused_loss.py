@@ -100,10 +100,13 @@ def load_core() -> types.SimpleNamespace:
     smoothed = types.ModuleType("fairseq.criterions.label_smoothed_cross_entropy")
     smoothed.label_smoothed_nll_loss = label_smoothed_nll_loss
     fairseq, criterions = types.ModuleType("fairseq"), types.ModuleType("fairseq.criterions")
-    fairseq.__path__, criterions.__path__ = [], []
-    fairseq.utils, fairseq.criterions = utils, criterions
+    # the criterions' metrics (reduce_metrics), which no loss computed here calls
+    logs, metrics = types.ModuleType("fairseq.logging"), types.ModuleType("fairseq.logging.metrics")
+    fairseq.__path__, criterions.__path__, logs.__path__ = [], [], []
+    fairseq.utils, fairseq.criterions, fairseq.logging = utils, criterions, logs
     criterions.label_smoothed_cross_entropy = smoothed
-    for module in (fairseq, utils, criterions, smoothed):
+    logs.metrics = metrics
+    for module in (fairseq, utils, criterions, smoothed, logs, metrics):
         sys.modules.setdefault(module.__name__, module)
     # the package's folders without its __init__ (which loads fairseq and the models)
     for name, folder in (("fairseq_tying", CORE.parent), ("fairseq_tying.core", CORE),

@@ -35,8 +35,8 @@ Parameters = Mapping[str, Tensor | float | None]
 
 @dataclass(frozen=True)
 class Setting:
-    """A constant of a layer, chosen by the flag ``--NAME`` (``_`` as ``-``) and not learned:
-    softcap's cap c."""
+    """A positive constant of a layer, chosen by the flag ``--NAME`` (``_`` as ``-``) and not
+    learned: softcap's cap c. A model flag: resuming with another value is refused."""
 
     name: str
     default: float
