@@ -173,6 +173,7 @@ def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, 
         if accuracy:
             n_correct += (pred.eq(y) & k).sum()
         if any(grads):
+            # |G| < 2, as a half model's HALF_SCALE needs, while |2λ·log Z| < 1 and t′ ≤ 1
             g = _score_gradient(p, z, y, k, on_target, eps_i,
                                 1 + 2 * z_loss * log_z if z_loss else None)
             if slope is not None:
