@@ -100,10 +100,13 @@ def load_core() -> types.SimpleNamespace:
     smoothed = types.ModuleType("fairseq.criterions.label_smoothed_cross_entropy")
     smoothed.label_smoothed_nll_loss = label_smoothed_nll_loss
     fairseq, criterions = types.ModuleType("fairseq"), types.ModuleType("fairseq.criterions")
-    fairseq.__path__, criterions.__path__ = [], []
-    fairseq.utils, fairseq.criterions = utils, criterions
+    # the criterions' metrics (reduce_metrics), which no loss computed here calls
+    logs, metrics = types.ModuleType("fairseq.logging"), types.ModuleType("fairseq.logging.metrics")
+    fairseq.__path__, criterions.__path__, logs.__path__ = [], [], []
+    fairseq.utils, fairseq.criterions, fairseq.logging = utils, criterions, logs
     criterions.label_smoothed_cross_entropy = smoothed
-    for module in (fairseq, utils, criterions, smoothed):
+    logs.metrics = metrics
+    for module in (fairseq, utils, criterions, smoothed, logs, metrics):
         sys.modules.setdefault(module.__name__, module)
     # the package's folders without its __init__ (which loads fairseq and the models)
     for name, folder in (("fairseq_tying", CORE.parent), ("fairseq_tying.core", CORE),
@@ -128,8 +131,9 @@ def make_inputs(core, layer: str, vocab: int, tokens: int, dim: int, dtype, devi
     params = {"weight": weight, "hidden": torch.randn(tokens, dim, generator=g, device=device)}
     if output_bias:
         params["output_bias"] = 0.1 * torch.randn(vocab, generator=g, device=device)
-    for name, value in core.layers.get(layer).initial_values(dim).items():  # fixnorm's g = √D
-        params[name] = torch.tensor(value, device=device)
+    # fixnorm's g = √D, ngpt's sz (V values)
+    for name, value in core.layers.get(layer).initial_values(vocab, dim).items():
+        params[name] = torch.as_tensor(value, device=device)
     params = {k: v.to(dtype).requires_grad_() for k, v in params.items()}
     target = torch.randint(2, vocab, (tokens,), generator=g, device=device)
     if predicting:  # a fifth of the rows predict their target: a count to compare
@@ -142,9 +146,10 @@ def make_inputs(core, layer: str, vocab: int, tokens: int, dim: int, dtype, devi
 def affine(core, layer: str, params: dict):
     """(ĥ, W_out, b) of the output layer."""
     found = core.layers.get(layer)
-    w_out, bias = found.output_matrix_and_bias(params["weight"], params.get("output_bias"))
-    scalars = {name: params[name] for name in found.parameters}
-    return found.scored_hidden(params["hidden"], **scalars), w_out, bias
+    learned = {name: params[name] for name in found.parameters}
+    w_out, bias = found.output_matrix_and_bias(params["weight"], params.get("output_bias"),
+                                               **learned)
+    return found.scored_hidden(params["hidden"], **learned), w_out, bias
 
 
 def loss_of(core, method: str, hidden, w_out, bias, target, budget_mb: float,

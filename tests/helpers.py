@@ -405,28 +405,34 @@ TOY_LAYER_FILE = REPO / "tests" / "toy_layer.py"
 TOY_LAYER = "scaled_dot"  # s_i = α·h·w_i, the one class of TOY_LAYER_FILE
 
 
-def toy_env() -> dict[str, str]:
-    """``cli_env()`` with the toy layer registered in every process it starts."""
+# s_i = softplus(h·w_i): an affine map and a transform, the one class of TOY_TRANSFORM_FILE
+TOY_TRANSFORM_FILE = REPO / "tests" / "toy_transform_layer.py"
+TOY_TRANSFORM = "softplus_dot"
+
+
+def toy_env(path: Path = TOY_LAYER_FILE) -> dict[str, str]:
+    """``cli_env()`` with the toy layer of ``path`` registered in every process it starts."""
     from fairseq_tying.core.output_layers import PLUGINS_ENV
 
-    return {**cli_env(), PLUGINS_ENV: str(TOY_LAYER_FILE)}
+    return {**cli_env(), PLUGINS_ENV: str(path)}
 
 
 @contextmanager
-def toy_layer_registered() -> Iterator:
-    """The toy layer registered in this process (as ``FAIRSEQ_TYING_LAYERS`` registers it in
-    a CLI process), and gone again afterwards, so that no other test sees it."""
+def toy_layer_registered(path: Path = TOY_LAYER_FILE, name: str = TOY_LAYER) -> Iterator:
+    """The toy layer ``name`` of ``path`` registered in this process (as
+    ``FAIRSEQ_TYING_LAYERS`` registers it in a CLI process), and gone again afterwards, so that
+    no other test sees it."""
     from fairseq_tying.core import output_layers
 
     before = set(sys.modules)
-    output_layers.load_plugins(str(TOY_LAYER_FILE))
+    output_layers.load_plugins(str(path))
     loaded = set(sys.modules) - before  # the toy's module only: the test may import more
     try:
-        yield output_layers.get(TOY_LAYER)
+        yield output_layers.get(name)
     finally:
-        output_layers.OUTPUT_LAYERS.pop(TOY_LAYER, None)
-        for name in loaded:
-            del sys.modules[name]
+        output_layers.OUTPUT_LAYERS.pop(name, None)
+        for module in loaded:
+            del sys.modules[module]
 
 
 def export_args(**kw) -> Namespace:
@@ -498,9 +504,24 @@ def decode_full_and_incremental(model, task) -> tuple:
 # ---- independent references -----------------------------------------------------------------
 
 
+GAIN = 2.5  # fixnorm's g where a test picks the learned values
+
+
+def learned_values(vocab: int, dim: int) -> dict[str, torch.Tensor | float]:
+    """Learned parameters of every layer for a test (a layer reads its own): fixnorm's g, and
+    ngpt's stored sz, each token's own value around nGPT's initial 1/√D."""
+    import torch
+
+    return {"gain": GAIN, "sz": torch.linspace(0.5, 1.5, vocab) / math.sqrt(dim)}
+
+
 def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
-                     gain: torch.Tensor | float | None = None) -> torch.Tensor:
-    """The formulas written out row by row in float64 (``gain``: fixnorm's g)."""
+                     gain: torch.Tensor | float | None = None, *,
+                     sz: torch.Tensor | None = None, softcap: float = 30.0,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The formulas written out row by row in float64 (``gain``: fixnorm's g; ``sz``: ngpt's
+    stored vector, s_z = sz·√D; ``softcap``: softcap's c; ``bias``: an output bias b₂, inside
+    softcap's tanh)."""
     import torch
 
     h, w = h.double(), w.double()
@@ -510,14 +531,19 @@ def reference_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
     for i in range(w.shape[0]):
         dot = h @ w[i]
         norm = math.sqrt(float((w[i] * w[i]).sum()))
-        out[:, i] = {
-            "dot": dot,
-            "l2norm": dot / norm,
-            "cosine": dot / norm,
-            "sqnorm": dot / norm**2,
-            "distance": dot - 0.5 * norm**2,
-            "fixnorm": None if gain is None else g * dot / (h_norms * norm),
-        }[output_layer]
+        b = 0.0 if bias is None else float(bias[i])
+        cos = dot / (h_norms * norm) if norm > 0 else 0 * dot
+        if output_layer == "softcap":  # the bias inside the cap, with the affine scores
+            out[:, i] = softcap * torch.tanh((dot + b) / softcap)
+        elif output_layer == "ngpt":
+            out[:, i] = float(sz[i]) * math.sqrt(w.shape[1]) * cos + b
+        elif output_layer == "fixnorm":
+            out[:, i] = g * cos + b
+        else:
+            inv = 1 / norm if norm > 0 else 0.0  # a zero (padding) row scores 0
+            out[:, i] = b + {"dot": dot, "l2norm": dot * inv, "cosine": dot * inv,
+                             "sqnorm": dot * inv**2, "distance": dot - 0.5 * norm**2,
+                             }[output_layer]
     return out
 
 

@@ -12,7 +12,9 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from tests.helpers import binarize, run_cli, run_module, train_args
+from fairseq_tying.analysis import learned_summary
+from fairseq_tying.analysis.measures import learned_parameters
+from tests.helpers import binarize, build_model, run_cli, run_module, train_args
 
 
 def _simlex() -> tuple[list[tuple[str, str, float]], str]:
@@ -149,15 +151,16 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
     assert out_matrix["norm_frequency_spearman"] == pytest.approx(
         spearmanr(np.linalg.norm(rows, axis=1), counts[keep])[0], abs=1e-9)
 
-    # fixnorm's learned g, beside its initial √D (D = 16); the other layers have none
+    # fixnorm's learned g by name, beside its initial √D (D = 16); the other layers have none
     gain = torch.load(ckpts["three_way"], weights_only=True)["model"]["decoder.scorer.gain"]
-    assert tied["gain"] == pytest.approx(float(gain)) and tied["initial_gain"] == 4.0
-    assert tied["gain"] != 4.0 and untied["gain"] is None is untied["initial_gain"]
+    assert tied["parameters"] == {"gain": {"value": pytest.approx(float(gain)),
+                                           "initial_value": 4.0}}
+    assert float(gain) != 4.0 and untied["parameters"] == {}
 
     table = (out / "analysis.md").read_text()
     assert "| three_way·fixnorm | encoder input = decoder input = decoder output |" in table
-    assert (f"fixnorm's learned scale g (its initial value √D): three_way·fixnorm "
-            f"{float(gain):.2f} (from 4.00).") in table
+    assert ("The output layer's learned parameters, trained (from their initial value): "
+            f"three_way·fixnorm gain {float(gain):.2f} (from 4.00).") in table
     assert (f"three_way·fixnorm: source only {by_side['source only']['mean_norm']:.2f} "
             f"({by_side['source only']['rows']}), target only") in table
     assert report_md.read_text() == ("# R\n\nwritten by hand\n<!-- analysis:begin -->\n"
@@ -266,3 +269,17 @@ def test_tied_roles_are_one_matrix_in_an_averaged_checkpoint():
     both = [("decoder.embed_tokens.weight", ["decoder input", "decoder output"])]
     assert matrices(shared) == matrices(copied) == both
     assert [roles for _, roles in matrices(untied)] == [["decoder input"], ["decoder output"]]
+
+
+def test_a_learned_vector_is_reported_by_name(joined_bin):
+    """ngpt's sz (V values, stored at 1/√D = 0.25 for D = 16): its mean and range, trained and
+    initial, by its name in the report and its table."""
+    model, _ = build_model(joined_bin, "transformer_twwt", "--output-layer", "ngpt")
+    state = model.state_dict()
+    vocab = state["decoder.scorer.sz"].shape[0]
+    state["decoder.scorer.sz"] = torch.linspace(0.1, 0.5, vocab)
+    found = learned_parameters(state, "ngpt")
+    assert found == {"sz": {"mean": pytest.approx(0.3), "min": pytest.approx(0.1),
+                            "max": pytest.approx(0.5), "initial_mean": 0.25,
+                            "initial_min": 0.25, "initial_max": 0.25}}
+    assert learned_summary("sz", found["sz"]) == "sz mean 0.3, 0.1 to 0.5 (from 0.25)"

@@ -17,6 +17,7 @@ from tests.helpers import (
     decode_full_and_incremental,
     generate,
     last_updates,
+    reference_scores,
     run_cli,
     run_module,
     train_args,
@@ -182,21 +183,6 @@ def test_embedding_file_errors_name_the_flag(joined_bin, tmp_path, case):
 # --- the output bias b₂ ---------------------------------------------------------------------
 
 
-def _independent_scores(output_layer: str, h: torch.Tensor, w: torch.Tensor,
-                        gain: torch.Tensor | None) -> torch.Tensor:
-    """The rules written out directly (all rows have ‖w_i‖ > 0 here)."""
-    norms = w.norm(dim=1)
-    if output_layer == "fixnorm":
-        return gain * torch.nn.functional.cosine_similarity(h[:, None], w[None], dim=-1)
-    return {
-        "dot": h @ w.T,
-        "l2norm": h @ (w / norms[:, None]).T,
-        "cosine": h @ (w / norms[:, None]).T,
-        "sqnorm": h @ (w / norms[:, None] ** 2).T,
-        "distance": h @ w.T - 0.5 * norms**2,
-    }[output_layer]
-
-
 @pytest.mark.parametrize("output_layer", output_layers.names())
 @pytest.mark.parametrize("tying", ["none", "decoder", "three_way"])
 def test_output_bias_adds_to_every_rule(joined_bin, tying, output_layer):
@@ -216,16 +202,16 @@ def test_output_bias_adds_to_every_rule(joined_bin, tying, output_layer):
         scorer.weight[model.decoder.embed_tokens.padding_idx].normal_()  # no zero row here
         scorer.bias.normal_()
     h = torch.randn(3, 16)
-    want = _independent_scores(output_layer, scorer.projection(h), scorer.weight, scorer.gain)
-    want = want + scorer.bias
+    want = reference_scores(output_layer, scorer.projection(h), scorer.weight,
+                            bias=scorer.bias, **scorer.layer_parameters()).float()
     torch.testing.assert_close(model.decoder.output_layer(h), want, rtol=1e-5, atol=1e-5)
     model.eval()
     with torch.no_grad():  # the cached inference path, and the affine map an exporter reads
         torch.testing.assert_close(model.decoder.output_layer(h), want, rtol=1e-5, atol=1e-5)
         w_out, b = scorer.output_matrix_and_bias()
         torch.testing.assert_close(
-            torch.nn.functional.linear(scorer.project(h), w_out, b), want, rtol=1e-5, atol=1e-5
-        )
+            scorer.transform(torch.nn.functional.linear(scorer.project(h), w_out, b)), want,
+            rtol=1e-5, atol=1e-5)
     scores = model.decoder.output_layer(h)
     scores.logsumexp(-1).sum().backward()
     assert scorer.bias.grad is not None and scorer.bias.grad.abs().sum() > 0
@@ -245,10 +231,9 @@ def test_incremental_decoding_with_output_bias(joined_bin, output_layer):
         without, _ = model.decoder(prev, encoder_out=enc, features_only=True)
     torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-5)
     scorer = model.decoder.scorer
-    shifted = output_layers.scores(output_layer, without, scorer.weight, gain=scorer.gain)
-    torch.testing.assert_close(
-        full - shifted, model.decoder.scorer.bias.expand_as(full), rtol=1e-4, atol=1e-5
-    )
+    want = reference_scores(output_layer, without.reshape(-1, without.shape[-1]),
+                            scorer.weight, bias=scorer.bias, **scorer.layer_parameters())
+    torch.testing.assert_close(full, want.view_as(full).float(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("output_layer", output_layers.names())

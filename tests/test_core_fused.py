@@ -17,7 +17,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.criterions import chunked, fused
 from fairseq_tying.core.criterions.chunked import linear_label_smoothed_nll_loss
-from tests.helpers import PLUGIN_DIR, TINY_LM, TINY_MODEL
+from tests.helpers import PLUGIN_DIR, TINY_LM, TINY_MODEL, learned_values
 
 # Triton 3.6's interpreter converts a 1-element array to an index as NumPy 1.25 deprecates
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0")
@@ -199,8 +199,9 @@ def test_every_output_layer_equals_the_eager_path(interpreted, output_layer, dty
     def loss():
         weight, h, b2, gain = params
         layer = output_layers.get(output_layer)
-        w_out, bias = layer.output_matrix_and_bias(weight, b2)
-        hidden = layer.scored_hidden(h, **{name: gain for name in layer.parameters})
+        learned = {"gain": gain, "sz": learned_values(vocab, dim)["sz"].to(dtype)}
+        w_out, bias = layer.output_matrix_and_bias(weight, b2, **learned)
+        hidden = layer.scored_hidden(h, **learned)
         out = linear_label_smoothed_nll_loss(hidden, w_out, bias, target, 0.1, PAD,
                                              budget_mb=budget(8, vocab, dtype), accuracy=True)
         grads = torch.autograd.grad(out[0], params, allow_unused=True)

@@ -37,8 +37,10 @@ def test_scores_follow_the_output_layer_formula(lm_bin, output_layer):
     model, task = build_lm(lm_bin, "--output-layer", output_layer)
     h = torch.randn(4, 16)
     rows = [i for i in range(len(task.source_dictionary)) if i != task.source_dictionary.pad()]
+    learned = {name: p.detach()[rows] if p.dim() else p
+                for name, p in model.decoder.scorer.layer_parameters().items()}
     want = reference_scores(output_layer, h, model.decoder.embed_tokens.weight.detach()[rows],
-                            model.decoder.scorer.gain)
+                            **learned)
     got = model.decoder.output_layer(h).double()[:, rows]  # the zero padding row scores 0
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 

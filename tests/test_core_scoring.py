@@ -7,9 +7,7 @@ import pytest
 import torch
 
 from fairseq_tying.core import output_layers, scoring
-from tests.helpers import reference_scores
-
-GAIN = 2.5  # fixnorm's g in these tests (the other layers take no gain)
+from tests.helpers import GAIN, learned_values, reference_scores
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
@@ -18,9 +16,10 @@ def test_scores_match_formula(output_layer, dtype, tol):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(50, 8, generator=g) * torch.rand(50, 1, generator=g) * 3
     h = torch.randn(6, 8, generator=g)
-    got = output_layers.scores(output_layer, h.to(dtype), w.to(dtype), gain=GAIN)
+    learned = learned_values(50, 8)
+    got = output_layers.scores(output_layer, h.to(dtype), w.to(dtype), **learned)
     assert got.dtype == dtype
-    want = reference_scores(output_layer, h.to(dtype), w.to(dtype), GAIN)
+    want = reference_scores(output_layer, h.to(dtype), w.to(dtype), **learned)
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
@@ -29,7 +28,7 @@ def test_zero_padding_row_scores_zero_without_nan_or_huge_gradient(output_layer)
     w = torch.randn(10, 4)
     w[1] = 0
     w.requires_grad_(True)
-    s = output_layers.scores(output_layer, torch.randn(3, 4), w, gain=GAIN)
+    s = output_layers.scores(output_layer, torch.randn(3, 4), w, **learned_values(10, 4))
     assert torch.isfinite(s).all() and (s[:, 1] == 0).all()
     s.sum().backward()
     assert torch.isfinite(w.grad).all()

@@ -137,6 +137,7 @@ CT2_CASES = {
     "none-sqnorm": ("sqnorm", ("--tying", "none")),
     "tiedL-l2norm": ("l2norm", TIED_L),  # project_in_dim alone: identity project_out
     "wideH-cosine": ("cosine", ("--decoder-output-dim", "24", "--tied-projection")),  # folded
+    "softcap": ("softcap", ("--softcap", "1.5")),  # the decoder's final_logit_softcapping
 }
 
 

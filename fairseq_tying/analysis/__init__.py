@@ -91,11 +91,22 @@ def markdown(reports: Sequence[ModelReport], vectors: str) -> str:
                          f"{label}: " + ", ".join(f"{name} {_fmt(g['mean_norm'], 2)} ({g['rows']})"
                                                   for name, g in groups.items())
                          for label, groups in by_side) + ".")
-    if gains := [r for r in reports if r.gain is not None]:
+    if learned := [r for r in reports if r.parameters]:
         lines.append("")
-        lines.append("fixnorm's learned scale g (its initial value √D): " + "; ".join(
-            f"{r.label} {r.gain:.2f} (from {r.initial_gain:.2f})" for r in gains) + ".")
+        lines.append("The output layer's learned parameters, trained (from their initial "
+                     "value): " + "; ".join(
+                         f"{r.label} " + ", ".join(learned_summary(name, p)
+                                                   for name, p in r.parameters.items())
+                         for r in learned) + ".")
     return "\n".join(lines) + "\n"
+
+
+def learned_summary(name: str, p: dict[str, float]) -> str:
+    """``gain 4.52 (from 4.00)``, or for a vector ``sz mean 0.09, 0.05 to 0.12 (from 0.09)``."""
+    if "value" in p:
+        return f"{name} {p['value']:.2f} (from {p['initial_value']:.2f})"
+    return (f"{name} mean {p['mean']:.3g}, {p['min']:.3g} to {p['max']:.3g} "
+            f"(from {p['initial_mean']:.3g})")
 
 
 def run(paths: Sequence[str], out: Path, spm_path: str | None = None, data: str | None = None,

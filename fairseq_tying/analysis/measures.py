@@ -71,8 +71,9 @@ class ModelReport:
     output_layer: str
     num_updates: int
     matrices: list[MatrixReport] = field(default_factory=list)
-    gain: float | None = None  # fixnorm's learned scale g (None under the other layers)
-    initial_gain: float | None = None  # g before training (output_layers.initial_gain)
+    # the output layer's learned parameters by name (fixnorm's gain g, ngpt's sz): a scalar's
+    # value, a vector's mean, min and max, each with its value before training ("initial")
+    parameters: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -271,10 +272,7 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
     history = (state.get("optimizer_history") or [{}])[-1]
     report = ModelReport(str(path), label, trained.arch, trained.tying, trained.output_layer,
                          int(history.get("num_updates", 0)))
-    if (gain := state["model"].get(names.SCORER_GAIN)) is not None:
-        report.gain = float(gain)
-        dim = state["model"][names.SCORER_WEIGHT].shape[1]
-        report.initial_gain = output_layers.initial_gain(dim)
+    report.parameters = learned_parameters(state["model"], trained.output_layer)
     words = {w.lower() for name in BENCHMARKS for pair in benchmark_pairs(name)[1] for w in pair}
     for key, roles in matrices(state["model"]):
         matrix = state["model"][key].float().numpy()
@@ -291,6 +289,28 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
         report.matrices.append(MatrixReport(key, roles, matrix.shape[0], matrix.shape[1], sims,
                                             **geometry(matrix, side), norm_by_side=by_side))
     return report
+
+
+def learned_parameters(model: dict[str, torch.Tensor], output_layer: str
+                       ) -> dict[str, dict[str, float]]:
+    """Each learned parameter of the layer in a checkpoint's state dict, by name: a scalar's
+    value, or a vector's mean, min and max, with the same of its initial value."""
+    layer = output_layers.get(output_layer)
+    initial = layer.initial_values(*model[names.SCORER_WEIGHT].shape)
+    found = {}
+    for name in layer.parameters:
+        if (value := model.get(names.SCORER_PREFIX + name)) is None:
+            continue
+        found[name] = {**_summary(value), **{f"initial_{k}": v for k, v in
+                                             _summary(torch.as_tensor(initial[name])).items()}}
+    return found
+
+
+def _summary(value: torch.Tensor) -> dict[str, float]:
+    value = value.double()
+    if value.numel() == 1:
+        return {"value": float(value)}
+    return {"mean": float(value.mean()), "min": float(value.min()), "max": float(value.max())}
 
 
 def default_label(path: str, state: dict) -> str:

@@ -289,13 +289,14 @@ def extra_work(model: torch.nn.Module, output_layer: str, device: torch.device, 
     built-in step) estimates the ratio steadily."""
     layer = output_layers.get(output_layer)
     weight = model.decoder.scorer.weight.detach().clone().requires_grad_()
-    w_out, bias = layer.affine(weight)
+    learned = {name: p.detach() for name, p in model.decoder.scorer.layer_parameters().items()}
+    w_out, bias = layer.affine(weight, **learned)
     if w_out is weight and bias is None:
         return 0.0
     grads = [torch.randn_like(w_out), None if bias is None else torch.randn_like(bias)]
 
     def step() -> None:
-        outs = layer.affine(weight)
+        outs = layer.affine(weight, **learned)
         pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if o is not None]
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 

@@ -33,22 +33,25 @@ _entries: dict[tuple[int, str], _Entry] = {}
 _watched: set[int] = set()
 
 
-def _key(weight: Tensor) -> tuple:
-    return (weight.data_ptr(), weight._version, weight.dtype, weight.device, _optimizer_steps[0])
+def _key(weight: Tensor, parameters: dict[str, Tensor]) -> tuple:
+    # a learned parameter of W_out (ngpt's sz) is part of the key as the weight is
+    return (weight.data_ptr(), weight._version, weight.dtype, weight.device, _optimizer_steps[0],
+            *((p.data_ptr(), p._version) for p in parameters.values() if p is not None))
 
 
-def cached_output_matrix_and_bias(output_layer: str, weight: Tensor) -> scoring.Affine:
-    """The (W_out, b) of ``output_layer`` over ``weight``, computed once until the weight
-    changes (storage, in-place version, dtype, device, or any optimizer step) and shared by the
-    layers with the same ``cache_key``. Inference only."""
+def cached_output_matrix_and_bias(output_layer: str, weight: Tensor,
+                                  **parameters: Tensor) -> scoring.Affine:
+    """The (W_out, b) of ``output_layer`` over ``weight`` and its learned ``parameters``,
+    computed once until they change (storage, in-place version, dtype, device, or any optimizer
+    step) and shared by the layers with the same ``cache_key``. Inference only."""
     layer = output_layers.get(output_layer)
     cache_key = layer.cache_key()
     if cache_key is None:  # W_out is W itself
-        return layer.affine(weight)
+        return layer.affine(weight, **parameters)
     entry = _entries.get((id(weight), cache_key))
-    key = _key(weight)
+    key = _key(weight, parameters)
     if entry is None or entry[1] != key or entry[0].data_ptr() != key[0]:
-        w_out, bias = output_layers.get(cache_key).affine(weight)
+        w_out, bias = output_layers.get(cache_key).affine(weight, **parameters)
         # detached: a value that is the weight itself (distance) must not keep it alive
         value = (w_out.detach(), None if bias is None else bias.detach())
         entry = (weight.detach(), key, value)
@@ -115,13 +118,15 @@ class TiedEmbedding(_Evicting, nn.Embedding):
 
 
 class OutputScorer(_Evicting):
-    """Scores h ↦ layer(L·h, W) + b₂ over the (possibly shared) matrix ``weight``.
+    """Scores h ↦ t(ĥ·W_outᵀ + b + b₂), the layer's contract (``layer_contract.py``), over the
+    (possibly shared) matrix ``weight``, with ĥ the layer's scored vector of L·h.
 
     ``projection`` is the optional learned map L from the decoder output (size H) to the
     embedding size D; ``bias`` the optional per-token output bias b₂. The layer's learned
-    scalars (``OutputLayer.parameters``: fixnorm's ``gain`` g) are parameters of the scorer
-    under their names, at the layer's ``initial_values``; a scalar of another registered layer
-    reads None. In eval mode without autograd the layer's (W_out, b) is cached and reused
+    parameters (``OutputLayer.parameters``: fixnorm's scalar ``gain`` g, ngpt's vector ``sz``)
+    are parameters of the scorer under their names, at the layer's ``initial_values``; one of
+    another registered layer reads None. ``settings`` are the layer's constants (softcap's c),
+    from the flags. In eval mode without autograd the layer's (W_out, b) is cached and reused
     across decoding steps (``cached_output_matrix_and_bias``); it is dropped on ``train()``,
     ``load_state_dict``, ``.to()``/``.half()``, and whenever the weight's storage, version,
     dtype, device or the optimizer step count changes. b₂ is added to the cached b at each
@@ -129,11 +134,12 @@ class OutputScorer(_Evicting):
     """
 
     def __init__(self, weight: nn.Parameter, output_layer: str, projection: nn.Linear | None = None,
-                 output_bias: bool = False):
+                 output_bias: bool = False, settings: dict[str, float] | None = None):
         super().__init__()
         layer = output_layers.get(output_layer)
         self.weight = weight
         self.output_layer = output_layer
+        self.settings = layer.setting_values(settings)
         self.projection = projection
         # b₂: a learned score offset per token (zero at the start), added to the layer's bias
         self.bias = nn.Parameter(weight.new_zeros(weight.shape[0])) if output_bias else None
@@ -141,7 +147,7 @@ class OutputScorer(_Evicting):
         # a checkpoint's gain is then dropped by name when finetuned into a layer without one
         for name in output_layers.parameter_names():
             setattr(self, name, None)
-        for name, value in layer.initial_values(weight.shape[1]).items():
+        for name, value in layer.initial_values(*weight.shape).items():
             setattr(self, name, nn.Parameter(weight.new_tensor(value)))
 
     @property
@@ -149,8 +155,13 @@ class OutputScorer(_Evicting):
         return output_layers.get(self.output_layer)
 
     def layer_parameters(self) -> dict[str, Tensor]:
-        """The layer's learned scalars by name."""
+        """The layer's learned parameters by name."""
         return {name: getattr(self, name) for name in self.layer.parameters}
+
+    def parameter_means(self) -> dict[str, float]:
+        """Each learned parameter's value (a vector's mean), by name: what the logs report."""
+        return {name: p.detach().float().mean().item()
+                for name, p in self.layer_parameters().items()}
 
     def forward(self, features: Tensor) -> Tensor:
         features = self.project(features)
@@ -159,7 +170,13 @@ class OutputScorer(_Evicting):
         # decoder's transposed output) and a weight without grad (the cached W_out), torch's
         # matmul would take a batched path that reads all of W_out once per sentence.
         scores = F.linear(features.reshape(-1, features.shape[-1]), w_out, bias)
+        scores = self.transform(scores)
         return scores.view(*features.shape[:-1], scores.shape[-1])
+
+    def transform(self, scores: Tensor) -> Tensor:
+        """t of the affine scores (the identity for an affine layer)."""
+        layer = self.layer
+        return layer.transform(scores, **self.settings) if layer.transforms else scores
 
     def project(self, features: Tensor) -> Tensor:
         """ĥ, the vectors that the output layer's affine map scores: L·h (h without a
@@ -171,14 +188,16 @@ class OutputScorer(_Evicting):
     def output_matrix_and_bias(self) -> scoring.Affine:
         """(W_out, b) of the scores s = (L·h)·W_outᵀ + b; b includes the output bias b₂."""
         layer = self.layer
+        learned = self.layer_parameters()
         if self.training or not _inference() or layer.cache_key() is None:
             # gradients must flow through the normalization (none to cache for W_out = W)
-            return layer.output_matrix_and_bias(self.weight, self.bias)
-        w_out, bias = cached_output_matrix_and_bias(self.output_layer, self.weight)
+            return layer.output_matrix_and_bias(self.weight, self.bias, **learned)
+        w_out, bias = cached_output_matrix_and_bias(self.output_layer, self.weight, **learned)
         return w_out, scoring.add_output_bias(bias, self.bias)
 
     def extra_repr(self) -> str:
-        scalars = "".join(f", {name}={p.item():.3f}" for name, p in self.layer_parameters().items())
+        scalars = "".join(f", {name}={value:.3f}" for name, value in
+                          {**self.parameter_means(), **self.settings}.items())
         return (
             f"output_layer={self.output_layer}, vocab={self.weight.shape[0]}, "
             f"dim={self.weight.shape[1]}, "

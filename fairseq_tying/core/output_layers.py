@@ -7,17 +7,17 @@ tied embedding matrix W (row w_i per token),
     sqnorm    s_i = h·w_i / ‖w_i‖²
     distance  s_i = h·w_i − ½‖w_i‖²      (= −½‖h − w_i‖² up to a term constant in i)
     fixnorm   s_i = g·(h/‖h‖)·(w_i/‖w_i‖) = g·cos(h, w_i), and input lookups use w_i / ‖w_i‖
+    softcap   s_i = c·tanh(h·w_i / c)     (Gemma 2's final logit soft-capping, c = 30)
+    ngpt      s_i = s_z,i·cos(h, w_i)     (nGPT's learned per-token scale, a vector of V values)
 
 The first five are the normalization paper's (Liu et al. 2020); ``fixnorm`` is FixNorm with
 ScaleNorm at the output (Nguyen & Chiang 2018; Nguyen & Salazar 2019), g one learned scalar.
 
-Each output layer is an affine map ``s = ĥ·W_outᵀ + b`` of the scored vector ĥ: its class
-says how (W_out, b) follow from W (``affine``) and ĥ from h (``scored_hidden``: h itself, except
-under ``fixnorm`` where ĥ = g·h/‖h‖), so scoring is one ``F.linear`` whatever the output layer.
-A learned per-token output bias b₂ (``--output-bias``; s = V·P·h + b₂ in Press & Wolf's
-notation) is added to b. The class also holds what the rest of the package asks of a layer: its
-input lookups, its learned scalars, the matrix decoding caches, what the exports can make of it,
-and the papers' figures the studies print beside ours.
+Every layer keeps one contract, s = t(ĥ·W_outᵀ + b), which every consumer computes
+(``layer_contract.py``: what a class may override, and the check ``register_output_layer`` runs).
+The class also holds what the rest of the package asks of a layer: its input lookups, its
+learned parameters, the matrix decoding caches, what the exports can make of it, and the
+papers' figures the studies print beside ours.
 
 ``OUTPUT_LAYERS`` maps each name (``--output-layer NAME``) to its layer, in the order they were
 registered. ``register_output_layer`` adds a layer, as fairseq's ``register_model`` adds a
@@ -29,19 +29,24 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import os
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor
 
+from fairseq_tying.core.layer_contract import (  # noqa: F401  (re-exported: a layer's imports)
+    OVERRIDABLE,
+    OutputLayer,
+    PaperDelta,
+    Setting,
+    check_contract,
+)
 from fairseq_tying.core.scoring import (
     Affine,
-    add_output_bias,
     scaled_rows,
     squared_norms,
     unit_rows,
@@ -50,77 +55,8 @@ from fairseq_tying.core.scoring import (
 PLUGINS_ENV = "FAIRSEQ_TYING_LAYERS"
 LIU = "Liu et al. (2020)"
 NGUYEN_SALAZAR = "Nguyen & Salazar (2019)"  # FixNorm with ScaleNorm at the output
-
-
-@dataclass(frozen=True)
-class PaperDelta:
-    """A Δ BLEU over ``dot`` that a layer's paper reports, written as the paper gives it:
-    ``value`` to ``digits`` decimals, ``where`` it was measured (a test set, or what it is a
-    mean of)."""
-
-    value: float
-    where: str
-    digits: int = 2
-
-    def __str__(self) -> str:
-        return f"{self.value:+.{self.digits}f} ({self.where})"
-
-
-class OutputLayer:
-    """An output layer: s = ĥ·W_outᵀ + b. A subclass states its equation in its docstring,
-    implements ``affine`` and overrides what differs from these defaults; registered with
-    ``register_output_layer``, it is a choice of ``--output-layer`` for every model,
-    criterion and tool."""
-
-    name: ClassVar[str]  # set by register_output_layer
-    # with a tied matrix, the input lookups use w_i/‖w_i‖ instead of w_i
-    unit_inputs: ClassVar[bool] = False
-    # W_out is the matrix the input lookups read (W, or its unit rows with unit_inputs): a
-    # stock export keeps one tensor for both roles
-    scores_input_rows: ClassVar[bool] = False
-    # learned scalars besides W, parameters of the scorer under these names
-    parameters: ClassVar[tuple[str, ...]] = ()
-    # b written out, for a layer whose scores have a per-token bias (stock fairseq has none)
-    bias_formula: ClassVar[str | None] = None
-    # why no export (stock fairseq, CTranslate2) can compute these scores; {target} names the
-    # decoder it would go into
-    export_refusal: ClassVar[str | None] = None
-    citation: ClassVar[str] = ""
-    # BLEU in Liu et al.'s Transformer on IWSLT'14 Es→En, the table that has every paper layer
-    paper_bleu: ClassVar[float | None] = None
-    # Δ BLEU over dot reported for a model family ("dynamicconv"; "*": any family)
-    paper_deltas: ClassVar[Mapping[str, tuple[PaperDelta, ...]]] = {}
-
-    def affine(self, weight: Tensor) -> Affine:
-        """(W_out, b) from the tied matrix W."""
-        raise NotImplementedError
-
-    def scored_hidden(self, hidden: Tensor, **parameters: Tensor | float | None) -> Tensor:
-        """ĥ, the vector the layer scores: h itself unless the layer says otherwise."""
-        return hidden
-
-    def initial_values(self, embed_dim: int) -> dict[str, float]:
-        """Each of ``parameters`` at the start of training, for D = ``embed_dim``."""
-        return {}
-
-    def cache_key(self) -> str | None:
-        """The name under which decoding caches (W_out, b), computed by that layer's ``affine``
-        and shared by every layer that gives the same key; None: W_out is W itself, nothing to
-        compute."""
-        return self.name
-
-    def output_matrix_and_bias(self, weight: Tensor, output_bias: Tensor | None = None) -> Affine:
-        """(W_out, b) such that the scores are ``ĥ @ W_out.T + b``; ``output_bias`` (b₂, one
-        value per token) is added to the layer's own b."""
-        w_out, bias = self.affine(weight)
-        return w_out, add_output_bias(bias, output_bias)
-
-    def scores(self, hidden: Tensor, weight: Tensor, output_bias: Tensor | None = None,
-               **parameters: Tensor | float | None) -> Tensor:
-        """The scores of every token for decoder outputs ``hidden`` (…, D); ``parameters``:
-        the layer's learned scalars by name (others are ignored)."""
-        w_out, bias = self.output_matrix_and_bias(weight, output_bias)
-        return F.linear(self.scored_hidden(hidden, **parameters), w_out, bias)
+GEMMA2 = "Gemma Team (2024)"  # Gemma 2, final logit soft-capping
+NGPT = "Loshchilov et al. (2025)"  # nGPT, the normalized Transformer
 
 
 OUTPUT_LAYERS: dict[str, OutputLayer] = {}
@@ -133,8 +69,9 @@ def register_output_layer(name: str) -> Callable[[type[OutputLayer]], type[Outpu
     def register(cls: type[OutputLayer]) -> type[OutputLayer]:
         if name in OUTPUT_LAYERS:
             raise ValueError(f"cannot register output layer {name!r} twice")
-        if not issubclass(cls, OutputLayer):
+        if not isinstance(cls, type) or not issubclass(cls, OutputLayer):
             raise ValueError(f"output layer {name!r} ({cls.__name__}) must extend OutputLayer")
+        check_contract(name, cls)
         cls.name = name
         OUTPUT_LAYERS[name] = cls()
         return cls
@@ -155,8 +92,13 @@ def names() -> tuple[str, ...]:
 
 
 def parameter_names() -> tuple[str, ...]:
-    """Every learned scalar any registered layer has (a scorer holds None for the others)."""
+    """Every learned parameter any registered layer has (a scorer holds None for the others)."""
     return tuple(dict.fromkeys(p for layer in OUTPUT_LAYERS.values() for p in layer.parameters))
+
+
+def all_settings() -> tuple[Setting, ...]:
+    """Every setting any registered layer has, once by name (a flag each)."""
+    return tuple({s.name: s for layer in OUTPUT_LAYERS.values() for s in layer.settings}.values())
 
 
 # ---- the layers ------------------------------------------------------------------------------
@@ -170,7 +112,7 @@ class Dot(OutputLayer):
     citation = LIU
     paper_bleu = 34.24
 
-    def affine(self, weight: Tensor) -> Affine:
+    def affine(self, weight: Tensor, **_: Tensor | float | None) -> Affine:
         return weight, None
 
     def cache_key(self) -> str | None:
@@ -189,7 +131,7 @@ class L2Norm(OutputLayer):
     paper_deltas = {"dynamicconv": (PaperDelta(0.34, "IWSLT'14 De→En"),
                                     PaperDelta(0.5, "WMT'16 En→De"))}
 
-    def affine(self, weight: Tensor) -> Affine:
+    def affine(self, weight: Tensor, **_: Tensor | float | None) -> Affine:
         return unit_rows(weight), None
 
 
@@ -202,7 +144,7 @@ class SqNorm(OutputLayer):
     paper_deltas = {"dynamicconv": (PaperDelta(0.22, "IWSLT'14 De→En"),
                                     PaperDelta(0.3, "WMT'16 En→De"))}
 
-    def affine(self, weight: Tensor) -> Affine:
+    def affine(self, weight: Tensor, **_: Tensor | float | None) -> Affine:
         return scaled_rows(weight, power=2), None
 
 
@@ -217,7 +159,7 @@ class Distance(OutputLayer):
     paper_deltas = {"dynamicconv": (PaperDelta(0.36, "IWSLT'14 De→En"),
                                     PaperDelta(0.1, "WMT'16 En→De"))}
 
-    def affine(self, weight: Tensor) -> Affine:
+    def affine(self, weight: Tensor, **_: Tensor | float | None) -> Affine:
         return weight, (-0.5 * squared_norms(weight)).to(weight.dtype)
 
 
@@ -230,7 +172,7 @@ class Cosine(OutputLayer):
     paper_deltas = {"dynamicconv": (PaperDelta(0.41, "IWSLT'14 De→En"),
                                     PaperDelta(0.2, "WMT'16 En→De"))}
 
-    def affine(self, weight: Tensor) -> Affine:
+    def affine(self, weight: Tensor, **_: Tensor | float | None) -> Affine:
         return unit_rows(weight), None
 
 
@@ -265,7 +207,7 @@ class FixNorm(OutputLayer):
     # FixNorm + ScaleNorm over their baseline, mean of five low-resource pairs (Transformer)
     paper_deltas = {"*": (PaperDelta(1.1, "5 low-resource pairs", digits=1),)}
 
-    def affine(self, weight: Tensor) -> Affine:
+    def affine(self, weight: Tensor, **_: Tensor | float | None) -> Affine:
         return unit_rows(weight), None
 
     def scored_hidden(self, hidden: Tensor, gain: Tensor | float | None = None,
@@ -275,11 +217,80 @@ class FixNorm(OutputLayer):
         unit = unit_rows(hidden)
         return unit * (gain.to(unit.dtype) if isinstance(gain, Tensor) else gain)
 
-    def initial_values(self, embed_dim: int) -> dict[str, float]:
+    def initial_values(self, vocab: int, embed_dim: int) -> dict[str, Tensor | float]:
         return {"gain": initial_gain(embed_dim)}
 
     def cache_key(self) -> str | None:
         return UNIT_ROWS
+
+
+SOFTCAP = 30.0  # Gemma 2's final_logit_softcapping
+
+
+@register_output_layer("softcap")
+class SoftCap(OutputLayer):
+    """s_i = c·tanh(h·w_i / c): ``dot``'s scores soft-capped to (−c, c), Gemma 2's final logit
+    soft-capping (Gemma Team 2024, arXiv:2408.00118 §2; c = 30.0, ``final_logit_softcapping``
+    of transformers' ``Gemma2Config``) over the tied matrix. W_out = W, no bias;
+    t(s) = c·tanh(s/c), t′(s) = 1 − tanh²(s/c); c is ``--softcap`` (default 30.0)."""
+
+    scores_input_rows = True
+    settings = (Setting("softcap", SOFTCAP, "--output-layer softcap: the cap c of "
+                        f"s_i = c·tanh(h·w_i / c) (default {SOFTCAP:g}, Gemma 2's)"),)
+    ct2_transform = "final_logit_softcapping"  # CTranslate2's Gemma 2 decoders apply it
+    citation = GEMMA2
+
+    def affine(self, weight: Tensor, **_: Tensor | float | None) -> Affine:
+        return weight, None
+
+    def transform(self, scores: Tensor, softcap: float = SOFTCAP, **_: float) -> Tensor:
+        return softcap * torch.tanh(scores / softcap)
+
+    def derivative(self, scores: Tensor, softcap: float = SOFTCAP, **_: float) -> Tensor:
+        return 1 - torch.tanh(scores / softcap).square()
+
+    def cache_key(self) -> str | None:
+        return None
+
+
+SZ_INIT_VALUE = 1.0  # nGPT's sz_init_value
+
+
+def sz_init_scaling(embed_dim: int) -> float:
+    """nGPT's sz_init_scaling, its base_scale 1/√n_embd (n_embd: here D, the scored size)."""
+    return 1 / math.sqrt(embed_dim)
+
+
+@register_output_layer("ngpt")
+class NGPT(OutputLayer):
+    """s_i = s_z,i·cos(h, w_i) = s_z,i·(h/‖h‖)·(w_i/‖w_i‖), input lookups w_i/‖w_i‖: nGPT's
+    output logits (Loshchilov et al., arXiv:2410.01131 §2.6) over the tied matrix, s_z a learned
+    vector of V values. As nGPT's code parameterizes it (NVIDIA/ngpt ed19eb2, model.py: the
+    parameter ``sz = sz_init_scaling·ones(V)``, lines 239–241; used as
+    ``sz·(sz_init_value/sz_init_scaling)``, lines 284–285), the stored ``sz`` starts at
+    1/√D and s_z = sz·√D at 1 (sz_init_value). ĥ = h/‖h‖ and W_out = diag(s_z)·(w_i/‖w_i‖):
+    affine in ĥ, so the loss reaches sz through W_out."""
+
+    unit_inputs = True
+    parameters = ("sz",)
+    export_refusal = (
+        "scores s_z,i·cos(h, w_i): it normalizes the decoder output h before the output "
+        "projection, which {target} decoder cannot express (its layer norms subtract the mean "
+        "and scale each feature, an L2 normalization does neither)")
+    citation = NGPT
+
+    def affine(self, weight: Tensor, sz: Tensor | None = None,
+               **_: Tensor | float | None) -> Affine:
+        if sz is None:
+            raise ValueError(f"--output-layer {self.name} scores s_z,i·cos(h, w_i): pass its sz")
+        scale = sz * (SZ_INIT_VALUE / sz_init_scaling(weight.shape[1]))
+        return unit_rows(weight) * scale.to(weight.dtype).unsqueeze(-1), None
+
+    def scored_hidden(self, hidden: Tensor, **_: Tensor | float | None) -> Tensor:
+        return unit_rows(hidden)
+
+    def initial_values(self, vocab: int, embed_dim: int) -> dict[str, Tensor | float]:
+        return {"sz": torch.full((vocab,), sz_init_scaling(embed_dim))}
 
 
 # Liu et al.'s layers, the grid of the normalization paper's studies
@@ -292,9 +303,10 @@ BASELINE = Dot.name
 # ---- by name ---------------------------------------------------------------------------------
 
 
-def output_matrix_and_bias(name: str, weight: Tensor, output_bias: Tensor | None = None) -> Affine:
+def output_matrix_and_bias(name: str, weight: Tensor, output_bias: Tensor | None = None,
+                           **parameters: Tensor | float | None) -> Affine:
     """(W_out, b) of the layer called ``name`` (``OutputLayer.output_matrix_and_bias``)."""
-    return get(name).output_matrix_and_bias(weight, output_bias)
+    return get(name).output_matrix_and_bias(weight, output_bias, **parameters)
 
 
 def scores(name: str, hidden: Tensor, weight: Tensor, output_bias: Tensor | None = None,

@@ -10,6 +10,9 @@ read (``ctranslate2.converters.fairseq``):
   the decoder's own scorer (``OutputScorer.output_matrix_and_bias``), with the
   ``--tied-projection`` matrix L folded in (W_out·L). A non-zero b (``distance``: −½‖w_i‖²,
   and any learned output bias) becomes the bias of CTranslate2's output projection;
+- an element-wise transform of the scores that CTranslate2's decoder applies
+  (``OutputLayer.ct2_transform``: ``softcap``'s c·tanh(s/c), its ``final_logit_softcapping``)
+  is set on the decoder spec; ``stock_arch`` refuses the others;
 - a language model's ``project_in_dim`` and ``project_out_dim`` (``--decoder-input-dim``,
   ``--decoder-output-dim``) are one switch in CTranslate2, both or neither: a lone
   ``project_out_dim`` is folded into the output matrix, and next to a lone ``project_in_dim``
@@ -27,6 +30,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 import torch
 from fairseq import checkpoint_utils, tasks
@@ -187,6 +191,16 @@ def _lm_spec(model: nn.Module, task, cfg):
     return spec
 
 
+def ct2_transform(scorer: nn.Module) -> dict[str, float]:
+    """The decoder-spec attribute that applies the layer's transform t, and its value (its one
+    setting: softcap's final_logit_softcapping = c); empty for an affine layer."""
+    layer = scorer.layer
+    if not layer.transforms:
+        return {}
+    (value,) = scorer.settings.values()
+    return {layer.ct2_transform: value}
+
+
 def export_ct2(ckpt: Path, out: Path, data: Path | None = None, quantization: str = "none",
                subword: Subword | None = None) -> dict:
     """Write the CTranslate2 model directory for ``ckpt`` to ``out`` (replaced atomically);
@@ -198,8 +212,11 @@ def export_ct2(ckpt: Path, out: Path, data: Path | None = None, quantization: st
     model, task, cfg = load_model(ckpt, data)
     subword = subword if subword is not None else find_subword(Path(cfg.task.data))
     args = cfg.model
+    transform = ct2_transform(model.decoder.scorer)
     has_bias = to_stock_layout(model)
     spec = build_spec(model, task, cfg)
+    for name, value in transform.items():
+        setattr(spec.decoder, name, np.float32(value))
 
     class _SpecConverter(converter):
         def _load(self):

@@ -100,11 +100,13 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
     checkpoint maps to; ``formats``: the families the caller exports to.
 
     Refuses, naming the flag, what the target cannot express: another family, an output
-    layer's own ``export_refusal`` (``fixnorm``'s decoder output normalized before the
-    projection: no stock or CTranslate2 layer computes g·h/‖h‖ there, so no export gives the
-    same scores), a bias in the scores (``OutputLayer.bias_formula``, ``--output-bias``) unless
-    ``allow_bias`` (CTranslate2 has an output bias, fairseq's models have none), and a
-    translation model's tied matrix narrower than its decoder."""
+    layer's own ``export_refusal`` (``fixnorm``'s and ``ngpt``'s decoder output normalized
+    before the projection: no stock or CTranslate2 layer computes h/‖h‖ there, so no export
+    gives the same scores), a transform of the scores that the target cannot apply
+    (``_refusal``: ``softcap``'s c·tanh(s/c) in stock fairseq), a bias in the scores
+    (``OutputLayer.bias_formula``, ``--output-bias``) unless ``allow_bias`` (CTranslate2, which
+    has an output bias and applies a layer's ``ct2_transform``; fairseq's models have
+    neither), and a translation model's tied matrix narrower than its decoder."""
     arch = getattr(args, "arch", None)
     family = _family(arch)
     if family not in formats:
@@ -112,10 +114,10 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
         raise ExportError(f"--arch {arch} is not one of the plugin's {plugin} architectures: "
                           f"only those are exported to {' / '.join(formats)}")
     layer = _layer(args)
-    if layer.export_refusal is not None:
+    if (refusal := _refusal(layer, ct2=allow_bias)) is not None:
         target = "CTranslate2's" if allow_bias else f"fairseq's {family}"
         raise ExportError(
-            f"--output-layer {layer.name} {layer.export_refusal.format(target=target)}; keep "
+            f"--output-layer {layer.name} {refusal.format(target=target)}; keep "
             "using this checkpoint with --user-dir fairseq_tying (fairseq-generate, "
             "fairseq-interactive)")
     if not allow_bias:
@@ -126,6 +128,20 @@ def stock_arch(args: Namespace, formats: tuple[str, ...] = ("transformer", "ligh
                           f"{args.decoder_embed_dim}: the exported {family} has no decoder "
                           "input projection for a narrower embedding")
     return family
+
+
+def _refusal(layer: output_layers.OutputLayer, ct2: bool) -> str | None:
+    """Why the target (``ct2``: CTranslate2, else stock fairseq) cannot compute the layer's
+    scores: the layer's own reason, or a transform t of its scores that the target does not
+    apply (stock decoders end in a linear projection; CTranslate2 applies ``ct2_transform``)."""
+    if layer.export_refusal is not None or not layer.transforms:
+        return layer.export_refusal
+    if ct2 and layer.ct2_transform is not None:
+        return None
+    instead = ", or export with --format ctranslate2" if layer.ct2_transform else ""
+    return (f"passes its scores through an element-wise transform ({type(layer).__name__}."
+            "transform), which {target} decoder cannot compute (its output projection is "
+            f"linear){instead}")
 
 
 def _refuse_bias(args: Namespace, family: str) -> None:
@@ -170,7 +186,8 @@ def _decoder_matrices(model: dict[str, Tensor], args: Namespace
     """(the decoder's input rows as stock looks them up, the output layer's W_out, the
     ``--tied-projection`` matrix L or None) of a plugin decoder's state dict."""
     layer = _layer(args)
-    w_out, bias = layer.affine(model[names.SCORER_WEIGHT])
+    learned = {name: model[names.SCORER_PREFIX + name] for name in layer.parameters}
+    w_out, bias = layer.affine(model[names.SCORER_WEIGHT], **learned)
     assert bias is None, layer.name  # layers with a bias were refused by stock_arch
     decoder_in = model[names.DECODER_EMBED]
     if tying_mode(args.tying).decoder and layer.unit_inputs:

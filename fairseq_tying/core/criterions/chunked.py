@@ -1,18 +1,22 @@
 """The output layer and the loss in one chunked pass (``--chunked-loss``).
 
-Every output layer scores s = ĥ·W_outᵀ + b (core/output_layers.py). fairseq's label-smoothed
-cross-entropy (``label_smoothed_nll_loss`` over ``log_softmax(s)``) is, per target y,
+Every output layer scores s = t(a), a = ĥ·W_outᵀ + b (core/layer_contract.py). fairseq's
+label-smoothed cross-entropy (``label_smoothed_nll_loss`` over ``log_softmax(s)``) with the
+z-loss λ·(log Z)² (``--z-loss``, PaLM's) is, per target y,
 
     nll    = log Z − s_y                        log Z = log Σ_j exp s_j
     smooth = −Σ_j log p_j = V·log Z − Σ_j s_j    p_j = exp(s_j − log Z)
-    loss   = (1 − ε − ε_i)·nll + ε_i·smooth      ε_i = ε/(V − 1)
+    loss   = (1 − ε − ε_i)·nll + ε_i·smooth + λ·(log Z)²      ε_i = ε/(V − 1)
 
 summed over the targets that are not padding (ε = 0: the plain cross-entropy). Since
-(1 − ε − ε_i) + V·ε_i = 1, its gradient with respect to the scores of a row is
+(1 − ε − ε_i) + V·ε_i = 1 and ∂(log Z)²/∂s_j = 2·log Z·p_j, its gradient with respect to the
+affine scores a of a row is
 
-    G_j = ∂loss/∂s_j = p_j − (1 − ε − ε_i)·[j = y] − ε_i        (0 on a padding row)
+    G_j = ∂loss/∂a_j = (p_j·(1 + 2λ·log Z) − (1 − ε − ε_i)·[j = y] − ε_i)·t′(a_j)
+                                                                (0 on a padding row; t′ = 1
+                                                                 for an affine layer)
 
-and ∂loss/∂h = G·W_out, ∂loss/∂W_out = Gᵀ·h, ∂loss/∂b = Σ_rows G.
+and ∂loss/∂ĥ = G·W_out, ∂loss/∂W_out = Gᵀ·ĥ, ∂loss/∂b = Σ_rows G.
 
 ``linear_label_smoothed_nll_loss`` computes all of it in one pass over chunks of rows: a chunk's
 scores are computed once (one matrix product), log Z in fp32, and the scores are turned into G in
@@ -21,18 +25,23 @@ rows follow from a memory budget (``rows_per_chunk``). The loss and the three gr
 in fp32 during the forward; the backward only multiplies them by the loss's gradient (fairseq's
 loss scale under ``--fp16``), so a small G·W of a half model cannot flush to zero before the scale
 is applied. W_out and b may be functions of the parameters (``unit_rows(W)``, −½‖w‖²): their
-gradients flow on through autograd. On CUDA with Triton each chunk runs fused.py's path instead
-(cuBLAS products and one kernel between them, the same sums; ``FAIRSEQ_TYING_FUSED_LOSS``).
+gradients flow on through autograd. On CUDA with Triton each chunk of an affine layer without
+z-loss runs fused.py's path instead (cuBLAS products and one kernel between them, the same
+sums; ``FAIRSEQ_TYING_FUSED_LOSS``).
 """
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import field
 
 import torch
 import torch.nn.functional as F
 from fairseq import utils
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+from fairseq.logging import metrics
 from torch import Tensor
 
 from . import fused  # relative: scripts/gpu_fused_loss.py loads this file outside the package
@@ -45,6 +54,8 @@ from . import fused  # relative: scripts/gpu_fused_loss.py loads this file outsi
 DEFAULT_MB = 64.0
 # |G| ≤ 1, so G·2¹⁵ fits fp16 (max 65504) and keeps entries down to ~1e-12 that fp16 flushes to 0
 HALF_SCALE = 2.0**15
+# (t, t′) of a layer's element-wise transform, its settings bound; None: affine scores
+Transform = tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]
 
 
 def chunked_loss_field():
@@ -57,6 +68,12 @@ def no_chunked_loss_field():
     return field(default=False, metadata={
         "help": "compute the loss from the N x V scores as fairseq does, where --chunked-loss "
                 "would be the default"})
+
+
+def z_loss_field():
+    return field(default=0.0, metadata={
+        "help": "weight λ of the z-loss λ·(log Z)² per target token, Z the softmax's "
+                "normalizer (PaLM's λ = 1e-4; default 0: none), logged as z_loss"})
 
 
 def chunked_loss_mb_field():
@@ -79,9 +96,11 @@ def _mm32(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _score_gradient(p: Tensor, z: Tensor, y: Tensor, keep: Tensor, on_target: float,
-                    eps_i: float) -> Tensor:
-    """G = p − (1 − ε − ε_i)·[j = y] − ε_i, 0 on padding rows, in place of p = exp(s − max)."""
-    g = p.mul_(torch.where(keep, z.reciprocal(), 0.0)[:, None])
+                    eps_i: float, z_scale: Tensor | None) -> Tensor:
+    """G = p·(1 + 2λ·log Z) − (1 − ε − ε_i)·[j = y] − ε_i, 0 on padding rows, in place of
+    p = exp(s − max); ``z_scale``: 1 + 2λ·log Z per row (None without z-loss)."""
+    row = torch.where(keep, z.reciprocal(), 0.0)
+    g = p.mul_((row if z_scale is None else row * z_scale)[:, None])
     g.scatter_add_(1, y[:, None], (-on_target * keep)[:, None].float())
     if eps_i:
         g.sub_((eps_i * keep)[:, None])
@@ -106,20 +125,27 @@ def _add_products(g: Tensor, h: Tensor, w_out: Tensor, grad_h_rows: Tensor | Non
         grad_w.add_(_mm32(g.t(), h), alpha=1 / HALF_SCALE)
 
 
+def _fused(hidden: Tensor, transform: Transform | None, z_loss: float) -> bool:
+    # fused.py's kernel computes affine scores without z-loss: the others take the eager path
+    return transform is None and not z_loss and fused.wanted(hidden)
+
+
 def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, epsilon: float,
-            ignore_index: int, rows: int, grads: tuple[bool, bool, bool], accuracy: bool):
-    """(loss, nll, n_correct, (∂/∂h, ∂/∂W_out, ∂/∂b)) in fp32; a gradient is None where its
-    ``grads`` flag is False, n_correct None without ``accuracy``."""
-    if fused.wanted(hidden):
-        return fused.chunks(hidden, w_out, bias, target, epsilon, ignore_index, rows, grads,
-                            accuracy)
+            ignore_index: int, rows: int, grads: tuple[bool, bool, bool], accuracy: bool,
+            transform: Transform | None = None, z_loss: float = 0.0):
+    """(loss, nll, Σ λ·(log Z)², n_correct, (∂/∂h, ∂/∂W_out, ∂/∂b)) in fp32; a gradient is None
+    where its ``grads`` flag is False, n_correct None without ``accuracy``."""
+    if _fused(hidden, transform, z_loss):
+        loss, nll, n_correct, found = fused.chunks(hidden, w_out, bias, target, epsilon,
+                                                   ignore_index, rows, grads, accuracy)
+        return loss, nll, torch.zeros_like(loss), n_correct, found
     n, vocab = hidden.shape[0], w_out.shape[0]
     eps_i = epsilon / (vocab - 1)
     on_target = 1.0 - epsilon - eps_i
     keep = target.ne(ignore_index)
     target = torch.where(keep, target, 0)
     fp32 = {"dtype": torch.float32, "device": hidden.device}
-    loss, nll = torch.zeros((), **fp32), torch.zeros((), **fp32)
+    loss, nll, z_sum = (torch.zeros((), **fp32) for _ in range(3))
     n_correct = torch.zeros((), dtype=torch.long, device=hidden.device) if accuracy else None
     grad_h = torch.empty(n, hidden.shape[1], **fp32) if grads[0] else None
     grad_w = torch.zeros(w_out.shape, **fp32) if grads[1] else None
@@ -127,6 +153,9 @@ def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, 
     for start in range(0, n, rows):
         h, y, k = hidden[start:start + rows], target[start:start + rows], keep[start:start + rows]
         s = F.linear(h, w_out, bias).float()  # a half model's scores rounded as fairseq's are
+        slope = None
+        if transform is not None:  # t′ at the affine scores, then s = t(a)
+            slope, s = transform[1](s), transform[0](s)
         top, pred = s.max(-1) if accuracy else (s.amax(-1), None)
         s_y = s.gather(1, y[:, None]).squeeze(1)
         total = s.sum(-1) if epsilon else None
@@ -136,32 +165,42 @@ def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, 
         row_nll = log_z - s_y
         row_loss = on_target * row_nll + eps_i * (vocab * log_z - total) if epsilon else row_nll
         nll += torch.where(k, row_nll, 0.0).sum()
+        if z_loss:
+            row_z = z_loss * log_z.square()
+            z_sum += torch.where(k, row_z, 0.0).sum()
+            row_loss = row_loss + row_z
         loss += torch.where(k, row_loss, 0.0).sum()
         if accuracy:
             n_correct += (pred.eq(y) & k).sum()
         if any(grads):
-            g = _score_gradient(p, z, y, k, on_target, eps_i)
+            # |G| < 2, as a half model's HALF_SCALE needs, while |2λ·log Z| < 1 and t′ ≤ 1
+            g = _score_gradient(p, z, y, k, on_target, eps_i,
+                                1 + 2 * z_loss * log_z if z_loss else None)
+            if slope is not None:
+                g.mul_(slope)
             _add_products(g, h, w_out, None if grad_h is None else grad_h[start:start + rows],
                           grad_w, grad_b)
-    return loss, nll, n_correct, (grad_h, grad_w, grad_b)
+    return loss, nll, z_sum, n_correct, (grad_h, grad_w, grad_b)
 
 
 class _LinearLabelSmoothedNLL(torch.autograd.Function):
-    """The summed loss, its nll and the correct predictions (not differentiable) of
-    ``_chunks``; the gradients computed in the forward, scaled in the backward."""
+    """The summed loss, its nll, its z-loss term and the correct predictions (not
+    differentiable) of ``_chunks``; the gradients computed in the forward, scaled in the
+    backward."""
 
     @staticmethod
-    def forward(ctx, hidden, w_out, bias, target, epsilon, ignore_index, rows, accuracy):
-        loss, nll, n_correct, grads = _chunks(hidden, w_out, bias, target, epsilon,
-                                              ignore_index, rows, ctx.needs_input_grad[:3],
-                                              accuracy)
+    def forward(ctx, hidden, w_out, bias, target, epsilon, ignore_index, rows, accuracy,
+                transform, z_loss):
+        loss, nll, z_sum, n_correct, grads = _chunks(
+            hidden, w_out, bias, target, epsilon, ignore_index, rows, ctx.needs_input_grad[:3],
+            accuracy, transform, z_loss)
         ctx.save_for_backward(*grads)
         ctx.dtypes = (hidden.dtype, w_out.dtype, None if bias is None else bias.dtype)
         ctx.done = False
         if n_correct is None:
             n_correct = torch.zeros((), dtype=torch.long, device=hidden.device)
-        ctx.mark_non_differentiable(nll, n_correct)
-        return loss, nll, n_correct
+        ctx.mark_non_differentiable(nll, z_sum, n_correct)
+        return loss, nll, z_sum, n_correct
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
@@ -170,7 +209,7 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
         ctx.done = True
         return (*(None if g is None else g.mul_(grad_loss).to(dtype)
                   for g, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)),
-                None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 def linear_label_smoothed_nll_loss(hidden: Tensor, w_out: Tensor, bias: Tensor | None,
@@ -180,24 +219,53 @@ def linear_label_smoothed_nll_loss(hidden: Tensor, w_out: Tensor, bias: Tensor |
                                    ) -> tuple[Tensor, Tensor, Tensor | None]:
     """fairseq's ``label_smoothed_nll_loss(log_softmax(hidden @ w_out.T + bias), target, ...)``
     (loss, nll_loss) in fp32 for ``hidden`` (N, D) and ``target`` (N,), and with ``accuracy``
-    the number of non-padding rows whose highest score is the target's. ``reduce=False``
-    (per-token losses, which no training step asks for) takes fairseq's own formula over the
-    N×V scores."""
+    the number of non-padding rows whose highest score is the target's (``linear_loss_terms``
+    of an affine layer without z-loss)."""
+    loss, nll, _, n_correct = linear_loss_terms(hidden, w_out, bias, target, epsilon,
+                                                ignore_index, reduce, budget_mb, accuracy)
+    return loss, nll, n_correct
+
+
+def linear_loss_terms(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor,
+                      epsilon: float, ignore_index: int, reduce: bool = True,
+                      budget_mb: float = DEFAULT_MB, accuracy: bool = False,
+                      transform: Transform | None = None, z_loss: float = 0.0
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """fairseq's ``label_smoothed_nll_loss(log_softmax(t(hidden @ w_out.T + bias)), target,
+    ...)`` (loss, nll_loss) plus the z-loss λ·(log Z)², in fp32, for ``hidden`` (N, D) and
+    ``target`` (N,); the z-loss term apart (0 without ``z_loss``); with ``accuracy`` the number
+    of non-padding rows whose highest score is the target's. ``reduce=False`` (per-token
+    losses, which no training step asks for) takes fairseq's own formula over the N×V
+    scores."""
     if not reduce:
-        lprobs = F.log_softmax(F.linear(hidden, w_out, bias).float(), dim=-1)
+        scores = F.linear(hidden, w_out, bias).float()
+        scores = scores if transform is None else transform[0](scores)
+        lprobs = F.log_softmax(scores, dim=-1)
         loss, nll = label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index, reduce=False)
+        z_term = z_loss_terms(scores, target, ignore_index, z_loss)
         correct = lprobs.argmax(-1).eq(target) & target.ne(ignore_index) if accuracy else None
-        return loss, nll, None if correct is None else correct.sum()
-    per_chunk = fused.rows_per_chunk if fused.wanted(hidden) else rows_per_chunk
-    rows = per_chunk(w_out.shape[0], hidden.dtype, budget_mb)
+        return (loss + z_term.view_as(loss), nll, z_term,
+                None if correct is None else correct.sum())
+    fused_path = _fused(hidden, transform, z_loss)
+    per_chunk = fused.rows_per_chunk if fused_path else rows_per_chunk
+    # a transform keeps t′ and t(a) beside a chunk's scores: three R×V tensors in the budget
+    rows = per_chunk(w_out.shape[0], hidden.dtype, budget_mb / (3 if transform else 1))
     inputs = (hidden, w_out, bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
-        loss, nll, n_correct = _LinearLabelSmoothedNLL.apply(*inputs, target, epsilon,
-                                                             ignore_index, rows, accuracy)
+        loss, nll, z_sum, n_correct = _LinearLabelSmoothedNLL.apply(
+            *inputs, target, epsilon, ignore_index, rows, accuracy, transform, z_loss)
     else:
-        loss, nll, n_correct, _ = _chunks(*inputs, target, epsilon, ignore_index, rows,
-                                          (False,) * 3, accuracy)
-    return loss, nll, n_correct if accuracy else None
+        loss, nll, z_sum, n_correct, _ = _chunks(*inputs, target, epsilon, ignore_index, rows,
+                                                 (False,) * 3, accuracy, transform, z_loss)
+    return loss, nll, z_sum, n_correct if accuracy else None
+
+
+def z_loss_terms(scores: Tensor, target: Tensor, ignore_index: int, z_loss: float) -> Tensor:
+    """λ·(log Z)² of each row of ``scores`` (N, V), in fp32; 0 on padding rows."""
+    if not z_loss:
+        return scores.new_zeros(target.shape, dtype=torch.float32)
+    log_z = torch.logsumexp(scores.float(), dim=-1)
+    return torch.where(target.ne(ignore_index), z_loss * log_z.square(), 0.0)
 
 
 # Where the criterions take the chunked loss without --chunked-loss: device type → the smallest
@@ -222,13 +290,17 @@ class ChunkedLoss:
 
     chunked_loss: bool | None = None  # None: chunked_by_default
     chunked_loss_mb = DEFAULT_MB
+    z_loss = 0.0
     logs_nll_loss = True  # fairseq's cross_entropy logs its loss only
     eps = 0.0
     ignore_prefix_size = 0
     report_accuracy = False
 
     def init_chunked(self, chunked_loss: bool, no_chunked_loss: bool,
-                     chunked_loss_mb: float) -> None:
+                     chunked_loss_mb: float, z_loss: float = 0.0) -> None:
+        if not z_loss >= 0:
+            raise ValueError(f"--z-loss {z_loss}: give a weight λ ≥ 0 (PaLM's is 1e-4)")
+        self.z_loss = z_loss
         if chunked_loss and no_chunked_loss:
             raise ValueError("--chunked-loss and --no-chunked-loss contradict each other: "
                              "give one of them")
@@ -248,21 +320,57 @@ class ChunkedLoss:
 
     def forward(self, model, sample, reduce=True):
         if not self.chunked(model):
-            return super().forward(model, sample, reduce)
+            self._z_term = None
+            loss, sample_size, logging_output = super().forward(model, sample, reduce)
+            if self.z_loss:  # added by compute_loss, which fairseq's forward calls
+                logging_output["z_loss"] = self._z_term
+            return loss, sample_size, logging_output
         features, _ = model(**sample["net_input"], features_only=True)
-        loss, nll_loss, n_correct, total = self.loss_from_features(model, features, sample, reduce)
+        loss, nll_loss, z_term, n_correct, total = self.loss_from_features(model, features,
+                                                                           sample, reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {"loss": loss.data, "ntokens": sample["ntokens"],
                           "nsentences": sample["target"].size(0), "sample_size": sample_size}
         if self.logs_nll_loss:
             logging_output["nll_loss"] = nll_loss.data
+        if self.z_loss:
+            logging_output["z_loss"] = z_term.data.sum()
         if self.report_accuracy:
             logging_output["n_correct"], logging_output["total"] = n_correct, total
         return loss, sample_size, logging_output
 
+    def compute_loss(self, model, net_output, sample, reduce=True):
+        """fairseq's loss over the N×V scores, plus the z-loss."""
+        loss, nll_loss = super().compute_loss(model, net_output, sample, reduce=reduce)
+        if not self.z_loss:
+            return loss, nll_loss
+        scores = net_output[0][:, self.ignore_prefix_size:]
+        target = sample["target"][:, self.ignore_prefix_size:].reshape(-1)
+        terms = z_loss_terms(scores.reshape(-1, scores.shape[-1]), target, self.padding_idx,
+                             self.z_loss)
+        self._z_term = terms.data.sum()
+        return loss + (terms.sum() if reduce else terms.view_as(loss)), nll_loss
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        if any("z_loss" in log for log in logging_outputs):
+            # in the loss's unit (base 2, per sample_size): loss − z_loss is the cross-entropy
+            total = sum(float(log.get("z_loss", 0)) for log in logging_outputs)
+            size = sum(log.get("sample_size", 0) for log in logging_outputs)
+            metrics.log_scalar("z_loss", total / size / math.log(2), size, round=3)
+
+    def transform(self, scorer) -> Transform | None:
+        """(t, t′) of the scorer's layer with its settings; None for an affine layer."""
+        layer = scorer.layer
+        if not layer.transforms:
+            return None
+        return (functools.partial(layer.transform, **scorer.settings),
+                functools.partial(layer.derivative, **scorer.settings))
+
     def loss_from_features(self, model, features: Tensor, sample: dict, reduce: bool = True):
-        """(loss, nll_loss, n_correct, total) of the decoder output ``features`` (B, T, H); the
-        counts are None without ``report_accuracy``."""
+        """(loss, nll_loss, z-loss term, n_correct, total) of the decoder output ``features``
+        (B, T, H); the counts are None without ``report_accuracy``."""
         scorer = getattr(model.decoder, "scorer", None)
         if scorer is None:
             raise ValueError(
@@ -273,9 +381,10 @@ class ChunkedLoss:
         hidden = scorer.project(features[:, self.ignore_prefix_size:])
         hidden = hidden.reshape(-1, hidden.shape[-1])
         w_out, bias = scorer.output_matrix_and_bias()
-        loss, nll_loss, n_correct = linear_label_smoothed_nll_loss(
+        loss, nll_loss, z_term, n_correct = linear_loss_terms(
             hidden, w_out, bias, target, self.eps, self.padding_idx, reduce,
-            self.chunked_loss_mb, self.report_accuracy)
+            self.chunked_loss_mb, self.report_accuracy, self.transform(scorer), self.z_loss)
         if not self.report_accuracy:
-            return loss, nll_loss, None, None
-        return loss, nll_loss, utils.item(n_correct), utils.item(target.ne(self.padding_idx).sum())
+            return loss, nll_loss, z_term, None, None
+        return (loss, nll_loss, z_term, utils.item(n_correct),
+                utils.item(target.ne(self.padding_idx).sum()))

@@ -1,5 +1,6 @@
 """fairseq's ``cross_entropy`` (the language models' criterion; loss logged in base 2) with
-``--chunked-loss``: the same loss without the N×V scores (``chunked.py``, ε = 0)."""
+``--chunked-loss``: the same loss without the N×V scores (``chunked.py``, ε = 0), and the z-loss
+of ``--z-loss``."""
 
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from fairseq_tying.core.criterions.chunked import (
     chunked_loss_field,
     chunked_loss_mb_field,
     no_chunked_loss_field,
+    z_loss_field,
 )
 
 
@@ -20,6 +22,7 @@ class CrossEntropyTyingConfig(CrossEntropyCriterionConfig):
     chunked_loss: bool = chunked_loss_field()
     no_chunked_loss: bool = no_chunked_loss_field()
     chunked_loss_mb: float = chunked_loss_mb_field()
+    z_loss: float = z_loss_field()
 
 
 @register_criterion("cross_entropy_tying", dataclass=CrossEntropyTyingConfig)
@@ -27,6 +30,6 @@ class CrossEntropyTying(ChunkedLoss, CrossEntropyCriterion):
     logs_nll_loss = False
 
     def __init__(self, task, sentence_avg, chunked_loss=False, no_chunked_loss=False,
-                 chunked_loss_mb=DEFAULT_MB):
+                 chunked_loss_mb=DEFAULT_MB, z_loss=0.0):
         super().__init__(task, sentence_avg)
-        self.init_chunked(chunked_loss, no_chunked_loss, chunked_loss_mb)
+        self.init_chunked(chunked_loss, no_chunked_loss, chunked_loss_mb, z_loss)

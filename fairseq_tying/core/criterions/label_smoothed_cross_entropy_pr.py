@@ -1,6 +1,6 @@
-"""Label-smoothed cross-entropy + Press & Wolf's projection regularization λ‖P‖², with
-statistics of the tied matrix's row norms (and the output layer's learned scalars, fixnorm's
-gain g) logged every update;
+"""Label-smoothed cross-entropy + Press & Wolf's projection regularization λ‖P‖² (+ the z-loss
+of ``--z-loss``), with statistics of the tied matrix's row norms (and the output layer's learned
+parameters by name, a vector's mean: fixnorm's gain g, ngpt's sz) logged every update;
 ``--chunked-loss`` computes the cross-entropy without the N×V scores (``chunked.py``)."""
 
 
@@ -21,6 +21,7 @@ from fairseq_tying.core.criterions.chunked import (
     chunked_loss_field,
     chunked_loss_mb_field,
     no_chunked_loss_field,
+    z_loss_field,
 )
 
 NORM_STATS = ("wnorm_mean", "wnorm_std", "wnorm_min", "wnorm_max")
@@ -35,6 +36,7 @@ class ProjectionRegConfig(LabelSmoothedCrossEntropyCriterionConfig):
     chunked_loss: bool = chunked_loss_field()
     no_chunked_loss: bool = no_chunked_loss_field()
     chunked_loss_mb: float = chunked_loss_mb_field()
+    z_loss: float = z_loss_field()
 
 
 def row_norm_stats(weight: torch.Tensor, padding_idx: int | None) -> dict[str, float]:
@@ -51,10 +53,10 @@ def row_norm_stats(weight: torch.Tensor, padding_idx: int | None) -> dict[str, f
 class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
                  report_accuracy=False, projection_reg=0.15, chunked_loss=False,
-                 no_chunked_loss=False, chunked_loss_mb=DEFAULT_MB):
+                 no_chunked_loss=False, chunked_loss_mb=DEFAULT_MB, z_loss=0.0):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.projection_reg = projection_reg
-        self.init_chunked(chunked_loss, no_chunked_loss, chunked_loss_mb)
+        self.init_chunked(chunked_loss, no_chunked_loss, chunked_loss_mb, z_loss)
 
     def forward(self, model, sample, reduce=True):
         loss, sample_size, logging_output = super().forward(model, sample, reduce)
@@ -69,7 +71,7 @@ class LabelSmoothedCrossEntropyPR(ChunkedLoss, LabelSmoothedCrossEntropyCriterio
             logging_output["proj_reg"] = penalty.item()
         padding = model.decoder.embed_tokens.padding_idx
         logging_output.update(row_norm_stats(scorer.weight, padding))
-        logging_output.update({name: p.item() for name, p in scorer.layer_parameters().items()})
+        logging_output.update(scorer.parameter_means())
         return loss, sample_size, logging_output
 
     @classmethod

@@ -82,7 +82,12 @@ def check_resume(args: Namespace) -> None:
     if saved is None or getattr(saved, "tying", None) is None:
         return  # from scratch, or not a checkpoint of this plugin
     before, now = model_flags(saved), model_flags(args)
-    for name in GUARDED_FLAGS:
+    # the layer's constants (softcap's c), with their defaults for a checkpoint without them
+    layer = output_layers.get(now["output_layer"])
+    if before["output_layer"] == now["output_layer"]:
+        before.update(layer.setting_values(vars(saved)))
+        now.update(layer.setting_values(vars(args)))
+    for name in (*GUARDED_FLAGS, *(s.name for s in layer.settings)):
         if before[name] != now[name]:
             raise ValueError(resume_message(path, name, before[name], now[name]))
 

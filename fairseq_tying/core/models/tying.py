@@ -65,6 +65,8 @@ def add_tying_args(parser: ArgumentParser) -> None:
     parser.add_argument("--output-layer", choices=output_layers.OUTPUT_LAYERS,
                         help="how decoder outputs are scored against the tied matrix "
                              f"(default: {output_layers.BASELINE})")
+    for setting in output_layers.all_settings():  # a layer's constants (softcap's c)
+        parser.add_argument(setting.flag, type=float, metavar="X", help=setting.help)
     parser.add_argument("--tied-projection", action="store_true",
                         help="learned linear map from the decoder output (size H) to the "
                              "embedding size D before the output layer; allows H != D")
@@ -84,6 +86,9 @@ def tying_defaults(args: Namespace, tying: str) -> None:
     """The tying flags' defaults of an architecture whose default mode is ``tying``."""
     args.tying = getattr(args, "tying", None) or tying
     args.output_layer = getattr(args, "output_layer", None) or output_layers.BASELINE
+    for setting in output_layers.all_settings():
+        if getattr(args, setting.name, None) is None:
+            setattr(args, setting.name, setting.default)
     args.tied_projection = getattr(args, "tied_projection", False)
     args.tied_embed_dim = getattr(args, "tied_embed_dim", None)
     args.output_bias = getattr(args, "output_bias", False)
@@ -98,13 +103,22 @@ class TyingSpec:
     hidden_dim: int  # H, size of the decoder output fed to the output layer
     projection: bool
     output_bias: bool = False
+    settings: tuple[tuple[str, float], ...] = ()  # the output layer's constants, from the flags
 
     @classmethod
     def from_args(cls, args: Namespace, task) -> TyingSpec:
         """Validate the tying flags against the model flags and the task's dictionaries."""
         hidden = args.decoder_output_dim
+        layer = output_layers.get(args.output_layer)
+        settings = layer.setting_values({s.name: getattr(args, s.name, None)
+                                         for s in layer.settings})
+        for setting in layer.settings:
+            if not settings[setting.name] > 0:
+                raise ValueError(f"{setting.flag} {settings[setting.name]}: give a positive "
+                                 f"number (default {setting.default:g})")
         spec = cls(args.tying, args.output_layer, args.tied_embed_dim or args.decoder_embed_dim,
-                   hidden, bool(args.tied_projection), bool(getattr(args, "output_bias", False)))
+                   hidden, bool(args.tied_projection), bool(getattr(args, "output_bias", False)),
+                   tuple(settings.items()))
         if getattr(args, "share_all_embeddings", False) and spec.mode != "three_way":
             raise ValueError(f"--share-all-embeddings conflicts with --tying {spec.mode}; "
                              "use --tying three_way instead")
@@ -172,7 +186,8 @@ def attach_scorer(decoder: nn.Module, spec: TyingSpec) -> None:
     if spec.projection:
         projection = nn.Linear(spec.hidden_dim, weight.shape[1], bias=False)
         nn.init.normal_(projection.weight, mean=0, std=spec.hidden_dim**-0.5)
-    decoder.scorer = OutputScorer(weight, spec.output_layer, projection, spec.output_bias)
+    decoder.scorer = OutputScorer(weight, spec.output_layer, projection, spec.output_bias,
+                                  dict(spec.settings))
     decoder.output_projection = nn.Identity()
 
 
