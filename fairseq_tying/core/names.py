@@ -10,7 +10,6 @@ checkpoints (export, analysis, bench, evaluation).
 SCORER_PREFIX = "decoder.scorer."
 SCORER_WEIGHT = "decoder.scorer.weight"
 SCORER_PROJECTION = "decoder.scorer.projection.weight"
-SCORER_GAIN = "decoder.scorer.gain"  # fixnorm's learned scale g
 ENCODER_EMBED = "encoder.embed_tokens.weight"
 DECODER_EMBED = "decoder.embed_tokens.weight"
 

@@ -89,11 +89,11 @@ def test_fixnorm_reports_its_learned_gain_and_only_fixnorm_has_one():
     """g starts at √D (D = 128) and is learned: the committed analysis gives the trained value
     beside the initial one for ``fixnorm`` alone."""
     data = _analysis("analysis_equal_fixnorm")
-    gains = {m["output_layer"]: (m["gain"], m["initial_gain"]) for m in data["models"]}
-    assert gains["dot"] == gains["l2norm"] == (None, None)
-    gain, initial = gains["fixnorm"]
+    learned = {m["output_layer"]: m["parameters"] for m in data["models"]}
+    assert learned["dot"] == learned["l2norm"] == {}
+    gain, initial = learned["fixnorm"]["gain"]["value"], learned["fixnorm"]["gain"]["initial_value"]
     assert initial == pytest.approx(128 ** 0.5) and gain > 0 and gain != pytest.approx(initial)
-    assert f"{gain:.2f} (from {initial:.2f})" in _block("analysis_equal_fixnorm")
+    assert f"gain {gain:.2f} (from {initial:.2f})" in _block("analysis_equal_fixnorm")
 
 
 def test_fixnorm_rows_have_one_length_across_sides_as_l2norm_and_unlike_dot():
