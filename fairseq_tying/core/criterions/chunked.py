@@ -188,8 +188,11 @@ def linear_label_smoothed_nll_loss(hidden: Tensor, w_out: Tensor, bias: Tensor |
         loss, nll = label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index, reduce=False)
         correct = lprobs.argmax(-1).eq(target) & target.ne(ignore_index) if accuracy else None
         return loss, nll, None if correct is None else correct.sum()
-    per_chunk = fused.rows_per_chunk if fused.wanted(hidden) else rows_per_chunk
-    rows = per_chunk(w_out.shape[0], hidden.dtype, budget_mb)
+    if fused.wanted(hidden):
+        rows = fused.rows_per_chunk(w_out.shape[0], fused.compute_dtype(hidden), budget_mb,
+                                    hidden.shape[1])
+    else:
+        rows = rows_per_chunk(w_out.shape[0], hidden.dtype, budget_mb)
     inputs = (hidden, w_out, bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
         loss, nll, n_correct = _LinearLabelSmoothedNLL.apply(*inputs, target, epsilon,
