@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -277,19 +278,28 @@ def padded_width(vocab: int) -> int:
 
 
 def chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, epsilon: float,
-           ignore_index: int, rows: int, grads: tuple[bool, bool, bool], accuracy: bool):
+           ignore_index: int, rows: int, grads: tuple[bool, bool, bool], accuracy: bool,
+           mark: Callable[[str], None] | None = None):
     """``chunked._chunks``: (loss, nll, n_correct, (∂/∂h, ∂/∂W_out, ∂/∂b)) in fp32, a gradient
     None where its ``grads`` flag is False, n_correct None without ``accuracy``. Under autocast
-    the inputs are cast to ``compute_dtype`` first, the products then run without it."""
+    the inputs are cast to ``compute_dtype`` first, the products then run without it. ``mark``
+    (a timer's) is called with each phase's name once its work is queued: "setup", then per
+    chunk "scores", "kernel", "grad_h", "grad_w", "grad_b" (those computed)."""
     dtype = compute_dtype(hidden)
     hidden, w_out = hidden.to(dtype), w_out.to(dtype)
     bias = None if bias is None else bias.to(dtype)
     with torch.autocast(hidden.device.type, enabled=False):
-        return _chunks(hidden, w_out, bias, target, epsilon, ignore_index, rows, grads, accuracy)
+        return _chunks(hidden, w_out, bias, target, epsilon, ignore_index, rows, grads, accuracy,
+                       mark or _no_mark)
+
+
+def _no_mark(phase: str) -> None:
+    del phase
 
 
 def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, epsilon: float,
-            ignore_index: int, rows: int, grads: tuple[bool, bool, bool], accuracy: bool):
+            ignore_index: int, rows: int, grads: tuple[bool, bool, bool], accuracy: bool,
+            mark: Callable[[str], None]):
     n, vocab = hidden.shape[0], w_out.shape[0]
     if hidden.dtype != torch.float32 and any(grads):
         product_path(hidden.device, hidden.dtype)  # probed before the first chunk
@@ -304,18 +314,24 @@ def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, 
                          device=hidden.device)
     scale = 1.0 if hidden.dtype == torch.float32 else HALF_SCALE
     target = target.contiguous()
+    mark("setup")
     for start in range(0, n, rows):
         end = min(start + rows, n)
         s = _scores(buffer[:end - start, :vocab], hidden[start:end], w_out, bias)
+        mark("scores")
         _launch(s, target[start:end], row_loss[start:], row_nll[start:],
                 None if row_correct is None else row_correct[start:], epsilon, ignore_index,
                 scale, any(grads))
+        mark("kernel")
         if grad_h is not None:
             _addmm32(grad_h[start:end], s, w_out, 0.0, 1 / scale)
+            mark("grad_h")
         if grad_w is not None:
             _addmm32(grad_w, s.t(), hidden[start:end], 1.0 if start else 0.0, 1 / scale)
+            mark("grad_w")
         if grad_b is not None:
             grad_b.add_(s.sum(0, dtype=torch.float32), alpha=1 / scale)
+            mark("grad_b")
     n_correct = row_correct.sum() if accuracy else None
     return row_loss.sum(), row_nll.sum(), n_correct, (grad_h, grad_w, grad_b)
 
