@@ -35,6 +35,23 @@ machine slows the wall clock more than the work); CUDA, the wall time; the faste
 the same batch) to need more than 80 % of the available memory is skipped, and so is one that
 runs out of CUDA memory.
 
+With ``--peers`` (``--only-peers``: nothing else) it also times, on the CPU, the loss and its
+backward alone, from h and W to their gradients, for ``dot`` without smoothing (ε = 0: what the
+peers compute), h ~ N(0, 1) and W ~ N(0, 1/D) of width D = 512, every 10th target padding:
+
+- ``cross_entropy``: ``F.cross_entropy(F.linear(h, W), y, reduction="sum")``, the N×V scores
+  whole (fairseq's loss without smoothing);
+- ``cce``: Apple's Cut Cross-Entropy (``cut-cross-entropy``, the ``dev`` extra),
+  ``linear_cross_entropy(h, W, y, impl="torch_compile")``: the scores and cross-entropy in one
+  ``torch.compile``'d graph (its ``cce`` implementation is Triton's, for GPUs);
+- ``chunked``: ``linear_label_smoothed_nll_loss`` (``--chunked-loss-mb``, the criterion's by
+  default).
+
+Each in a fresh process, after one warm-up on 64 rows (CCE's compilation); CPU time and the
+resident-set high-water mark over the memory at the start (the inputs allocated), the fastest
+and the highest of ``--steps`` (default 3). Results: ``peers`` in the JSON, its table in the
+``loss_peers`` block of ``--report``.
+
 Then, per setup, the largest ``--max-tokens`` whose step fits ``--budget-gb`` of peak memory at
 ``--budget-vocab`` (64k), built-in against chunked: the peak is linear in the number of target
 tokens, fitted to steps of 1k and 2k tokens and the ``--tokens`` measured. Results: the JSON
@@ -46,6 +63,7 @@ printed too; ``--report`` and ``--readme`` write them into those files' marked b
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -63,9 +81,19 @@ from fairseq.tasks.translation import TranslationTask
 from tqdm import tqdm
 
 from fairseq_tying.bench.loss_budget import FIT_TOKENS, available_memory, max_tokens, predicted_peak
-from fairseq_tying.bench.loss_report import MODELS, SUMMARY_BLOCK, TABLE_BLOCK, publish, tables
+from fairseq_tying.bench.loss_report import (
+    MODELS,
+    PEER_BLOCK,
+    PEERS,
+    SUMMARY_BLOCK,
+    TABLE_BLOCK,
+    peer_tables,
+    publish,
+    tables,
+)
 from fairseq_tying.common import PLUGIN_DIR, atomic
 from fairseq_tying.common.reproducible import cpu_name
+from fairseq_tying.core.criterions.chunked import DEFAULT_MB, linear_label_smoothed_nll_loss
 
 SETUPS = ("cpu:fp32", "cuda:fp16", "cuda:bf16")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -247,15 +275,93 @@ def worker(spec: dict) -> dict:
             "peak": max(r["peak"] for r in runs)}
 
 
-def measure(spec: dict) -> dict:
-    """``worker(spec)`` in a fresh process (glibc handing freed blocks back, see the top); a
-    configuration that runs out of CUDA memory is reported as skipped."""
+# ---------------------------------------------------------------------------------- peers
+
+PEER_DIM, PEER_PAD, PEER_SEED = 512, 1, 1
+
+
+def peer_loss(name: str, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+              budget_mb: float | None) -> torch.Tensor:
+    """The summed cross-entropy (ε = 0) of ``target`` under the scores h·Wᵀ, by ``name``."""
+    if name == "cce":
+        from cut_cross_entropy import linear_cross_entropy
+
+        return linear_cross_entropy(hidden, weight, target, ignore_index=PEER_PAD,
+                                    reduction="sum", impl="torch_compile")
+    if name == "chunked":
+        return linear_label_smoothed_nll_loss(hidden, weight, None, target, 0.0, PEER_PAD,
+                                              budget_mb=budget_mb or DEFAULT_MB)[0]
+    return F.cross_entropy(F.linear(hidden, weight), target, ignore_index=PEER_PAD,
+                           reduction="sum")
+
+
+def peer_inputs(vocab: int, tokens: int, seed: int = PEER_SEED):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, PEER_DIM, generator=g).requires_grad_()
+    weight = (torch.randn(vocab, PEER_DIM, generator=g) * PEER_DIM**-0.5).requires_grad_()
+    target = torch.randint(2, vocab, (tokens,), generator=g)
+    target[::10] = PEER_PAD
+    return hidden, weight, target
+
+
+def peer_worker(spec: dict) -> dict:
+    """One peer's loss and backward: a warm-up on 64 rows, then ``steps`` timed ones."""
+    torch.set_num_threads(spec["threads"])
+    name, mb = spec["peer"], spec.get("chunked_loss_mb")
+    peer_loss(name, *peer_inputs(spec["vocab"], 64, seed=0), mb).backward()
+    hidden, weight, target = peer_inputs(spec["vocab"], spec["tokens"])
+    runs = []
+    for _ in range(spec["steps"]):
+        hidden.grad = weight.grad = None
+        with Window(torch.device("cpu")) as window:
+            cpu = time.process_time()
+            loss = peer_loss(name, hidden, weight, target, mb)
+            loss.backward()
+            cpu = time.process_time() - cpu
+        runs.append({"cpu_s": cpu, "loss_extra": window.extra, "peak": window.peak,
+                     "loss": loss.item()})
+    return {"cpu_s": min(r["cpu_s"] for r in runs), "loss": runs[0]["loss"],
+            "loss_extra": max(r["loss_extra"] for r in runs),
+            "peak": max(r["peak"] for r in runs)}
+
+
+def measure_peers(opts, report: dict, write, bar) -> None:
+    """Every peer at every batch and V into ``report["peers"]``; a peer that fails (CCE's
+    torch.compile on a machine without a C++ compiler, say) is recorded with its error."""
+    steps = opts.steps or 3
+    entry = report["peers"] = {"device": "cpu", "dtype": "fp32", "epsilon": 0.0,
+                               "dim": PEER_DIM, "steps": steps, "results": {}}
+    cce = importlib.util.find_spec("cut_cross_entropy") is not None
+    for tokens in opts.tokens:
+        by_vocab = entry["results"][str(tokens)] = {}
+        for vocab in sorted(opts.vocab):
+            res = by_vocab[str(vocab)] = {}
+            for peer in PEERS:
+                if peer == "cce" and not cce:
+                    res[peer] = {"skipped": "cut-cross-entropy is not installed "
+                                            "(pip install cut-cross-entropy==25.1.1)"}
+                else:
+                    res[peer] = measure({"peer": peer, "vocab": vocab, "tokens": tokens,
+                                         "steps": steps, "threads": opts.threads,
+                                         "chunked_loss_mb": opts.chunked_loss_mb},
+                                        keep_error=True)
+                bar.update()
+            write()
+
+
+def measure(spec: dict, keep_error: bool = False) -> dict:
+    """``worker(spec)`` (``peer_worker`` for a peer's) in a fresh process (glibc handing freed
+    blocks back, see the top); a configuration that runs out of CUDA memory is reported as
+    skipped, and with ``keep_error`` a failure as its error's last line."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
            "OMP_NUM_THREADS": str(spec["threads"])}
     proc = subprocess.run([sys.executable, "-m", "fairseq_tying.bench", "--mode", "loss",
                            "--worker", json.dumps(spec)], capture_output=True, text=True, env=env)
     if proc.returncode != 0 and "OutOfMemoryError" in proc.stderr:
         return {"skipped": "out of CUDA memory"}
+    if proc.returncode != 0 and keep_error:
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        return {"error": lines[-1][:1000] if lines else f"exit status {proc.returncode}"}
     if proc.returncode != 0:
         raise RuntimeError(f"{spec['model']} at V={spec['vocab']}, {spec['tokens']} tokens "
                            f"({spec['device']} {spec['dtype']}) failed:\n{proc.stderr[-3000:]}")
@@ -328,10 +434,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="V of the largest-batch comparison (64000; must be in --vocab)")
     p.add_argument("--no-max-tokens", action="store_true",
                    help="skip the largest-batch comparison")
+    p.add_argument("--peers", action="store_true",
+                   help="also time the loss alone of dot without smoothing on the CPU: "
+                        "F.linear + cross_entropy, Cut Cross-Entropy (torch_compile), chunked")
+    p.add_argument("--only-peers", action="store_true",
+                   help="--peers and nothing else (no setups, no largest-batch fit)")
     p.add_argument("--out", type=Path, default=Path("bench_results/loss.json"),
                    help="the JSON file; the tables go beside it (.md)")
     p.add_argument("--report", type=Path,
-                   help=f"write the tables into this file's <!-- {TABLE_BLOCK}:begin --> block")
+                   help=f"write the tables into this file's <!-- {TABLE_BLOCK}:begin --> block "
+                        f"(the peers' into its {PEER_BLOCK} block)")
     p.add_argument("--readme", type=Path,
                    help=f"write the summary into this file's <!-- {SUMMARY_BLOCK}:begin --> "
                         "block")
@@ -343,6 +455,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         return opts
     cuda = torch.cuda.is_available()
     opts.setups = opts.setups or ["cpu:fp32", *(["cuda:fp16", "cuda:bf16"] if cuda else [])]
+    if opts.only_peers:
+        opts.peers, opts.setups, opts.no_max_tokens = True, [], True
     if any(s.startswith("cuda") for s in opts.setups) and not cuda:
         p.error("--setups cuda:...: no CUDA device is visible to torch")
     if any(t < SENT_LEN or t % SENT_LEN for t in opts.tokens):
@@ -361,12 +475,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(opts: argparse.Namespace) -> int:  # the mode with parsed options
     if opts.worker:
-        print(json.dumps(worker(json.loads(opts.worker))))
+        spec = json.loads(opts.worker)
+        print(json.dumps(peer_worker(spec) if "peer" in spec else worker(spec)))
         return 0
     if opts.report_only:
         reports = [(path, json.loads(path.read_text())) for path in opts.report_only]
         publish(reports, opts.report, opts.readme)
-        print(tables(reports, Path.cwd()))
+        print(tables(reports, Path.cwd()) + peer_tables(reports, Path.cwd()))
         return 0
 
     report = {"schema": 2,
@@ -381,11 +496,14 @@ def run(opts: argparse.Namespace) -> int:  # the mode with parsed options
 
     runs = len(opts.setups) * (len(opts.tokens) * len(opts.vocab) * len(MODELS)
                                + (0 if opts.no_max_tokens else 2 * len(FIT_TOKENS)))
+    runs += len(opts.tokens) * len(opts.vocab) * len(PEERS) if opts.peers else 0
     with tqdm(total=runs, desc="bench loss", unit="run", file=sys.stderr) as bar:
         for setup in opts.setups:
             measure_setup(opts, setup, report, write, bar)
+        if opts.peers:
+            measure_peers(opts, report, write, bar)
     reports = [(opts.out, report)]
-    text = tables(reports, opts.out.parent)
+    text = tables(reports, opts.out.parent) + peer_tables(reports, opts.out.parent)
     atomic.write_text(opts.out.with_suffix(".md"), text)
     publish(reports, opts.report, opts.readme)
     print(text)
