@@ -103,8 +103,8 @@ def _inputs(n: int, vocab: int, dim: int, dtype: torch.dtype, with_bias: bool, s
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_loss_accuracy_and_gradients_equal_fairseqs_and_the_eager_path(
         interpreted, dtype, epsilon, vocab, with_bias):
-    """24 rows in chunks of 10 (the last one shorter; V = 4999 takes two blocks of the kernel,
-    the second one part masked), every 7th row padding."""
+    """24 rows in chunks of 10 (the last one shorter; V = 4999 takes three blocks of the kernel,
+    the last one part masked), every 7th row padding."""
     h, w, b, target = _inputs(24, vocab, 16, dtype, with_bias)
     inputs = [t for t in (h, w, b) if t is not None]
 
@@ -374,7 +374,7 @@ def test_the_chunks_floor(interpreted):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_a_vocabulary_not_a_multiple_of_16(interpreted, dtype):
-    """V = 32,003 (8 blocks of the kernel, the last one part padding): loss, nll, accuracy and
+    """V = 32,003 (16 blocks of the kernel, the last one part padding): loss, nll, accuracy and
     gradients equal fairseq's and the eager path's, in chunks of 5 rows (the last one shorter)."""
     vocab = 32003
     h, w, b, target = _inputs(12, vocab, 8, dtype, True)
