@@ -96,9 +96,10 @@ reproduce: setup
 gpu-check: setup
 	$(PY) -m fairseq_tying.bench --mode gpu-check --out work/gpu_check
 
-# The fused chunked loss on one CUDA GPU (docs/performance.md): every output layer's loss and
-# gradients in fp16 and bf16, then time and memory against fairseq's formula and the eager
-# chunked path, and the fastest chunk budget; at most 8 minutes. It needs torch and Triton only
+# The fused chunked loss on one CUDA GPU (docs/performance.md): a preflight (one kernel launch,
+# the half products' probe), every output layer's loss and gradients in fp16 and bf16, the fused
+# step's phases, then time and memory against fairseq's formula and the eager chunked path, and
+# the fastest chunk budget; at most 8 minutes. It needs torch and Triton only
 # (no fairseq, no make setup): .venv's Python if there is one, else FUSED_PYTHON.
 FUSED_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-fused:

@@ -10,19 +10,31 @@ It needs torch and Triton only. It loads ``core/output_layers.py`` (with ``scori
 ``label_smoothed_nll_loss``) are this script's: ``label_smoothed_nll_loss`` below is fairseq's
 formula, the built-in reference.
 
+0. Preflight: Triton imported, one tiny launch of the kernel (Triton builds its launcher at run
+   time: a C compiler, ``Python.h``, ``libcuda``) checked against fairseq's formula, and the
+   probe of the half products with fp32 sums in fp16 and bf16 (``fused.product_path``: which
+   implementation computes ∂/∂h and ∂/∂W_out; ``products`` in the JSON). If it fails, the error
+   is recorded, every fused measurement is skipped and the built-in's and the eager path's are
+   still made.
 1. Correctness, fp16 and bf16, every output layer, V = 32k, 2,048 target tokens (every 10th
    padding, every 5th predicting its target), D = 512, ε = 0.1, an output bias b₂: the fused
    path's loss, nll, correct count and the gradients of W, h, b₂ (and fixnorm's g) against
    fairseq's formula in fp64 on the same rounded scores (their gradient the exact one's), with
    the eager chunked path's and the built-in's errors beside them; then one fused step under
    ``torch.cuda.set_sync_debug_mode("error")``: no host synchronisation.
-2. Time of the loss and its backward, from the parameters to their gradients, by CUDA events:
+2. The fused step's phases at the largest V and batch (``dot``, 64 MiB): the scores' product,
+   the kernel, ∂/∂h = G·W_out and ∂/∂W_out += Gᵀ·h, each summed over the chunks, by CUDA events
+   around each (median of the repetitions).
+3. Time of the loss and its backward, from the parameters to their gradients, by CUDA events:
    median and quartiles of ``--reps`` (≥ 20) repetitions after 3 warm-ups, and the peak memory
    over the memory before (``max_memory_allocated``), of the built-in (fairseq's formula on
-   ``log_softmax(scores.float())``), the eager chunked path and the fused path (64 MiB), fp16:
-   ``dot`` at V ∈ {32k, 64k, 128k, 250k} × {4k, 16k} target tokens, every layer at 32k and 4k.
-3. The fused path at chunk budgets of 64 to 512 MiB for ``dot``: the fastest per configuration,
-   and overall (the lowest geometric mean of each budget's time over the fastest one's).
+   ``log_softmax(scores.float())``), the fused path and the eager chunked path (64 MiB), in that
+   order, fp16: ``dot`` at V ∈ {32k, 64k, 128k, 250k} × {4k, 16k} target tokens, every layer at
+   32k and 4k.
+4. The fused path at chunk budgets of 64 MiB to 1 GiB for ``dot`` (a budget whose chunks have
+   the rows of a smaller one, ``fused.min_rows`` or the batch, is not measured again): the
+   fastest per configuration, and overall (the lowest geometric mean of each budget's time over
+   the fastest one's).
 
 Goals (issue #81; ``goals`` in the JSON): the fused step at most 0.9× the built-in's time at
 V ≥ 32k, and its loss memory at most 1/4 of the built-in's. ``CHUNKED_BY_DEFAULT`` stays off on
@@ -39,6 +51,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import itertools
 import json
 import math
 import os
@@ -63,15 +76,19 @@ GOALS = {"time_ratio_max": 0.9, "memory_ratio_max": 0.25, "from_vocab": 32000}
 # nll, each gradient); G is rounded to the half type (2⁻¹¹, 2⁻⁸ of each entry)
 BOUNDS = {"fp16": (2e-5, 4e-3), "bf16": (1e-4, 4e-2)}
 SIZES = {
-    "full": {"check_vocab": 32000, "check_tokens": 2048, "dim": 512,
+    # check_vocab: fairseq pads a dictionary to a multiple of 8, not of 16 (rows then padded)
+    "full": {"check_vocab": 32008, "check_tokens": 2048, "dim": 512,
              "vocab": [32000, 64000, 128000, 250000], "tokens": [4096, 16384],
-             "layer_vocab": 32000, "layer_tokens": 4096, "budgets": [64, 128, 256, 512],
+             "layer_vocab": 32000, "layer_tokens": 4096,
+             "budgets": [64, 128, 256, 512, 1024],
              "default_budget": 64, "reps": 25, "warmup": 3},
     "tiny": {"check_vocab": 1000, "check_tokens": 16, "dim": 16, "vocab": [300, 1000],
              "tokens": [8, 16], "layer_vocab": 300, "layer_tokens": 8,
              "budgets": [0.01, 0.02], "default_budget": 0.01, "reps": 3, "warmup": 1},
 }
-METHODS = ("builtin", "chunked", "fused")
+METHODS = ("builtin", "fused", "chunked")  # in the order timed: the eager path last
+NAMES = {"builtin": "built-in", "fused": "fused", "chunked": "chunked"}
+PHASES = ("setup", "scores", "kernel", "grad_h", "grad_w")
 
 
 def label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=None, reduce=True):
@@ -195,13 +212,14 @@ def exact(core, layer: str, params: dict, target) -> dict:
             "n_correct": (rounded.argmax(-1).eq(target) & target.ne(PAD)).sum().item()}
 
 
-def check(core, layer: str, dtype_name: str, sizes: dict, device) -> dict:
-    """Every method's errors against ``exact``; the fused path's within BOUNDS."""
+def check(core, layer: str, dtype_name: str, sizes: dict, device, methods: tuple) -> dict:
+    """Every method's errors against ``exact``; the fused path's within BOUNDS (not passed
+    where it was not run: the preflight failed)."""
     params, target = make_inputs(core, layer, sizes["check_vocab"], sizes["check_tokens"],
                                  sizes["dim"], DTYPES[dtype_name], device, True, True)
     want = exact(core, layer, params, target)
     result = {"exact_n_correct": want["n_correct"]}
-    for method in METHODS:
+    for method in methods:
         loss, nll, n_correct = loss_of(core, method, *affine(core, layer, params), target,
                                        sizes["default_budget"], accuracy=True)
         grads = torch.autograd.grad(loss, list(params.values()))
@@ -210,6 +228,8 @@ def check(core, layer: str, dtype_name: str, sizes: dict, device) -> dict:
             "n_correct": int(n_correct.item()),
             "grad_errors": {k: _relative(g, w) for k, g, w in zip(params, grads, want["grads"],
                                                                     strict=True)}}
+    if "fused" not in result:
+        return {**result, "passed": False}
     got, (loss_bound, grad_bound) = result["fused"], BOUNDS[dtype_name]
     result["passed"] = bool(
         got["loss_error"] < loss_bound and got["nll_error"] < loss_bound
@@ -232,6 +252,93 @@ def host_syncs(step, device) -> str:
     finally:
         torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------ preflight
+
+
+def preflight(core, device) -> dict:
+    """Triton imported, one launch of the kernel on 3 rows of V = 37 fp16 scores against
+    fairseq's formula, and the half products' probe in fp16 and bf16 (its choice recorded)."""
+    fused = core.fused
+    if not fused.available():
+        return {"passed": False, "error": f"Triton cannot be imported ({fused.TRITON_ERROR})"}
+    try:
+        g = torch.Generator().manual_seed(0)
+        scores = torch.randn(3, 37, generator=g).to(device, torch.float16)
+        target = torch.tensor([5, PAD, 36], device=device)
+        buffer = torch.zeros(3, fused.padded_width(37), dtype=torch.float16, device=device)
+        s = buffer[:, :37]
+        s.copy_(scores)
+        loss, nll = (torch.empty(3, device=device) for _ in range(2))
+        correct = torch.empty(3, dtype=torch.int32, device=device)
+        fused._launch(s, target, loss, nll, correct, EPSILON, PAD, fused.HALF_SCALE, True)
+        want = label_smoothed_nll_loss(F.log_softmax(scores.double(), -1), target, EPSILON,
+                                       PAD)[0]
+        error = _relative(loss.sum(), want)
+        products = {name: fused.product_path(device, dtype) for name, dtype in DTYPES.items()}
+    except Exception as e:  # kept in the report: the baselines are measured all the same
+        return {"passed": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+    return {"passed": error < 1e-3, "kernel_loss_error": error, "products": products,
+            "probes": fused.probes()}
+
+
+# ------------------------------------------------------------------------------ breakdown
+
+
+class PhaseTimer:
+    """``mark(phase)`` ends the interval since the previous mark (or ``start``) and adds it to
+    that phase: CUDA events recorded on the stream, read after a synchronisation (CPU: the
+    wall clock)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.marks = cuda, []
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self.marks = [("start", self._now())]
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, self._now()))
+
+    def totals(self) -> dict[str, float]:
+        """ms per phase, summed over the chunks."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for (_, before), (phase, after) in itertools.pairwise(self.marks):
+            ms = before.elapsed_time(after) if self.cuda else 1000 * (after - before)
+            out[phase] = out.get(phase, 0.0) + ms
+        return out
+
+
+def breakdown(core, vocab: int, tokens: int, sizes: dict, dtype, device) -> dict:
+    """The fused forward-and-gradients of ``dot`` (no bias) by phase: median ms of each over
+    ``reps`` repetitions after the warm-ups, the chunks' rows, and which product ran."""
+    fused = core.fused
+    params, target = make_inputs(core, "dot", vocab, tokens, sizes["dim"], dtype, device, False,
+                                 False)
+    hidden, w_out = params["hidden"].detach(), params["weight"].detach()
+    rows = fused.rows_per_chunk(vocab, dtype, sizes["default_budget"], sizes["dim"])
+    timer = PhaseTimer(device.type == "cuda")
+    runs = []
+    for rep in range(sizes["warmup"] + sizes["reps"]):
+        timer.start()
+        fused.chunks(hidden, w_out, None, target, EPSILON, PAD, rows, (True, True, False), False,
+                     mark=timer.mark)
+        if rep >= sizes["warmup"]:
+            runs.append(timer.totals())
+    median = {phase: statistics.median(r.get(phase, 0.0) for r in runs) for phase in PHASES}
+    return {"vocab": vocab, "tokens": tokens, "rows": min(rows, tokens),
+            "chunks": -(-tokens // rows), "budget_mb": sizes["default_budget"],
+            "product": fused.product_path(device, dtype), "median_ms": median,
+            "total_ms": sum(median.values()), "reps": len(runs)}
 
 
 # --------------------------------------------------------------------------------- timing
@@ -282,21 +389,29 @@ def measure(step, params: dict, sizes: dict, device) -> dict:
 
 
 def time_config(core, entry: dict, budgets: list[float], sizes: dict, dtype, device,
-                record) -> None:
-    """The three methods, and the fused path at every budget, on one set of inputs, into
-    ``entry`` (its layer, vocab and tokens), which the report holds: ``record`` writes it."""
-    layer = entry["layer"]
-    params, target = make_inputs(core, layer, entry["vocab"], entry["tokens"], sizes["dim"],
-                                 dtype, device, False, False)
-    for method in METHODS:
+                record, methods: tuple) -> None:
+    """The methods, and the fused path at every budget, on one set of inputs, into ``entry``
+    (its layer, vocab and tokens), which the report holds: ``record`` writes it. A budget whose
+    chunks have the rows of a smaller budget's (the floor, or the whole batch) takes its
+    result."""
+    layer, tokens = entry["layer"], entry["tokens"]
+    params, target = make_inputs(core, layer, entry["vocab"], tokens, sizes["dim"], dtype,
+                                 device, False, False)
+    for method in methods:
         entry[method] = record(lambda m=method: measure(
             stepper(core, m, layer, params, target, sizes["default_budget"]), params, sizes,
             device))
-    if budgets:
-        entry["fused_budgets"] = {}
+    if budgets and "fused" in methods:
+        entry["fused_budgets"], by_rows = {}, {}
         for mb in budgets:
-            entry["fused_budgets"][f"{mb:g}"] = record(lambda mb=mb: measure(
-                stepper(core, "fused", layer, params, target, mb), params, sizes, device))
+            rows = min(tokens, core.fused.rows_per_chunk(entry["vocab"], dtype, mb, sizes["dim"]))
+            if rows in by_rows:
+                entry["fused_budgets"][f"{mb:g}"] = {**entry["fused_budgets"][by_rows[rows]],
+                                                     "same_rows_as": by_rows[rows]}
+                continue
+            by_rows[rows] = f"{mb:g}"
+            entry["fused_budgets"][f"{mb:g}"] = {"rows": rows, **record(lambda mb=mb: measure(
+                stepper(core, "fused", layer, params, target, mb), params, sizes, device))}
         times = {mb: r["median_ms"] for mb, r in entry["fused_budgets"].items()
                  if "median_ms" in r}
         entry["best_budget_mb"] = min(times, key=times.get) if times else None
@@ -333,10 +448,14 @@ def best_budget(timing: dict) -> str | None:
 
 
 def machine(device) -> dict:
-    import triton  # here: after --tiny has set TRITON_INTERPRET (fused.available imported it)
-
+    try:  # here: after --tiny has set TRITON_INTERPRET
+        import triton
+    except Exception as e:  # the preflight records it
+        version = f"not importable: {type(e).__name__}"
+    else:
+        version = triton.__version__
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": device.type, "torch": torch.__version__, "triton": triton.__version__,
+            "device": device.type, "torch": torch.__version__, "triton": version,
             "cuda": torch.version.cuda,
             "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
             "python": platform.python_version(), "platform": platform.platform()}
@@ -357,11 +476,9 @@ def run(opts: argparse.Namespace) -> dict:
     sizes["reps"] = opts.reps or sizes["reps"]
     device = torch.device("cpu" if opts.tiny else "cuda")
     core = load_core()
-    if not core.fused.available():
-        raise SystemExit(f"error: Triton cannot be imported ({core.fused.TRITON_ERROR})")
-    report = {"schema": 1, "machine": machine(device), "sizes": sizes, "goals": GOALS,
+    report = {"schema": 2, "machine": machine(device), "sizes": sizes, "goals": GOALS,
               "bounds": BOUNDS, "epsilon": EPSILON, "timing_dtype": opts.dtype,
-              "status": "running", "correctness": {}, "timing": {}}
+              "status": "running", "preflight": {}, "correctness": {}, "timing": {}}
     deadline = time.monotonic() + opts.time_limit
 
     def record(measurement):
@@ -377,24 +494,36 @@ def run(opts: argparse.Namespace) -> dict:
         write_json(opts.out, report)
         return result
 
+    report["preflight"] = record(lambda: preflight(core, device))
+    fused_ok = report["preflight"].get("passed", False)
+    methods = METHODS if fused_ok else tuple(m for m in METHODS if m != "fused")
+    if not fused_ok:
+        report.setdefault("errors", []).append(
+            f"preflight: {report['preflight'].get('error', report['preflight'])}")
+        print(f"error: the preflight failed, the fused path is not measured: "
+              f"{report['preflight']}", file=sys.stderr)
     layers = tuple(core.layers.OUTPUT_LAYERS)
     for dtype_name in DTYPES:
         by_layer = report["correctness"][dtype_name] = {}
         for layer in layers:
             by_layer[layer] = record(lambda d=dtype_name, la=layer: check(core, la, d, sizes,
-                                                                          device))
-    params, target = make_inputs(core, "dot", sizes["check_vocab"], sizes["check_tokens"],
-                                 sizes["dim"], DTYPES[opts.dtype], device, False, False)
-    step = stepper(core, "fused", "dot", params, target, sizes["default_budget"])
-    # compiled by a first step, then checked
-    report["host_syncs"] = record(lambda: (step(), host_syncs(step, device))[1])
+                                                                          device, methods))
+    if fused_ok:
+        params, target = make_inputs(core, "dot", sizes["check_vocab"], sizes["check_tokens"],
+                                     sizes["dim"], DTYPES[opts.dtype], device, False, False)
+        step = stepper(core, "fused", "dot", params, target, sizes["default_budget"])
+        # compiled by a first step, then checked
+        report["host_syncs"] = record(lambda: (step(), host_syncs(step, device))[1])
+        report["breakdown"] = record(lambda: breakdown(
+            core, max(sizes["vocab"]), max(sizes["tokens"]), sizes, DTYPES[opts.dtype], device))
     configs = [("dot", v, t, sizes["budgets"]) for v in sizes["vocab"] for t in sizes["tokens"]]
     configs += [(layer, sizes["layer_vocab"], sizes["layer_tokens"], [])
                 for layer in layers if layer != "dot"]
     for layer, vocab, tokens, budgets in configs:
         entry = report["timing"][f"{layer}/{vocab}/{tokens}"] = {
             "layer": layer, "vocab": vocab, "tokens": tokens}
-        time_config(core, entry, budgets, sizes, DTYPES[opts.dtype], device, record)
+        time_config(core, entry, budgets, sizes, DTYPES[opts.dtype], device, record, methods)
+    report["products"] = core.fused.probes()  # which implementation of ∂/∂h and ∂/∂W_out ran
     report["best_budget_mb"] = best_budget(report["timing"])
     met = [e["goals_met"] for e in report["timing"].values() if "goals_met" in e]
     report["goals_met"] = all(met) if met else None  # None: no GPU memory measured
@@ -442,12 +571,20 @@ def markdown(report: dict, source: str = "") -> str:
             passed.append(r.get("passed"))
         lines.append(f"| {layer} | " + " | ".join(cells) + f" | {all(passed)} |")
     goals = {True: "met", False: "not met", None: "not measured"}[report.get("goals_met")]
+    names = " / ".join(NAMES[m] for m in METHODS)
+    lines += ["", preflight_line(report.get("preflight", {}))]
+    if report.get("breakdown", {}).get("median_ms"):
+        b = report["breakdown"]
+        lines += ["", f"The fused step's phases at V = {b['vocab']:,}, {b['tokens']:,} tokens "
+                  f"(chunks of {b['rows']:,} rows: {b['chunks']}), ms: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in b["median_ms"].items())
+                  + f"; total {b['total_ms']:.1f}."]
     lines += ["", f"Host synchronisations in a fused step: {report.get('host_syncs', '—')}. "
               f"Fastest budget overall: {report.get('best_budget_mb') or '—'} MiB. Goals "
               f"(fused ≤ {GOALS['time_ratio_max']}× the built-in's time and ≤ "
               f"{GOALS['memory_ratio_max']}× its loss memory from V = 32k): {goals}.", "",
-              "| layer | target tokens | V | ms, median (quartiles): built-in / chunked / fused |"
-              " fused ÷ built-in time | loss MiB: built-in / chunked / fused |"
+              f"| layer | target tokens | V | ms, median (quartiles): {names} |"
+              f" fused ÷ built-in time | loss MiB: {names} |"
               " fused ÷ built-in memory | fastest budget (MiB) |",
               "|---|---:|---:|---|---:|---|---:|---:|"]
     for e in report["timing"].values():
@@ -458,6 +595,14 @@ def markdown(report: dict, source: str = "") -> str:
                      + " / ".join(_mb(e.get(k, {})) for k in METHODS) + f" | "
                      f"{_ratio(e, 'memory_ratio')} | {e.get('best_budget_mb') or '—'} |")
     return "\n".join(lines) + "\n"
+
+
+def preflight_line(pre: dict) -> str:
+    if not pre.get("passed"):
+        return f"Preflight failed: {pre.get('error', pre)}; the fused path was not measured."
+    paths = ", ".join(f"{d} {path}" for d, path in pre["products"].items())
+    return (f"Preflight passed (kernel loss error {pre['kernel_loss_error']:.1e}); ∂/∂h and "
+            f"∂/∂W_out by: {paths}.")
 
 
 def write_docs(docs: Path, text: str) -> None:

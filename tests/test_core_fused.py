@@ -2,7 +2,9 @@
 interpreter on CPU tensors (``TRITON_INTERPRET=1``, ``FAIRSEQ_TYING_FUSED_LOSS=1``): the loss,
 nll, accuracy and gradients of fairseq's criterion and of the eager chunked path, for every
 output layer, tying mode and flag, fp32, fp16 and bf16, ε = 0 and 0.1, padding rows and chunks
-whose last one is shorter; half precision without underflow; Triton missing: the eager path."""
+whose last one is shorter, V not a multiple of 16 (rows padded); half precision without
+underflow; autocast; the chunks' floor of rows; the probe of the half products; Triton missing:
+the eager path."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from tests.helpers import PLUGIN_DIR, TINY_LM, TINY_MODEL, learned_values
 
 # Triton 3.6's interpreter converts a 1-element array to an index as NumPy 1.25 deprecates
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0")
+FLOOR = (fused.MIN_ROWS, fused.MIN_ROWS_PER_DIM)  # before the fixture lifts it
 RTOL = 1e-5  # relative: the losses of every dtype (from the rounded scores), fp32 gradients
 # gradients of half inputs, relative: G is rounded to the half type (2⁻¹¹, 2⁻⁸ of each entry)
 HALF_BOUNDS = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -34,6 +37,10 @@ def interpreted(monkeypatch):
     TRITON_INTERPRET when it is imported, so it is set before ``fused`` first imports Triton."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv(fused.ENV, "1")
+    # the tests cut small batches into chunks of a few rows: the floor of a chunk's rows
+    # (fused.min_rows, test_the_chunks_floor) would make each batch one chunk
+    monkeypatch.setattr(fused, "MIN_ROWS", 1)
+    monkeypatch.setattr(fused, "MIN_ROWS_PER_DIM", 0)
     if not fused.available():
         pytest.skip(f"Triton cannot be imported ({fused.TRITON_ERROR}); the fused loss's kernel "
                     "runs only through it: pip install 'triton>=3.6,<3.7' (the dev extra)")
@@ -42,8 +49,8 @@ def interpreted(monkeypatch):
 
 def budget(rows: int, vocab: int, dtype: torch.dtype) -> float:
     """MiB of scores in ``dtype`` that the fused path cuts into chunks of ``rows`` rows."""
-    mb = rows * vocab * (torch.finfo(dtype).bits // 8) / 2**20
-    assert fused.rows_per_chunk(vocab, dtype, mb) == rows
+    mb = rows * fused.padded_width(vocab) * dtype.itemsize / 2**20
+    assert fused.rows_per_chunk(vocab, dtype, mb, 1) == rows
     return mb
 
 
@@ -96,8 +103,8 @@ def _inputs(n: int, vocab: int, dim: int, dtype: torch.dtype, with_bias: bool, s
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_loss_accuracy_and_gradients_equal_fairseqs_and_the_eager_path(
         interpreted, dtype, epsilon, vocab, with_bias):
-    """24 rows in chunks of 10 (the last one shorter; V = 4999 takes two blocks of the kernel,
-    the second one part masked), every 7th row padding."""
+    """24 rows in chunks of 10 (the last one shorter; V = 4999 takes three blocks of the kernel,
+    the last one part masked), every 7th row padding."""
     h, w, b, target = _inputs(24, vocab, 16, dtype, with_bias)
     inputs = [t for t in (h, w, b) if t is not None]
 
@@ -340,8 +347,140 @@ def test_the_switch(interpreted):
 
 def test_chunk_rows_follow_a_budget_of_half_scores():
     """The fused path keeps only the scores, in the model's dtype: 64 MiB are 1024 rows of fp16
-    scores at V = 32k, the eager path's 341 (fp32 scores and the half G)."""
-    assert fused.rows_per_chunk(32768, torch.float16, 64) == 1024
-    assert fused.rows_per_chunk(32768, torch.float32, 64) == 512
+    scores at V = 32k, the eager path's 341 (fp32 scores and the half G); a row holds V rounded
+    up to a multiple of 16."""
+    assert fused.rows_per_chunk(32768, torch.float16, 64, 512) == 1024
+    assert fused.rows_per_chunk(32768, torch.float32, 64, 512) == 512
     assert chunked.rows_per_chunk(32768, torch.float16, 64) == 341
-    assert fused.rows_per_chunk(10**6, torch.bfloat16, 0.5) == 1
+    assert fused.rows_per_chunk(10**6, torch.bfloat16, 0.5, 512) == 1
+    assert [fused.padded_width(v) for v in (16, 17, 32000, 32003)] == [16, 32, 32000, 32016]
+    assert fused.rows_per_chunk(32003, torch.float16, 1, 8) == 2**20 // (32016 * 2)
+
+
+def test_the_chunks_floor(interpreted):
+    """At least max(1024, 2·D) rows, whatever the budget: at V = 250k in fp16 64 MiB of scores
+    are 134 rows, and chunks of 134 rows would read W_out and ∂/∂W_out again every 134 rows. A
+    budget above the floor still sets the rows."""
+    interpreted.setattr(fused, "MIN_ROWS", FLOOR[0])
+    interpreted.setattr(fused, "MIN_ROWS_PER_DIM", FLOOR[1])
+    assert 2**26 // (fused.padded_width(250000) * 2) == 134
+    assert fused.rows_per_chunk(250000, torch.float16, 64, 512) == 1024
+    assert fused.rows_per_chunk(250000, torch.float16, 64, 1024) == 2048
+    assert fused.rows_per_chunk(32000, torch.float16, 256, 512) == 2**28 // 64000 == 4194
+    assert fused.rows_per_chunk(32000, torch.float32, 0.01, 4) == 1024
+
+
+# --- V not a multiple of 16: the rows padded ------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_a_vocabulary_not_a_multiple_of_16(interpreted, dtype):
+    """V = 32,003 (16 blocks of the kernel, the last one part padding): loss, nll, accuracy and
+    gradients equal fairseq's and the eager path's, in chunks of 5 rows (the last one shorter)."""
+    vocab = 32003
+    h, w, b, target = _inputs(12, vocab, 8, dtype, True)
+    inputs = (h, w, b)
+
+    def loss():
+        out = linear_label_smoothed_nll_loss(h, w, b, target, 0.1, PAD, accuracy=True,
+                                             budget_mb=budget(5, vocab, dtype))
+        return (*out, torch.autograd.grad(out[0], inputs))
+
+    (*got, got_grads), (*eager, eager_grads) = _both(interpreted, loss)
+    exact = _exact(h, w, b, target, 0.1)
+    exact_grads = torch.autograd.grad(exact[0], inputs)
+    loss_bound, grad_bound = _bounds(dtype)
+    assert _relative(got[0], exact[0]) < loss_bound and _relative(got[1], exact[1]) < loss_bound
+    assert got[2] == eager[2] == exact[2] > 0
+    for x, e, y in zip(got_grads, eager_grads, exact_grads, strict=True):
+        assert _relative(x, y) < grad_bound and _relative(x, e) < grad_bound
+
+
+def test_the_kernel_ignores_and_zeroes_the_padding_columns(interpreted):
+    """The kernel on rows of V = 37 scores padded to 48 entries of NaN: each row's loss, nll and
+    count from its 37 scores, G over them, 0 in the 11 padding entries."""
+    g = torch.Generator().manual_seed(3)
+    vocab, rows = 37, 6
+    scores = torch.randn(rows, vocab, generator=g) * 3
+    target = torch.randint(0, vocab, (rows,), generator=g)
+    target[2] = PAD
+    target[4] = scores[4].argmax()
+    buffer = torch.full((rows, fused.padded_width(vocab)), float("nan"))
+    s = buffer[:, :vocab]
+    s.copy_(scores)
+    out = [torch.empty(rows) for _ in range(2)] + [torch.empty(rows, dtype=torch.int32)]
+    fused._launch(s, target, *out, 0.1, PAD, 1.0, True)
+    lprobs = F.log_softmax(scores.double(), -1)
+    want_loss, want_nll = label_smoothed_nll_loss(lprobs, target, 0.1, PAD, reduce=False)
+    torch.testing.assert_close(out[0].double(), want_loss.squeeze(-1), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out[1].double(), want_nll.squeeze(-1), rtol=1e-6, atol=1e-6)
+    assert out[2].tolist() == [int(i == 4) for i in range(rows)]
+    on_target, eps_i = 0.9 - 0.1 / 36, 0.1 / 36
+    want_g = lprobs.exp() - eps_i - on_target * F.one_hot(target, vocab)
+    want_g[2] = 0
+    torch.testing.assert_close(buffer[:, :vocab].double(), want_g, rtol=1e-5, atol=1e-6)
+    assert buffer[:, vocab:].eq(0).all()
+
+
+# --- the half products: probed once ---------------------------------------------------------
+
+
+def test_the_probe_chooses_the_first_right_product_and_keeps_it(interpreted):
+    """This CPU's torch has neither fp32-output half product (addmm.dtype_out, mm.dtype): the
+    probe records both refusals and takes fp32 copies; a product that raises or computes a wrong
+    result is refused too. The choice is made once: a recorded path that fails later raises its
+    error (an out-of-memory would), no other path is tried."""
+    cpu = torch.device("cpu")
+    found = fused._probe(cpu, torch.float16)
+    assert found["path"] == "fp32 operands"
+    assert [r.split(": ")[:2] for r in found["refused"]] == [
+        ["addmm out_dtype", "NotImplementedError"], ["mm out_dtype, added", "NotImplementedError"]]
+
+    def raises(*_):
+        raise RuntimeError("no such operator\nsecond line")
+
+    interpreted.setattr(fused, "PRODUCTS", {"zeros": lambda out, *_: out.zero_(),
+                                            "raises": raises, **fused.PRODUCTS})
+    found = fused._probe(cpu, torch.bfloat16)
+    assert found["path"] == "fp32 operands"
+    assert found["refused"][:2] == ["zeros: a wrong result",
+                                    "raises: RuntimeError: no such operator"]
+    interpreted.setattr(fused, "PRODUCTS", {"zeros": lambda out, *_: out.zero_()})
+    with pytest.raises(RuntimeError, match="no half product with fp32 sums is right on cpu"):
+        fused._probe(cpu, torch.float16)
+
+
+def test_the_probed_path_is_recorded_and_taken(interpreted):
+    interpreted.setattr(fused, "_probed", {})
+    h, w, b, target = _inputs(20, 40, 4, torch.float16, True)
+    linear_label_smoothed_nll_loss(h, w, b, target, 0.1, PAD)[0].backward()
+    assert fused.probes() == {"cpu float16": fused._probe(torch.device("cpu"), torch.float16)}
+    assert fused.product_path(torch.device("cpu"), torch.float16) == "fp32 operands"
+    # the mixed product recorded for this CPU, which lacks it: its error, not another path
+    interpreted.setitem(fused._probed, ("cpu", torch.float16), {"path": "addmm out_dtype"})
+    with pytest.raises(NotImplementedError, match="addmm.dtype_out"):
+        linear_label_smoothed_nll_loss(h, w, b, target, 0.1, PAD)[0].backward()
+
+
+# --- autocast ---------------------------------------------------------------------------------
+
+
+def test_autocast_products_run_in_its_dtype(interpreted):
+    """fp32 parameters under bf16 autocast: the scores are rounded to bf16 as F.linear's under
+    autocast are (the loss equals fairseq's on those scores, not on the fp32 ones), the
+    gradients come back in fp32, close to the eager path's."""
+    h, w, b, target = _inputs(24, 300, 16, torch.float32, True)
+
+    def loss():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = linear_label_smoothed_nll_loss(h, w, b, target, 0.1, PAD,
+                                                 budget_mb=budget(10, 300, torch.bfloat16))
+        return out[0], torch.autograd.grad(out[0], (h, w, b))
+
+    (got, got_grads), (eager, eager_grads) = _both(interpreted, loss)
+    rounded = _exact(h.bfloat16(), w.bfloat16(), b.bfloat16(), target, 0.1)[0]
+    wide = _exact(h, w, b, target, 0.1)[0]
+    assert _relative(got, rounded) < RTOL < _relative(got, wide)
+    assert _relative(got, eager) < RTOL
+    for x, e in zip(got_grads, eager_grads, strict=True):
+        assert x.dtype == torch.float32 and _relative(x, e) < HALF_BOUNDS[torch.bfloat16]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fairseq_tying.bench import loss, loss_budget, loss_report
+from fairseq_tying.bench import loss, loss_budget, loss_peers, loss_report
 from fairseq_tying.common.blocks import block_text
 from tests.helpers import run_module
 
@@ -46,6 +46,44 @@ def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
     run_module("fairseq_tying.bench", "--mode", "loss", "--report-only", out, "--report", perf)
     assert _block(perf, loss_report.TABLE_BLOCK) == text.strip()
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_the_peers_compute_the_same_loss(tmp_path):
+    """--only-peers at a tiny size: F.linear + cross_entropy, Apple's Cut Cross-Entropy
+    (torch_compile) and the chunked loss, each in its own process, give one loss (ε = 0, the
+    same inputs), with times and memory; the table goes into the loss_peers block alone."""
+    pytest.importorskip("cut_cross_entropy", reason="the dev extra installs cut-cross-entropy")
+    out, perf = tmp_path / "peers.json", tmp_path / "perf.md"
+    perf.write_text("# Performance\n\n<!-- loss_bench:begin -->\nkept\n<!-- loss_bench:end -->\n")
+    run_module("fairseq_tying.bench", "--mode", "loss", "--only-peers", "--vocab", "64",
+               "--tokens", "128", "--steps", "2", "--out", out, "--report", perf, timeout=1200)
+    report = json.loads(out.read_text())
+    assert report["setups"] == {} and report["peers"]["epsilon"] == 0.0
+    res = report["peers"]["results"]["128"]["64"]
+    assert list(res) == list(loss_report.PEERS)
+    for name, r in res.items():
+        assert r["loss"] == pytest.approx(res["cross_entropy"]["loss"], rel=1e-5), name
+        assert r["cpu_s"] > 0 and r["peak"] > 0 and r["loss_extra"] >= 0
+    hidden, weight, target = loss_peers.peer_inputs(64, 128)  # the same loss recomputed here
+    want = loss.F.cross_entropy(hidden @ weight.T, target, ignore_index=1, reduction="sum")
+    assert res["chunked"]["loss"] == pytest.approx(want.item(), rel=1e-5)
+    assert _block(perf, loss_report.TABLE_BLOCK) == "kept"
+    table = _block(perf, loss_report.PEER_BLOCK)
+    assert table == loss_report.peer_tables([(out, report)], tmp_path).strip()
+    assert "| 128 | 64 | " in table and "[JSON](peers.json)" in table
+
+
+def test_a_peer_that_failed_is_named_under_the_table():
+    ok = {"cpu_s": 2.0, "loss_extra": 200 * 2**20, "loss": 1.0}
+    report = {"machine": {"cpu": "X", "cpu_count": 2, "torch": "2.13"}, "config": {},
+              "peers": {"dim": 512, "steps": 3, "results": {"4096": {"64000": {
+                  "cross_entropy": ok, "cce": {"error": "InductorError: no C++ compiler"},
+                  "chunked": {**ok, "cpu_s": 1.0}}}}}}
+    table = loss_report.peer_table(report, "p.json")
+    assert "| 4,096 | 64k | 2.00 / — / 1.00 | 200 / — / 200 | — | — |" in table
+    assert table.rstrip().endswith("Not measured: CCE (torch_compile) at 4,096 tokens, "
+                                   "V = 64k: InductorError: no C++ compiler.")
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -35,6 +35,23 @@ machine slows the wall clock more than the work); CUDA, the wall time; the faste
 the same batch) to need more than 80 % of the available memory is skipped, and so is one that
 runs out of CUDA memory.
 
+With ``--peers`` (``--only-peers``: nothing else) it also times, on the CPU, the loss and its
+backward alone, from h and W to their gradients, for ``dot`` without smoothing (ε = 0: what the
+peers compute), h ~ N(0, 1) and W ~ N(0, 1/D) of width D = 512, every 10th target padding:
+
+- ``cross_entropy``: ``F.cross_entropy(F.linear(h, W), y, reduction="sum")``, the N×V scores
+  whole (fairseq's loss without smoothing);
+- ``cce``: Apple's Cut Cross-Entropy (``cut-cross-entropy``, the ``dev`` extra),
+  ``linear_cross_entropy(h, W, y, impl="torch_compile")``: the scores and cross-entropy in one
+  ``torch.compile``'d graph (its ``cce`` implementation is Triton's, for GPUs);
+- ``chunked``: ``linear_label_smoothed_nll_loss`` (``--chunked-loss-mb``, the criterion's by
+  default).
+
+Each in a fresh process, after one warm-up on 64 rows (CCE's compilation); CPU time and the
+resident-set high-water mark over the memory at the start (the inputs allocated), the fastest
+and the highest of ``--steps`` (default 3). Results: ``peers`` in the JSON, its table in the
+``loss_peers`` block of ``--report``.
+
 Then, per setup, the largest ``--max-tokens`` whose step fits ``--budget-gb`` of peak memory at
 ``--budget-vocab`` (64k), built-in against chunked: the peak is linear in the number of target
 tokens, fitted to steps of 1k and 2k tokens and the ``--tokens`` measured. Results: the JSON
@@ -63,7 +80,18 @@ from fairseq.tasks.translation import TranslationTask
 from tqdm import tqdm
 
 from fairseq_tying.bench.loss_budget import FIT_TOKENS, available_memory, max_tokens, predicted_peak
-from fairseq_tying.bench.loss_report import MODELS, SUMMARY_BLOCK, TABLE_BLOCK, publish, tables
+from fairseq_tying.bench.loss_peers import measure_peers, peer_worker
+from fairseq_tying.bench.loss_report import (
+    MODELS,
+    PEER_BLOCK,
+    PEERS,
+    SUMMARY_BLOCK,
+    TABLE_BLOCK,
+    peer_tables,
+    publish,
+    tables,
+)
+from fairseq_tying.bench.memory import Window
 from fairseq_tying.common import PLUGIN_DIR, atomic
 from fairseq_tying.common.reproducible import cpu_name
 
@@ -90,43 +118,6 @@ def model_flags(name: str, dtype: str = "fp32", chunked_loss_mb: float | None = 
     return ["--arch", "transformer_twwt", "--output-layer", "dot",
             "--criterion", "label_smoothed_cross_entropy_pr", "--projection-reg", "0", *flags,
             "--chunked-loss", *mb]
-
-
-# ------------------------------------------------------------------------- memory windows
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}: the CPU memory needs Linux")
-
-
-class Window:
-    """Peak memory over the memory at the start of a ``with`` block (CPU: resident set)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def now(self) -> int:
-        return torch.cuda.memory_allocated() if self.cuda else _status("VmRSS")
-
-    def __enter__(self) -> Window:
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # VmHWM := VmRSS
-        self.start = self.now()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.peak = torch.cuda.max_memory_allocated() if self.cuda else _status("VmHWM")
-        self.extra = self.peak - self.start
 
 
 # ----------------------------------------------------------------------------- one config
@@ -247,15 +238,19 @@ def worker(spec: dict) -> dict:
             "peak": max(r["peak"] for r in runs)}
 
 
-def measure(spec: dict) -> dict:
-    """``worker(spec)`` in a fresh process (glibc handing freed blocks back, see the top); a
-    configuration that runs out of CUDA memory is reported as skipped."""
+def measure(spec: dict, keep_error: bool = False) -> dict:
+    """``worker(spec)`` (``peer_worker`` for a peer's) in a fresh process (glibc handing freed
+    blocks back, see the top); a configuration that runs out of CUDA memory is reported as
+    skipped, and with ``keep_error`` a failure as its error's last line."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
            "OMP_NUM_THREADS": str(spec["threads"])}
     proc = subprocess.run([sys.executable, "-m", "fairseq_tying.bench", "--mode", "loss",
                            "--worker", json.dumps(spec)], capture_output=True, text=True, env=env)
     if proc.returncode != 0 and "OutOfMemoryError" in proc.stderr:
         return {"skipped": "out of CUDA memory"}
+    if proc.returncode != 0 and keep_error:
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        return {"error": lines[-1][:1000] if lines else f"exit status {proc.returncode}"}
     if proc.returncode != 0:
         raise RuntimeError(f"{spec['model']} at V={spec['vocab']}, {spec['tokens']} tokens "
                            f"({spec['device']} {spec['dtype']}) failed:\n{proc.stderr[-3000:]}")
@@ -328,10 +323,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="V of the largest-batch comparison (64000; must be in --vocab)")
     p.add_argument("--no-max-tokens", action="store_true",
                    help="skip the largest-batch comparison")
+    p.add_argument("--peers", action="store_true",
+                   help="also time the loss alone of dot without smoothing on the CPU: "
+                        "F.linear + cross_entropy, Cut Cross-Entropy (torch_compile), chunked")
+    p.add_argument("--only-peers", action="store_true",
+                   help="--peers and nothing else (no setups, no largest-batch fit)")
     p.add_argument("--out", type=Path, default=Path("bench_results/loss.json"),
                    help="the JSON file; the tables go beside it (.md)")
     p.add_argument("--report", type=Path,
-                   help=f"write the tables into this file's <!-- {TABLE_BLOCK}:begin --> block")
+                   help=f"write the tables into this file's <!-- {TABLE_BLOCK}:begin --> block "
+                        f"(the peers' into its {PEER_BLOCK} block)")
     p.add_argument("--readme", type=Path,
                    help=f"write the summary into this file's <!-- {SUMMARY_BLOCK}:begin --> "
                         "block")
@@ -343,6 +344,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         return opts
     cuda = torch.cuda.is_available()
     opts.setups = opts.setups or ["cpu:fp32", *(["cuda:fp16", "cuda:bf16"] if cuda else [])]
+    if opts.only_peers:
+        opts.peers, opts.setups, opts.no_max_tokens = True, [], True
     if any(s.startswith("cuda") for s in opts.setups) and not cuda:
         p.error("--setups cuda:...: no CUDA device is visible to torch")
     if any(t < SENT_LEN or t % SENT_LEN for t in opts.tokens):
@@ -361,12 +364,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(opts: argparse.Namespace) -> int:  # the mode with parsed options
     if opts.worker:
-        print(json.dumps(worker(json.loads(opts.worker))))
+        spec = json.loads(opts.worker)
+        print(json.dumps(peer_worker(spec) if "peer" in spec else worker(spec)))
         return 0
     if opts.report_only:
         reports = [(path, json.loads(path.read_text())) for path in opts.report_only]
         publish(reports, opts.report, opts.readme)
-        print(tables(reports, Path.cwd()))
+        print(tables(reports, Path.cwd()) + peer_tables(reports, Path.cwd()))
         return 0
 
     report = {"schema": 2,
@@ -381,11 +385,14 @@ def run(opts: argparse.Namespace) -> int:  # the mode with parsed options
 
     runs = len(opts.setups) * (len(opts.tokens) * len(opts.vocab) * len(MODELS)
                                + (0 if opts.no_max_tokens else 2 * len(FIT_TOKENS)))
+    runs += len(opts.tokens) * len(opts.vocab) * len(PEERS) if opts.peers else 0
     with tqdm(total=runs, desc="bench loss", unit="run", file=sys.stderr) as bar:
         for setup in opts.setups:
             measure_setup(opts, setup, report, write, bar)
+        if opts.peers:
+            measure_peers(opts, report, write, bar, measure)
     reports = [(opts.out, report)]
-    text = tables(reports, opts.out.parent)
+    text = tables(reports, opts.out.parent) + peer_tables(reports, opts.out.parent)
     atomic.write_text(opts.out.with_suffix(".md"), text)
     publish(reports, opts.report, opts.readme)
     print(text)

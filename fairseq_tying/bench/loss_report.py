@@ -1,6 +1,7 @@
 """The tables of the loss benchmark (:mod:`.loss`): one per setup in docs/performance.md's
-``loss_bench`` block, the README's summary in its ``loss_summary`` block; read from the JSON
-reports alone (``--report-only``), so they need neither torch nor a measurement."""
+``loss_bench`` block, the peers' (``--peers``) in its ``loss_peers`` block, the README's summary
+in its ``loss_summary`` block; read from the JSON reports alone (``--report-only``), so they
+need neither torch nor a measurement."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ MODELS = ("builtin", "chunked_old", "chunked")
 LABELS = {"builtin": "built-in", "chunked_old": "torch's op", "chunked": "chunked"}
 MIB = 2**20  # the tables give memory in MiB
 TABLE_BLOCK, SUMMARY_BLOCK = "loss_bench", "loss_summary"  # --report's and --readme's blocks
+PEER_BLOCK = "loss_peers"  # --report's block of the peers
+PEERS = ("cross_entropy", "cce", "chunked")
+PEER_LABELS = {"cross_entropy": "F.linear + cross_entropy", "cce": "CCE (torch_compile)",
+               "chunked": "chunked"}
 SUMMARY_TOKENS = "4096"  # the README's batch
 
 
@@ -150,6 +155,42 @@ def tables(reports: list[tuple[Path, dict]], base: Path) -> str:
     return "\n".join(parts)
 
 
+def peer_table(report: dict, link: str) -> str:
+    """The peers' table of one report: the loss and backward of ``dot`` without smoothing, CPU
+    time and memory, the chunked loss's over CCE's."""
+    entry, machine = report["peers"], report["machine"]
+    names = " / ".join(PEER_LABELS[m] for m in PEERS)
+    lines = [f"**CPU fp32, loss and backward alone, ε = 0, D = {entry['dim']}** "
+             f"({machine['cpu']}, {machine['cpu_count']} CPU cores, torch {machine['torch']}, "
+             f"{report['config'].get('threads', 1)} torch thread; the fastest of "
+             f"{entry['steps']} steps, CPU time, and the highest memory; [JSON]({link}))", "",
+             f"| target tokens | V | CPU s: {names} | extra MiB: {names} "
+             "| chunked ÷ CCE time | chunked ÷ CCE memory |", "|---:|---:|---|---|---:|---:|"]
+    notes = []
+    for tokens, by_vocab in entry["results"].items():
+        for vocab, res in by_vocab.items():
+            time = " / ".join(f"{res[m]['cpu_s']:.2f}" if "cpu_s" in res[m] else "—"
+                              for m in PEERS)
+            memory = " / ".join(f"{res[m]['loss_extra'] / MIB:,.0f}"
+                                if "loss_extra" in res[m] else "—" for m in PEERS)
+            ratios = [f"{res['chunked'][k] / res['cce'][k]:.2f}"
+                      if k in res["chunked"] and k in res["cce"] else "—"
+                      for k in ("cpu_s", "loss_extra")]
+            lines.append(f"| {int(tokens):,} | {_v(vocab)} | {time} | {memory} | "
+                         + " | ".join(ratios) + " |")
+            notes += [f"{PEER_LABELS[m]} at {int(tokens):,} tokens, V = {_v(vocab)}: "
+                      f"{res[m].get('skipped') or res[m]['error']}"
+                      for m in PEERS if "cpu_s" not in res[m]]
+    if notes:
+        lines += ["", "Not measured: " + "; ".join(notes) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def peer_tables(reports: list[tuple[Path, dict]], base: Path) -> str:
+    return "\n".join(peer_table(report, os.path.relpath(path, base))
+                     for path, report in reports if "peers" in report)
+
+
 def summary(reports: list[dict]) -> str:
     """The README's table at 4,096 target tokens: by V, each setup that measured the chunked
     loss (the product's; torch's op alone is in the tables), its loss extra memory (built-in →
@@ -183,10 +224,16 @@ def summary(reports: list[dict]) -> str:
 
 def publish(reports: list[tuple[Path, dict]], report_file: Path | None,
             readme: Path | None) -> None:
-    """Write the tables into ``report_file``'s and the summary into ``readme``'s block."""
-    if report_file:
-        blocks.replace_block(report_file, TABLE_BLOCK, tables(reports, report_file.parent))
+    """Write the tables into ``report_file``'s and the summary into ``readme``'s block, each
+    from the reports that hold its measurements (the setups', the peers')."""
+    with_setups = [(path, r) for path, r in reports if setups(r)]
+    if report_file and with_setups:
+        blocks.replace_block(report_file, TABLE_BLOCK, tables(with_setups, report_file.parent))
         print(f"wrote the {TABLE_BLOCK} block of {report_file}")
-    if readme:
+    if report_file and any("peers" in r for _, r in reports):
+        blocks.replace_block(report_file, PEER_BLOCK, peer_tables(reports, report_file.parent))
+        print(f"wrote the {PEER_BLOCK} block of {report_file}")
+    reports = with_setups
+    if readme and reports:
         blocks.replace_block(readme, SUMMARY_BLOCK, summary([r for _, r in reports]))
         print(f"wrote the {SUMMARY_BLOCK} block of {readme}")

@@ -106,3 +106,25 @@ def test_the_rows_per_chunk_quoted_are_the_rule():
     assert (fp32, half) == (524, 349)
     text = _prose(DOCS / "performance.md")
     assert f"{fp32} rows at V = 32,000; 6 bytes a score for a half model, {half} rows" in text
+
+
+PEERS_PATH = DOCS / "performance_loss_peers.json"
+
+
+def test_the_peers_table_is_its_report_and_the_prose_quotes_it():
+    """The loss_peers block is what docs/performance_loss_peers.json gives; every peer measured
+    at every V computed the same loss (ε = 0, the same inputs); the prose's times and memory of
+    the chunked loss and CCE at V = 64k are the report's."""
+    report = json.loads(PEERS_PATH.read_text())
+    assert _block(DOCS / "performance.md", loss_report.PEER_BLOCK) == \
+        loss_report.peer_tables([(PEERS_PATH, report)], DOCS).strip()
+    assert report["config"]["threads"] == 1 and "kernels" in report["machine"]["cpu"]
+    by_vocab = report["peers"]["results"]["4096"]
+    assert {"8000", "64000"} <= set(by_vocab)
+    for res in by_vocab.values():
+        assert set(res) == set(loss_report.PEERS)
+        assert {round(r["loss"] / res["cross_entropy"]["loss"], 4) for r in res.values()} == {1.0}
+    res, text = by_vocab["64000"], _prose(DOCS / "performance.md")
+    for name in ("chunked", "cce"):
+        quoted = (f"{res[name]['cpu_s']:.2f} s and {res[name]['loss_extra'] / 2**20:,.0f} MiB")
+        assert quoted in text, name

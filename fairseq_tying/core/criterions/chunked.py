@@ -246,10 +246,12 @@ def linear_loss_terms(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target
         correct = lprobs.argmax(-1).eq(target) & target.ne(ignore_index) if accuracy else None
         return (loss + z_term.view_as(loss), nll, z_term,
                 None if correct is None else correct.sum())
-    fused_path = _fused(hidden, transform, z_loss)
-    per_chunk = fused.rows_per_chunk if fused_path else rows_per_chunk
-    # a transform keeps t′ and t(a) beside a chunk's scores: three R×V tensors in the budget
-    rows = per_chunk(w_out.shape[0], hidden.dtype, budget_mb / (3 if transform else 1))
+    if _fused(hidden, transform, z_loss):
+        rows = fused.rows_per_chunk(w_out.shape[0], fused.compute_dtype(hidden), budget_mb,
+                                    hidden.shape[1])
+    else:
+        # a transform keeps t′ and t(a) beside a chunk's scores: three R×V tensors in the budget
+        rows = rows_per_chunk(w_out.shape[0], hidden.dtype, budget_mb / (3 if transform else 1))
     inputs = (hidden, w_out, bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
         loss, nll, z_sum, n_correct = _LinearLabelSmoothedNLL.apply(
