@@ -4,13 +4,19 @@ launcher expands it, and its refusals before anything is written."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS
 from fairseq_tying.launch.__main__ import main as launch_main
 from fairseq_tying.sweeps.config import load_sweep
+from tests.helpers import build_tiny_data, run_cli
 
 
 @pytest.fixture
@@ -22,8 +28,9 @@ def data(tmp_path) -> Path:
 
 
 def _new(tmp_path: Path, data: Path, *flags: str) -> int:
+    """new-sweep without its estimate (the data dir of these tests holds no binarized data)."""
     return launch_main(["new-sweep", "--data", str(data), "--out", str(tmp_path / "s.yaml"),
-                        *flags])
+                        "--no-estimate", *flags])
 
 
 def test_the_default_grid_is_the_tying_table_and_every_layer_with_three_seeds(tmp_path, data):
@@ -72,7 +79,7 @@ def test_the_budget_is_the_latest_stop_of_every_cells_pilot(tmp_path, data, caps
     cells = ["--tying", "none", "three_way", "--output-layers", "dot", "l2norm"]
     pilot_yaml, pilot_dir = tmp_path / "pilot.yaml", tmp_path / "pilot_runs"
     assert launch_main(["new-sweep", "--data", str(data), "--out", str(pilot_yaml), "--pilot",
-                        "--output-dir", str(pilot_dir), *cells]) == 0
+                        "--output-dir", str(pilot_dir), "--no-estimate", *cells]) == 0
     runs = load_sweep(pilot_yaml, check_data=False).runs
     _finish(runs[0].run_dir, 9)
     assert _new(tmp_path, data, "--budget-from", str(pilot_yaml), *cells) == 2
@@ -124,3 +131,112 @@ def test_an_existing_file_and_a_missing_preparation_are_refused(tmp_path, data, 
     assert "--out" in capsys.readouterr().err and (tmp_path / "s.yaml").read_text() == "mine\n"
     assert _new(tmp_path, tmp_path / "nothing", "--epochs", "9", "--force") == 2
     assert "python -m fairseq_tying.data.prepare" in capsys.readouterr().err
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_the_size_flags_override_the_preset_and_reach_the_file(tmp_path, data):
+    assert _new(tmp_path, data, "--epochs", "9", "--model", "small", "--embed-dim", "256",
+                "--layers", "3", "--max-tokens", "2000") == 0
+    text = (tmp_path / "s.yaml").read_text()
+    assert ("# Model:   --model small, --embed-dim 256, --layers 3, --max-tokens 2000: 3+3 "
+            "layers, width 256, feed-forward 1024, 4 heads, 2000 tokens a batch") in text
+    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
+    for side in ("encoder", "decoder"):  # the feed-forward follows the width: small's 4 times
+        assert _flag(args, f"--{side}-embed-dim") == "256"
+        assert _flag(args, f"--{side}-ffn-embed-dim") == "1024"
+        assert _flag(args, f"--{side}-layers") == "3"
+        assert _flag(args, f"--{side}-attention-heads") == "4"
+    assert _flag(args, "--max-tokens") == "2000" and _flag(args, "--lr") == "0.003"
+    assert _new(tmp_path, data, "--epochs", "9", "--model", "tiny", "--embed-dim", "24",
+                "--ffn-dim", "40", "--heads", "3", "--force") == 0
+    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
+    assert [_flag(args, f) for f in ("--decoder-embed-dim", "--decoder-ffn-embed-dim",
+                                     "--decoder-attention-heads", "--decoder-layers",
+                                     "--max-tokens")] == ["24", "40", "3", "1", "400"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--embed-dim", "30"], "--embed-dim 30: a width of 30 does not split into 4 attention "
+     "heads (--model small has 4); give --heads dividing it (1, 2, 3, 5, 6, 10, 15)"),
+    (["--heads", "3"], "--heads 3: a width of 128 does not split into 3 attention heads"),
+    (["--model", "tiny", "--embed-dim", "20", "--heads", "8"],
+     "--embed-dim 20 --heads 8: a width of 20 does not split into 8"),
+    (["--layers", "0"], "--layers 0: at least 1"),
+    (["--max-tokens", "-5"], "--max-tokens -5: at least 1"),
+    (["--workers", "0"], "--workers 0: at least 1"),
+])
+def test_a_size_fairseq_cannot_build_is_refused_by_name(tmp_path, data, capsys, flags,
+                                                         message):
+    assert _new(tmp_path, data, "--epochs", "9", *flags) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "s.yaml").exists()
+
+
+def test_the_help_documents_the_smoke_test_model(capsys):
+    with pytest.raises(SystemExit):
+        launch_main(["new-sweep", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tiny: 1+1 layers of width 16, 400 tokens a batch (a smoke test" in out
+    assert "--no-estimate" in out and "--sample-seconds" in out and "--embed-dim" in out
+
+
+def _number(pattern: str, text: str) -> list[str]:
+    found = re.search(pattern, text)
+    assert found, f"{pattern!r} not in:\n{text}"
+    return list(found.groups())
+
+
+def _seconds(text: str) -> float:
+    """``4.37 s``, ``3 min 28 s``, ``2 h 05 min`` in seconds."""
+    if m := re.fullmatch(r"(\d+) h (\d+) min", text):
+        return 3600 * int(m[1]) + 60 * int(m[2])
+    if m := re.fullmatch(r"(\d+) min (\d+) s", text):
+        return 60 * int(m[1]) + int(m[2])
+    return float(text.removesuffix(" s"))
+
+
+@pytest.mark.slow
+def test_the_estimate_times_a_sample_and_multiplies_it_out(tmp_path, capsys, monkeypatch):
+    data = build_tiny_data(tmp_path / "tiny")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the sample's save dir
+    (tmp_path / "tmp").mkdir()
+    out = tmp_path / "s.yaml"
+    started = time.monotonic()
+    assert launch_main(["new-sweep", "--data", str(data), "--out", str(out), "--model", "tiny",
+                        "--epochs", "6", "--tying", "none", "three_way", "--output-layers",
+                        "dot", "l2norm", "--seeds", "1", "--workers", "2",
+                        "--sample-seconds", "1"]) == 0
+    took = time.monotonic() - started
+    text = capsys.readouterr().out
+    wall, start = _number(r"the sample: (.+?) in all .*\n.*a run's start ([\d.]+) s", text)
+    wall, start = _seconds(wall), float(start)
+    timed, seconds, warmup, step = _number(r"(\d+) updates timed in ([\d.]+) s after (\d+) of "
+                                           r"warm-up: ([\d.e-]+) s an update", text)
+    end = float(_number(r"an epoch's end \(validation, checkpoint\) ([\d.e-]+) s", text)[0])
+    updates, epoch = _number(r"an epoch: +(\d+) updates ≈ (.+)\n", text)
+    run, = _number(r"a run: +6 epochs ≈ (.+) \(its start included", text)
+    sweep, = _number(r"the sweep: +3 runs, 2 runs side by side ≈ (.+)\n", text)
+    # the printed numbers are the sample's, multiplied out (each printed to 3 digits)
+    assert int(timed) >= 5 and int(warmup) == 3 and float(seconds) >= 1
+    assert float(step) == pytest.approx(float(seconds) / int(timed), rel=0.01)
+    assert _seconds(epoch) == pytest.approx(int(updates) * float(step) + end, rel=0.01)
+    assert _seconds(run) == pytest.approx(start + 6 * _seconds(epoch), rel=0.01)
+    assert _seconds(sweep) == pytest.approx(2 * _seconds(run), rel=0.01, abs=1)  # 2 then 1
+    assert start + float(seconds) < wall < took
+    assert "Intel" in text or "AMD" in text or "processor" in text
+    # an epoch's updates are those fairseq-train counts when it trains one on the run's command
+    args = load_sweep(out).runs[0].train_args
+    args[args.index("--max-epoch") + 1] = "1"
+    log = run_cli("fairseq-train", data / "bin", "--user-dir", PLUGIN_DIR, "--save-dir",
+                  tmp_path / "one_epoch", "--log-interval", "1", "--disable-validation",
+                  "--no-save", *args).stdout
+    counted = re.findall(r'"train_num_updates": "(\d+)"', log)  # the epoch's JSON line
+    assert counted == [updates]
+    # no checkpoint left in the user's folders, nor in the temporary one
+    shutil.rmtree(tmp_path / "one_epoch", ignore_errors=True)
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert set(after) - set(before) == {Path("tmp"), Path("s.yaml")}
