@@ -177,7 +177,8 @@ def report(sample: Sample, epochs: list[tuple[int, int]], world: int, workers: i
         f"  a run:      {_span(fewest, most, str)} epochs ≈ "
         f"{_span(sample.start + fewest * per_epoch, sample.start + most * per_epoch, duration)}"
         " (its start included, its evaluation not)",
-        f"  the sweep:  {len(epochs)} runs, {side} ≈ {_span(lo, hi, duration)}"]
+        f"  the sweep:  {len(epochs)} run{'s' if len(epochs) > 1 else ''}, {side} ≈ "
+        f"{_span(lo, hi, duration)}"]
     if load >= 1:
         lines.append(f"Other processes ran (load {load:.1f} on {cores} cores): they slow the "
                      "sample and the runs alike, so the estimate holds under a load like this.")
