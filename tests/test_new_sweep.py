@@ -14,6 +14,7 @@ import pytest
 
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS
+from fairseq_tying.launch import cost
 from fairseq_tying.launch.__main__ import main as launch_main
 from fairseq_tying.sweeps.config import load_sweep
 from tests.helpers import build_tiny_data, run_cli
@@ -226,7 +227,7 @@ def test_the_estimate_times_a_sample_and_multiplies_it_out(tmp_path, capsys, mon
     assert _seconds(epoch) == pytest.approx(int(updates) * float(step) + end, rel=0.01)
     assert _seconds(run) == pytest.approx(start + 6 * _seconds(epoch), rel=0.01)
     assert _seconds(sweep) == pytest.approx(2 * _seconds(run), rel=0.01, abs=1)  # 2 then 1
-    assert start + float(seconds) < wall < took
+    assert start + float(seconds) < wall < took + 0.1  # the sample's wall printed to 3 digits
     assert "Intel" in text or "AMD" in text or "processor" in text
     # an epoch's updates are those fairseq-train counts when it trains one on the run's command
     args = load_sweep(out).runs[0].train_args
@@ -240,3 +241,29 @@ def test_the_estimate_times_a_sample_and_multiplies_it_out(tmp_path, capsys, mon
     shutil.rmtree(tmp_path / "one_epoch", ignore_errors=True)
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert set(after) - set(before) == {Path("tmp"), Path("s.yaml")}
+
+
+def _measured(run: str, step: float, start: float = 5.0) -> cost.Sample:
+    """What a sample of ``run`` would report: 10 batches an epoch, ``step`` s an update (the
+    mean of two), an epoch's end of 1 s."""
+    return cost.Sample(run=run, step_seconds=[step / 2, 3 * step / 2], epoch_end_seconds=[1.0],
+                       batches=10, update_freq=1, warmup=3, updates=5, device="cpu",
+                       cpu="a processor", threads=1, start=start, wall=9.0)
+
+
+def test_each_architecture_is_priced_at_its_own_sample():
+    samples = {"transformer_twwt": _measured("d.transformer_twwt.none.dot.s1", 0.2),
+               "dynamicconv_twwt": _measured("d.dynamicconv_twwt.none.dot.s1", 0.5)}
+    runs = [("transformer_twwt", 4, 4)] * 2 + [("dynamicconv_twwt", 4, 4)] * 2
+    text = cost.report(samples, runs, world=1, workers=2, seconds=5)
+    # an epoch: 10 updates x 0.2 s + 1 s = 3 s, a run 5 s + 4 x 3 s = 17 s; DynamicConv 6 s, 29 s
+    assert "an epoch:   10 updates ≈ 3 s\n  a run:      4 epochs ≈ 17 s" in text
+    assert "an epoch:   10 updates ≈ 6 s\n  a run:      4 epochs ≈ 29 s" in text
+    # two workers: 17 and 17 side by side, then 29 and 29
+    assert "the sweep:  4 runs, 2 runs side by side ≈ 46 s" in text
+    pilot = cost.report({"transformer_twwt": samples["transformer_twwt"]},
+                        [("transformer_twwt", 5, 100)] * 3, world=2, workers=1, seconds=5)
+    # two devices share an epoch's 10 batches: 5 updates of 0.2 s, and the epoch's end
+    assert "5 updates (its batches shared by 2 devices) ≈ 2 s" in pilot
+    assert "a run:      5 to 100 epochs ≈ 15 s to 3 min 25 s" in pilot
+    assert "the sweep:  3 runs, one run at a time ≈ 45 s to 10 min 15 s" in pilot

@@ -1,12 +1,14 @@
 """What a sweep will cost on this machine, from a short timed sample of one of its runs.
 
-The sample is the run's own training command (its model, batch, kernels and threads) on its
+The sample is a run's own training command (its model, batch, kernels and threads) on its
 data, in a process of its own (``sample_train``), saving into a temporary folder that is removed
-afterwards. An epoch costs its updates (fairseq's batch count for the run's ``max_tokens``) at
-the sample's mean time an update, warm-up excluded, plus one epoch end (validation and
-checkpoint) as the sample timed it; a run costs its epochs (a range for a pilot: from the
-plateau rule's earliest stop to its cap), the sweep its runs, ``workers`` of them side by side.
-Not counted: each run's start (about 5 s), the building of an epoch's batches, the evaluation.
+afterwards; one for the first run of each architecture (the cells of one differ by embeddings
+and output layer only). An epoch costs its updates (fairseq's batch count for the run's
+``max_tokens``) at the sample's mean time an update, warm-up excluded, plus one epoch end
+(validation and checkpoint) as the sample timed it; a run costs its start and its epochs (a
+range for a pilot: from the plateau rule's earliest stop to its cap), the sweep its runs,
+``workers`` of them side by side. Not counted: the building of an epoch's batches, the
+evaluation.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.common.reproducible import pinned_env
-from fairseq_tying.sweeps.config import Sweep, data_bin
+from fairseq_tying.sweeps.config import Run, data_bin
 
 WARMUP = 3  # updates not timed: the first steps allocate the optimizer's state, fill caches
 TAIL_LINES = 15  # of fairseq's log, shown when the sample fails
@@ -66,27 +68,29 @@ class Sample:
     def epoch_seconds(self, world: int) -> float:
         return self.updates_per_epoch(world) * self.step + self.epoch_end
 
+    def run_seconds(self, epochs: int, world: int) -> float:
+        return self.start + epochs * self.epoch_seconds(world)
 
-def sample_command(sweep: Sweep, save_dir: Path) -> list[str]:
-    """fairseq-train's arguments for the sweep's first run, saving into ``save_dir``."""
-    run = sweep.runs[0]
+
+def sample_command(run: Run, save_dir: Path) -> list[str]:
+    """fairseq-train's arguments for ``run``, saving into ``save_dir``."""
     return [str(data_bin(run.data_dir)), "--user-dir", PLUGIN_DIR, "--save-dir", str(save_dir),
             *run.train_args]
 
 
-def time_sample(sweep: Sweep, seconds: float, show: bool = True) -> Sample:
-    """Train the sweep's first run for ``seconds`` of timed updates (after ``WARMUP``), in a
-    child process with a run's environment; a progress line on stderr while it trains."""
+def time_sample(run: Run, seconds: float, show: bool = True) -> Sample:
+    """Train ``run`` for ``seconds`` of timed updates (after ``WARMUP``), in a child process
+    with a run's environment; a progress line on stderr while it trains."""
     with tempfile.TemporaryDirectory(prefix="new-sweep-sample-") as tmp:
         result, log = Path(tmp) / "sample.json", Path(tmp) / "train.log"
         argv = [sys.executable, "-m", "fairseq_tying.launch.sample_train", str(result),
-                str(WARMUP), str(seconds), *sample_command(sweep, Path(tmp) / "checkpoints")]
+                str(WARMUP), str(seconds), *sample_command(run, Path(tmp) / "checkpoints")]
         start, started = time.monotonic(), time.time()
         with open(log, "w") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                     env=pinned_env())
             try:
-                _wait(proc, result, start, show)
+                _wait(proc, result, start, run.arch if show else None)
             finally:
                 if proc.poll() is None:  # interrupted: the child goes with the caller
                     proc.terminate()
@@ -103,23 +107,24 @@ def time_sample(sweep: Sweep, seconds: float, show: bool = True) -> Sample:
     measured = {k: facts[k] for k in ("step_seconds", "epoch_end_seconds", "batches",
                                       "update_freq", "warmup", "updates", "device", "cpu",
                                       "threads")}
-    return Sample(run=sweep.runs[0].name, start=facts["first_update"] - started, wall=wall,
+    return Sample(run=run.name, start=facts["first_update"] - started, wall=wall,
                   **measured)
 
 
-def _wait(proc: subprocess.Popen, result: Path, start: float, show: bool) -> None:
-    """Wait for the sample, showing the updates so far and the seconds since it started."""
+def _wait(proc: subprocess.Popen, result: Path, start: float, arch: str | None) -> None:
+    """Wait for the sample of ``arch``, showing the updates so far and the seconds since it
+    started (None: quietly)."""
     progress = Path(f"{result}.progress")
-    tty = show and sys.stderr.isatty()
-    if show:
-        print("timing a short sample of training ...", end="" if tty else "\n",
-              file=sys.stderr, flush=True)
+    tty = arch is not None and sys.stderr.isatty()
+    what = f"timing a short sample of {arch}'s training"
+    if arch is not None:
+        print(f"{what} ...", end="" if tty else "\n", file=sys.stderr, flush=True)
     while proc.poll() is None:
         time.sleep(0.25)
         if tty:
             done = progress.read_text().strip() if progress.is_file() else "0"
-            print(f"\rtiming a short sample of training: {done} updates, "
-                  f"{time.monotonic() - start:.0f} s", end="", file=sys.stderr, flush=True)
+            print(f"\r{what}: {done} updates, {time.monotonic() - start:.0f} s", end="",
+                  file=sys.stderr, flush=True)
     if tty:
         print(file=sys.stderr)
 
@@ -150,21 +155,36 @@ def machine() -> tuple[int, float]:
     return os.cpu_count() or 1, load
 
 
-def report(sample: Sample, epochs: list[tuple[int, int]], world: int, workers: int,
-           seconds: float) -> str:
-    """The estimate: ``epochs`` holds each run's (fewest, most) epochs to train."""
-    per_epoch = sample.epoch_seconds(world)
-    lo = makespan([sample.start + a * per_epoch for a, _ in epochs], workers)
-    hi = makespan([sample.start + b * per_epoch for _, b in epochs], workers)
-    fewest, most = min(a for a, _ in epochs), max(b for _, b in epochs)
-    side = "one run at a time" if workers == 1 else f"{workers} runs side by side"
-    threads = "1 thread" if sample.threads == 1 else f"{sample.threads} threads"
-    where = sample.cpu if sample.device == "cpu" else f"{sample.device} ({sample.cpu})"
-    shared = "" if world == 1 else f" (its batches shared by {world} devices)"
+def report(samples: dict[str, Sample], runs: list[tuple[str, int, int]], world: int,
+           workers: int, seconds: float) -> str:
+    """The estimate: ``samples`` by architecture, ``runs`` each run's (architecture, fewest,
+    most) epochs to train."""
+    first = next(iter(samples.values()))
+    threads = "1 thread" if first.threads == 1 else f"{first.threads} threads"
+    where = first.cpu if first.device == "cpu" else f"{first.device} ({first.cpu})"
     cores, load = machine()
-    lines = [
-        f"Estimated cost on this machine ({where}; {threads} a run; {cores} cores, load "
-        f"{load:.1f}):",
+    lines = [f"Estimated cost on this machine ({where}; {threads} a run; {cores} cores, load "
+             f"{load:.1f}):"]
+    for arch, sample in samples.items():
+        mine = [(a, b) for name, a, b in runs if name == arch]
+        lines += _sample_lines(sample, min(a for a, _ in mine), max(b for _, b in mine), world,
+                               seconds)
+    lo = makespan([samples[arch].run_seconds(a, world) for arch, a, _ in runs], workers)
+    hi = makespan([samples[arch].run_seconds(b, world) for arch, _, b in runs], workers)
+    side = "one run at a time" if workers == 1 else f"{workers} runs side by side"
+    lines.append(f"  the sweep:  {len(runs)} run{'s' if len(runs) > 1 else ''}, {side} ≈ "
+                 f"{_span(lo, hi, duration)}")
+    if load >= 1:
+        lines.append(f"Other processes ran (load {load:.1f} on {cores} cores): they slow the "
+                     "sample and the runs alike, so the estimate holds under a load like this.")
+    return "\n".join(lines)
+
+
+def _sample_lines(sample: Sample, fewest: int, most: int, world: int,
+                  seconds: float) -> list[str]:
+    """What one sample measured, and what an epoch and a run of its architecture cost."""
+    shared = "" if world == 1 else f" (its batches shared by {world} devices)"
+    return [
         f"  the sample: {duration(sample.wall)} in all (--sample-seconds {seconds:g}), "
         f"{sample.run}:",
         f"              a run's start {sample.start:.3g} s (Python, fairseq, the data, the model)",
@@ -173,16 +193,10 @@ def report(sample: Sample, epochs: list[tuple[int, int]], world: int, workers: i
         f"{sample.step:.3g} s an update",
         f"              an epoch's end (validation, checkpoint) {sample.epoch_end:.3g} s",
         f"  an epoch:   {sample.updates_per_epoch(world)} updates{shared} ≈ "
-        f"{duration(per_epoch)}",
+        f"{duration(sample.epoch_seconds(world))}",
         f"  a run:      {_span(fewest, most, str)} epochs ≈ "
-        f"{_span(sample.start + fewest * per_epoch, sample.start + most * per_epoch, duration)}"
-        " (its start included, its evaluation not)",
-        f"  the sweep:  {len(epochs)} run{'s' if len(epochs) > 1 else ''}, {side} ≈ "
-        f"{_span(lo, hi, duration)}"]
-    if load >= 1:
-        lines.append(f"Other processes ran (load {load:.1f} on {cores} cores): they slow the "
-                     "sample and the runs alike, so the estimate holds under a load like this.")
-    return "\n".join(lines)
+        f"{_span(sample.run_seconds(fewest, world), sample.run_seconds(most, world), duration)}"
+        " (its start included, its evaluation not)"]
 
 
 def _span(lo: float, hi: float, fmt: Callable[[float], str]) -> str:

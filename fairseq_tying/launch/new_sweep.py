@@ -21,8 +21,9 @@ YAML with comments: edit it before launching.
 The model is a ``--model`` preset (``tiny``: a smoke test of the whole path;
 ``small``: the studies'; ``iwslt``), each of its sizes overridden by ``--embed-dim``,
 ``--ffn-dim``, ``--layers``, ``--heads`` and ``--max-tokens``. Once the file is written, a
-short timed sample of its first run's training on the data dir estimates what an epoch, a run
-and the whole sweep cost on this machine (``launch/cost.py``; ``--no-estimate`` skips it).
+short timed sample of training (the first run of each family) on the data dir estimates what an
+epoch, a run and the whole sweep cost on this machine (``launch/cost.py``; ``--no-estimate``
+skips it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from fairseq_tying.common.atomic import write_text
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.output_layers import BASELINE, OUTPUT_LAYERS
 from fairseq_tying.launch import cost
-from fairseq_tying.sweeps.config import Sweep, SweepError, load_sweep
+from fairseq_tying.sweeps.config import Run, Sweep, SweepError, load_sweep
 from fairseq_tying.sweeps.plateau import Plateau, stop_epoch
 
 FAMILIES = {"transformer": "transformer_twwt", "dynamicconv": "dynamicconv_twwt"}
@@ -364,17 +365,20 @@ def run(argv: list[str]) -> int:
     return estimate(args)
 
 
-def run_epochs(args: argparse.Namespace, sweep: Sweep) -> list[tuple[int, int]]:
-    """Each run's (fewest, most) epochs to train: a pilot's from the plateau rule's earliest
-    stop to its cap; a budget's less the epochs a pilot run it goes on from has trained."""
+def run_epochs(args: argparse.Namespace, sweep: Sweep) -> list[tuple[str, int, int]]:
+    """Each run's architecture and (fewest, most) epochs to train: a pilot's from the plateau
+    rule's earliest stop to its cap; a budget's less the epochs a pilot run it goes on from has
+    trained."""
     if args.pilot:
-        return [(Plateau(**r.stopping).earliest_stop, args.max_epochs) for r in sweep.runs]
+        return [(r.arch, Plateau(**r.stopping).earliest_stop, args.max_epochs)
+                for r in sweep.runs]
     done = getattr(args, "pilot_epochs", {})
-    return [(args.epochs - done.get(r.name, 0),) * 2 for r in sweep.runs]
+    return [(r.arch, *(args.epochs - done.get(r.name, 0),) * 2) for r in sweep.runs]
 
 
 def estimate(args: argparse.Namespace) -> int:
-    """Time a sample of the written sweep's first run and print what the sweep costs."""
+    """Time a sample of the first run of each architecture of the written sweep and print
+    what the sweep costs."""
     try:
         sweep = load_sweep(args.out)  # the data checked now: the sample trains on it
     except SweepError as err:
@@ -385,12 +389,16 @@ def estimate(args: argparse.Namespace) -> int:
         print(f"no estimate: --gpus {args.gpus} runs train on GPUs and this machine has none "
               "to time them on; run new-sweep where they will train (or give --no-estimate)")
         return 0
+    firsts: dict[str, Run] = {}
+    for run in sweep.runs:
+        firsts.setdefault(run.arch, run)
     try:
-        sample = cost.time_sample(sweep, args.sample_seconds)
+        samples = {arch: cost.time_sample(run, args.sample_seconds)
+                   for arch, run in firsts.items()}
     except cost.CostError as err:
         print(f"error: new-sweep: {args.out} is written, but {err}\n(--no-estimate skips the "
               "sample)", file=sys.stderr)
         return 1
-    print(cost.report(sample, run_epochs(args, sweep), sweep.resources.world_size,
+    print(cost.report(samples, run_epochs(args, sweep), sweep.resources.world_size,
                       args.workers, args.sample_seconds))
     return 0
