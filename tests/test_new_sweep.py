@@ -267,3 +267,14 @@ def test_each_architecture_is_priced_at_its_own_sample():
     assert "5 updates (its batches shared by 2 devices) ≈ 2 s" in pilot
     assert "a run:      5 to 100 epochs ≈ 15 s to 3 min 25 s" in pilot
     assert "the sweep:  3 runs, one run at a time ≈ 45 s to 10 min 15 s" in pilot
+
+
+@pytest.mark.slow
+def test_a_sample_that_cannot_train_names_fairseqs_error(tmp_path, capsys):
+    data = build_tiny_data(tmp_path / "tiny")
+    # a batch of 3 tokens holds no sentence of the tiny data: fairseq skips them all
+    assert launch_main(["new-sweep", "--data", str(data), "--out", str(tmp_path / "s.yaml"),
+                        "--model", "tiny", "--epochs", "6", "--max-tokens", "3"]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 's.yaml'} is written, but the timed sample of training failed" in err
+    assert "Try increasing the max number of allowed tokens" in err and "--no-estimate" in err
