@@ -255,14 +255,18 @@ def test_each_architecture_is_priced_at_its_own_sample():
     samples = {"transformer_twwt": _measured("d.transformer_twwt.none.dot.s1", 0.2),
                "dynamicconv_twwt": _measured("d.dynamicconv_twwt.none.dot.s1", 0.5)}
     runs = [("transformer_twwt", 4, 4)] * 2 + [("dynamicconv_twwt", 4, 4)] * 2
-    text = cost.report(samples, runs, world=1, workers=2, seconds=5)
+    text = cost.report(samples, runs, world=1, workers=2, seconds=5, busy=(2, 0.3))
+    assert text.startswith("Estimated cost on this machine (a processor; 1 thread a run; 2 "
+                           "cores, load 0.3):") and "Other processes" not in text
     # an epoch: 10 updates x 0.2 s + 1 s = 3 s, a run 5 s + 4 x 3 s = 17 s; DynamicConv 6 s, 29 s
     assert "an epoch:   10 updates ≈ 3 s\n  a run:      4 epochs ≈ 17 s" in text
     assert "an epoch:   10 updates ≈ 6 s\n  a run:      4 epochs ≈ 29 s" in text
     # two workers: 17 and 17 side by side, then 29 and 29
     assert "the sweep:  4 runs, 2 runs side by side ≈ 46 s" in text
     pilot = cost.report({"transformer_twwt": samples["transformer_twwt"]},
-                        [("transformer_twwt", 5, 100)] * 3, world=2, workers=1, seconds=5)
+                        [("transformer_twwt", 5, 100)] * 3, world=2, workers=1, seconds=5,
+                        busy=(2, 3.5))
+    assert "Other processes ran (load 3.5 on 2 cores)" in pilot
     # two devices share an epoch's 10 batches: 5 updates of 0.2 s, and the epoch's end
     assert "5 updates (its batches shared by 2 devices) ≈ 2 s" in pilot
     assert "a run:      5 to 100 epochs ≈ 15 s to 3 min 25 s" in pilot

@@ -101,9 +101,9 @@ def time_sample(run: Run, seconds: float, show: bool = True) -> Sample:
             raise CostError("the timed sample of training failed (exit status "
                             f"{proc.returncode}); fairseq's log ends:\n  " + "\n  ".join(tail))
         facts = json.loads(result.read_text())
-    if not facts["step_seconds"]:
-        raise CostError(f"the run trained {facts['updates']} updates in all, too few to time "
-                        f"after {WARMUP} of warm-up")
+    if not facts["step_seconds"] or not facts["epoch_end_seconds"]:
+        raise CostError(f"the run trained {facts['updates']} updates in all (its whole "
+                        f"budget), too few to time after {WARMUP} of warm-up")
     measured = {k: facts[k] for k in ("step_seconds", "epoch_end_seconds", "batches",
                                       "update_freq", "warmup", "updates", "device", "cpu",
                                       "threads")}
@@ -150,19 +150,20 @@ def makespan(durations: list[float], workers: int) -> float:
 
 
 def machine() -> tuple[int, float]:
-    """This machine's cores and load (the last minute's), which the times depend on."""
+    """This machine's cores and load (the last minute's), which the times depend on: read
+    before the sample, whose own process would count in it."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     return os.cpu_count() or 1, load
 
 
 def report(samples: dict[str, Sample], runs: list[tuple[str, int, int]], world: int,
-           workers: int, seconds: float) -> str:
+           workers: int, seconds: float, busy: tuple[int, float]) -> str:
     """The estimate: ``samples`` by architecture, ``runs`` each run's (architecture, fewest,
-    most) epochs to train."""
+    most) epochs to train, ``busy`` the machine's cores and load before the samples."""
     first = next(iter(samples.values()))
     threads = "1 thread" if first.threads == 1 else f"{first.threads} threads"
     where = first.cpu if first.device == "cpu" else f"{first.device} ({first.cpu})"
-    cores, load = machine()
+    cores, load = busy
     lines = [f"Estimated cost on this machine ({where}; {threads} a run; {cores} cores, load "
              f"{load:.1f}):"]
     for arch, sample in samples.items():

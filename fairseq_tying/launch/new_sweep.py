@@ -392,6 +392,7 @@ def estimate(args: argparse.Namespace) -> int:
     firsts: dict[str, Run] = {}
     for run in sweep.runs:
         firsts.setdefault(run.arch, run)
+    busy = cost.machine()
     try:
         samples = {arch: cost.time_sample(run, args.sample_seconds)
                    for arch, run in firsts.items()}
@@ -400,5 +401,5 @@ def estimate(args: argparse.Namespace) -> int:
               "sample)", file=sys.stderr)
         return 1
     print(cost.report(samples, run_epochs(args, sweep), sweep.resources.world_size,
-                      args.workers, args.sample_seconds))
+                      args.workers, args.sample_seconds, busy))
     return 0
