@@ -142,6 +142,7 @@ def test_the_size_flags_override_the_preset_and_reach_the_file(tmp_path, data):
     assert _new(tmp_path, data, "--epochs", "9", "--model", "small", "--embed-dim", "256",
                 "--layers", "3", "--max-tokens", "2000") == 0
     text = (tmp_path / "s.yaml").read_text()
+    assert "--local --workers N" in text  # no --workers given: the file leaves it to you
     assert ("# Model:   --model small, --embed-dim 256, --layers 3, --max-tokens 2000: 3+3 "
             "layers, width 256, feed-forward 1024, 4 heads, 2000 tokens a batch") in text
     args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
@@ -213,6 +214,7 @@ def test_the_estimate_times_a_sample_and_multiplies_it_out(tmp_path, capsys, mon
                         "--sample-seconds", "1"]) == 0
     took = time.monotonic() - started
     text = capsys.readouterr().out
+    assert "launch THIS_FILE --local --workers 2" in out.read_text()
     wall, start = _number(r"the sample: (.+?) in all .*\n.*a run's start ([\d.]+) s", text)
     wall, start = _seconds(wall), float(start)
     timed, seconds, warmup, step = _number(r"(\d+) updates timed in ([\d.]+) s after (\d+) of "

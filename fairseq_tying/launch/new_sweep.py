@@ -146,7 +146,7 @@ def render(args: argparse.Namespace, prep: dict) -> str:
 #   python -m fairseq_tying.launch new-sweep {' '.join(args.argv)}
 # {what}
 # Model:   {model_line(args, model)}
-# Train:   python -m fairseq_tying.launch THIS_FILE --local --workers {args.workers}
+# Train:   python -m fairseq_tying.launch THIS_FILE --local --workers {args.workers or 'N'}
 #          (on SLURM: no --local)
 # Answer:  python -m fairseq_tying.studies answer THIS_FILE
 name: {args.name}
@@ -189,12 +189,9 @@ batch:
 
 def check_model(args: argparse.Namespace) -> None:
     """Refuse sizes fairseq cannot build: a count below one, a width the heads do not divide."""
-    for flag in ("embed_dim", "ffn_dim", "layers", "heads", "max_tokens", "workers"):
+    for flag in ("embed_dim", "ffn_dim", "layers", "heads", "max_tokens"):
         if (value := getattr(args, flag)) is not None and value < 1:
             raise NewSweepError(f"--{flag.replace('_', '-')} {value}: at least 1")
-    if args.sample_seconds <= 0:
-        raise NewSweepError(f"--sample-seconds {args.sample_seconds:g}: a positive time (or "
-                            "--no-estimate)")
     model = model_of(args)
     width, heads = model["embed_dim"], model["attention_heads"]
     if width % heads:
@@ -232,6 +229,11 @@ def check(args: argparse.Namespace) -> None:
     if args.lr is not None and not args.lr > 0:
         raise NewSweepError(f"--lr {args.lr}: a learning rate is positive")
     check_model(args)
+    if args.workers is not None and args.workers < 1:
+        raise NewSweepError(f"--workers {args.workers}: at least 1")
+    if args.sample_seconds <= 0:
+        raise NewSweepError(f"--sample-seconds {args.sample_seconds:g}: a positive time (or "
+                            "--no-estimate)")
     if args.epochs is not None and args.epochs < args.average_last:
         raise NewSweepError(f"--epochs {args.epochs}: fewer than --average-last "
                             f"{args.average_last} epoch checkpoints to average")
@@ -336,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--sample-seconds", type=float, default=5, metavar="S",
                      help="seconds of updates timed after the warm-up (default 5; at least 5 "
                      "updates, whatever their time)")
-    est.add_argument("--workers", type=int, default=1, metavar="N",
+    est.add_argument("--workers", type=int, metavar="N",
                      help="runs you will train side by side (launch --local --workers N): the "
                      "sweep's time divides by them, if this machine has a core for each "
                      "(default 1; written into the file's command)")
@@ -359,7 +361,7 @@ def run(argv: list[str]) -> int:
         return 2
     write_text(args.out, render(args, prep))
     print(f"wrote {args.out}; train: python -m fairseq_tying.launch {args.out} --local"
-          + (f" --workers {args.workers}" if args.workers > 1 else ""), flush=True)
+          + (f" --workers {args.workers}" if args.workers else ""), flush=True)
     if args.no_estimate:
         return 0
     return estimate(args)
@@ -401,5 +403,5 @@ def estimate(args: argparse.Namespace) -> int:
               "sample)", file=sys.stderr)
         return 1
     print(cost.report(samples, run_epochs(args, sweep), sweep.resources.world_size,
-                      args.workers, args.sample_seconds, busy))
+                      args.workers or 1, args.sample_seconds, busy))
     return 0
