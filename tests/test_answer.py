@@ -47,7 +47,7 @@ def answered(tmp_path_factory) -> dict:
     run_module("fairseq_tying.launch", "new-sweep", "--data", data, "--out", sweep,
                "--model", "tiny", "--tying", "none", "three_way", "--output-layers", "dot",
                "--seeds", *SEEDS, "--epochs", "2", "--average-last", "2",
-               "--output-dir", root / "runs")
+               "--output-dir", root / "runs", "--no-estimate")  # test_new_sweep times one
     launch(str(sweep), "--local", "--workers", "2")
     done = run_module("fairseq_tying.studies", "answer", sweep, "--out", root / "answer")
     return {"root": root, "sweep": sweep, "data": data, "stdout": done.stdout,

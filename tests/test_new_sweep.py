@@ -4,13 +4,20 @@ launcher expands it, and its refusals before anything is written."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from fairseq_tying.common import PLUGIN_DIR
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS
+from fairseq_tying.launch import cost
 from fairseq_tying.launch.__main__ import main as launch_main
 from fairseq_tying.sweeps.config import load_sweep
+from tests.helpers import build_tiny_data, run_cli
 
 
 @pytest.fixture
@@ -22,8 +29,9 @@ def data(tmp_path) -> Path:
 
 
 def _new(tmp_path: Path, data: Path, *flags: str) -> int:
+    """new-sweep without its estimate (the data dir of these tests holds no binarized data)."""
     return launch_main(["new-sweep", "--data", str(data), "--out", str(tmp_path / "s.yaml"),
-                        *flags])
+                        "--no-estimate", *flags])
 
 
 def test_the_default_grid_is_the_tying_table_and_every_layer_with_three_seeds(tmp_path, data):
@@ -72,7 +80,7 @@ def test_the_budget_is_the_latest_stop_of_every_cells_pilot(tmp_path, data, caps
     cells = ["--tying", "none", "three_way", "--output-layers", "dot", "l2norm"]
     pilot_yaml, pilot_dir = tmp_path / "pilot.yaml", tmp_path / "pilot_runs"
     assert launch_main(["new-sweep", "--data", str(data), "--out", str(pilot_yaml), "--pilot",
-                        "--output-dir", str(pilot_dir), *cells]) == 0
+                        "--output-dir", str(pilot_dir), "--no-estimate", *cells]) == 0
     runs = load_sweep(pilot_yaml, check_data=False).runs
     _finish(runs[0].run_dir, 9)
     assert _new(tmp_path, data, "--budget-from", str(pilot_yaml), *cells) == 2
@@ -124,3 +132,155 @@ def test_an_existing_file_and_a_missing_preparation_are_refused(tmp_path, data, 
     assert "--out" in capsys.readouterr().err and (tmp_path / "s.yaml").read_text() == "mine\n"
     assert _new(tmp_path, tmp_path / "nothing", "--epochs", "9", "--force") == 2
     assert "python -m fairseq_tying.data.prepare" in capsys.readouterr().err
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_the_size_flags_override_the_preset_and_reach_the_file(tmp_path, data):
+    assert _new(tmp_path, data, "--epochs", "9", "--model", "small", "--embed-dim", "256",
+                "--layers", "3", "--max-tokens", "2000") == 0
+    text = (tmp_path / "s.yaml").read_text()
+    assert "--local --workers N" in text  # no --workers given: the file leaves it to you
+    assert ("# Model:   --model small, --embed-dim 256, --layers 3, --max-tokens 2000: 3+3 "
+            "layers, width 256, feed-forward 1024, 4 heads, 2000 tokens a batch") in text
+    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
+    for side in ("encoder", "decoder"):  # the feed-forward follows the width: small's 4 times
+        assert _flag(args, f"--{side}-embed-dim") == "256"
+        assert _flag(args, f"--{side}-ffn-embed-dim") == "1024"
+        assert _flag(args, f"--{side}-layers") == "3"
+        assert _flag(args, f"--{side}-attention-heads") == "4"
+    assert _flag(args, "--max-tokens") == "2000" and _flag(args, "--lr") == "0.003"
+    assert _new(tmp_path, data, "--epochs", "9", "--model", "tiny", "--embed-dim", "24",
+                "--ffn-dim", "40", "--heads", "3", "--force") == 0
+    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
+    assert [_flag(args, f) for f in ("--decoder-embed-dim", "--decoder-ffn-embed-dim",
+                                     "--decoder-attention-heads", "--decoder-layers",
+                                     "--max-tokens")] == ["24", "40", "3", "1", "400"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--embed-dim", "30"], "--embed-dim 30: a width of 30 does not split into 4 attention "
+     "heads (--model small has 4); give --heads dividing it (1, 2, 3, 5, 6, 10, 15)"),
+    (["--heads", "3"], "--heads 3: a width of 128 does not split into 3 attention heads"),
+    (["--model", "tiny", "--embed-dim", "20", "--heads", "8"],
+     "--embed-dim 20 --heads 8: a width of 20 does not split into 8"),
+    (["--layers", "0"], "--layers 0: at least 1"),
+    (["--max-tokens", "-5"], "--max-tokens -5: at least 1"),
+    (["--workers", "0"], "--workers 0: at least 1"),
+])
+def test_a_size_fairseq_cannot_build_is_refused_by_name(tmp_path, data, capsys, flags,
+                                                         message):
+    assert _new(tmp_path, data, "--epochs", "9", *flags) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "s.yaml").exists()
+
+
+def test_the_help_documents_the_smoke_test_model(capsys):
+    with pytest.raises(SystemExit):
+        launch_main(["new-sweep", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tiny: 1+1 layers of width 16, 400 tokens a batch (a smoke test" in out
+    assert "--no-estimate" in out and "--sample-seconds" in out and "--embed-dim" in out
+
+
+def _number(pattern: str, text: str) -> list[str]:
+    found = re.search(pattern, text)
+    assert found, f"{pattern!r} not in:\n{text}"
+    return list(found.groups())
+
+
+def _seconds(text: str) -> float:
+    """``4.37 s``, ``3 min 28 s``, ``2 h 05 min`` in seconds."""
+    if m := re.fullmatch(r"(\d+) h (\d+) min", text):
+        return 3600 * int(m[1]) + 60 * int(m[2])
+    if m := re.fullmatch(r"(\d+) min (\d+) s", text):
+        return 60 * int(m[1]) + int(m[2])
+    return float(text.removesuffix(" s"))
+
+
+@pytest.mark.slow
+def test_the_estimate_times_a_sample_and_multiplies_it_out(tmp_path, capsys, monkeypatch):
+    data = build_tiny_data(tmp_path / "tiny")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the sample's save dir
+    (tmp_path / "tmp").mkdir()
+    out = tmp_path / "s.yaml"
+    started = time.monotonic()
+    assert launch_main(["new-sweep", "--data", str(data), "--out", str(out), "--model", "tiny",
+                        "--epochs", "6", "--tying", "none", "three_way", "--output-layers",
+                        "dot", "l2norm", "--seeds", "1", "--workers", "2",
+                        "--sample-seconds", "1"]) == 0
+    took = time.monotonic() - started
+    text = capsys.readouterr().out
+    assert "launch THIS_FILE --local --workers 2" in out.read_text()
+    wall, start = _number(r"the sample: (.+?) in all .*\n.*a run's start ([\d.]+) s", text)
+    wall, start = _seconds(wall), float(start)
+    timed, seconds, warmup, step = _number(r"(\d+) updates timed in ([\d.]+) s after (\d+) of "
+                                           r"warm-up: ([\d.e-]+) s an update", text)
+    end = float(_number(r"an epoch's end \(validation, checkpoint\) ([\d.e-]+) s", text)[0])
+    updates, epoch = _number(r"an epoch: +(\d+) updates ≈ (.+)\n", text)
+    run, = _number(r"a run: +6 epochs ≈ (.+) \(its start included", text)
+    sweep, = _number(r"the sweep: +3 runs, 2 runs side by side ≈ (.+)\n", text)
+    # the printed numbers are the sample's, multiplied out (each printed to 3 digits)
+    assert int(timed) >= 5 and int(warmup) == 3 and float(seconds) >= 1
+    assert float(step) == pytest.approx(float(seconds) / int(timed), rel=0.01)
+    assert _seconds(epoch) == pytest.approx(int(updates) * float(step) + end, rel=0.01)
+    assert _seconds(run) == pytest.approx(start + 6 * _seconds(epoch), rel=0.01)
+    assert _seconds(sweep) == pytest.approx(2 * _seconds(run), rel=0.01, abs=1)  # 2 then 1
+    assert start + float(seconds) < wall < took + 0.1  # the sample's wall printed to 3 digits
+    assert "Intel" in text or "AMD" in text or "processor" in text
+    # an epoch's updates are those fairseq-train counts when it trains one on the run's command
+    args = load_sweep(out).runs[0].train_args
+    args[args.index("--max-epoch") + 1] = "1"
+    log = run_cli("fairseq-train", data / "bin", "--user-dir", PLUGIN_DIR, "--save-dir",
+                  tmp_path / "one_epoch", "--log-interval", "1", "--disable-validation",
+                  "--no-save", *args).stdout
+    counted = re.findall(r'"train_num_updates": "(\d+)"', log)  # the epoch's JSON line
+    assert counted == [updates]
+    # no checkpoint left in the user's folders, nor in the temporary one
+    shutil.rmtree(tmp_path / "one_epoch", ignore_errors=True)
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert set(after) - set(before) == {Path("tmp"), Path("s.yaml")}
+
+
+def _measured(run: str, step: float, start: float = 5.0) -> cost.Sample:
+    """What a sample of ``run`` would report: 10 batches an epoch, ``step`` s an update (the
+    mean of two), an epoch's end of 1 s."""
+    return cost.Sample(run=run, step_seconds=[step / 2, 3 * step / 2], epoch_end_seconds=[1.0],
+                       batches=10, update_freq=1, warmup=3, updates=5, device="cpu",
+                       cpu="a processor", threads=1, start=start, wall=9.0)
+
+
+def test_each_architecture_is_priced_at_its_own_sample():
+    samples = {"transformer_twwt": _measured("d.transformer_twwt.none.dot.s1", 0.2),
+               "dynamicconv_twwt": _measured("d.dynamicconv_twwt.none.dot.s1", 0.5)}
+    runs = [("transformer_twwt", 4, 4)] * 2 + [("dynamicconv_twwt", 4, 4)] * 2
+    text = cost.report(samples, runs, world=1, workers=2, seconds=5, busy=(2, 0.3))
+    assert text.startswith("Estimated cost on this machine (a processor; 1 thread a run; 2 "
+                           "cores, load 0.3):") and "Other processes" not in text
+    # an epoch: 10 updates x 0.2 s + 1 s = 3 s, a run 5 s + 4 x 3 s = 17 s; DynamicConv 6 s, 29 s
+    assert "an epoch:   10 updates ≈ 3 s\n  a run:      4 epochs ≈ 17 s" in text
+    assert "an epoch:   10 updates ≈ 6 s\n  a run:      4 epochs ≈ 29 s" in text
+    # two workers: 17 and 17 side by side, then 29 and 29
+    assert "the sweep:  4 runs, 2 runs side by side ≈ 46 s" in text
+    pilot = cost.report({"transformer_twwt": samples["transformer_twwt"]},
+                        [("transformer_twwt", 5, 100)] * 3, world=2, workers=1, seconds=5,
+                        busy=(2, 3.5))
+    assert "Other processes ran (load 3.5 on 2 cores)" in pilot
+    # two devices share an epoch's 10 batches: 5 updates of 0.2 s, and the epoch's end
+    assert "5 updates (its batches shared by 2 devices) ≈ 2 s" in pilot
+    assert "a run:      5 to 100 epochs ≈ 15 s to 3 min 25 s" in pilot
+    assert "the sweep:  3 runs, one run at a time ≈ 45 s to 10 min 15 s" in pilot
+
+
+@pytest.mark.slow
+def test_a_sample_that_cannot_train_names_fairseqs_error(tmp_path, capsys):
+    data = build_tiny_data(tmp_path / "tiny")
+    # a batch of 3 tokens holds no sentence of the tiny data: fairseq skips them all
+    assert launch_main(["new-sweep", "--data", str(data), "--out", str(tmp_path / "s.yaml"),
+                        "--model", "tiny", "--epochs", "6", "--max-tokens", "3"]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 's.yaml'} is written, but the timed sample of training failed" in err
+    assert "Try increasing the max number of allowed tokens" in err and "--no-estimate" in err

@@ -17,6 +17,13 @@ baseline's. ``--budget-from PILOT.yaml`` reads that budget from the finished pil
 pilot's runs go on from their checkpoints (``continue_from:``; the learning-rate schedule does
 not depend on the budget). The file is plain
 YAML with comments: edit it before launching.
+
+The model is a ``--model`` preset (``tiny``: a smoke test of the whole path;
+``small``: the studies'; ``iwslt``), each of its sizes overridden by ``--embed-dim``,
+``--ffn-dim``, ``--layers``, ``--heads`` and ``--max-tokens``. Once the file is written, a
+short timed sample of training (the first run of each family) on the data dir estimates what an
+epoch, a run and the whole sweep cost on this machine (``launch/cost.py``; ``--no-estimate``
+skips it).
 """
 
 from __future__ import annotations
@@ -26,11 +33,14 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from fairseq_tying.common.atomic import write_text
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.output_layers import BASELINE, OUTPUT_LAYERS
-from fairseq_tying.sweeps.config import SweepError, load_sweep
-from fairseq_tying.sweeps.plateau import stop_epoch
+from fairseq_tying.launch import cost
+from fairseq_tying.sweeps.config import Run, Sweep, SweepError, load_sweep
+from fairseq_tying.sweeps.plateau import Plateau, stop_epoch
 
 FAMILIES = {"transformer": "transformer_twwt", "dynamicconv": "dynamicconv_twwt"}
 TIED = "three_way"  # the tying mode every output layer is compared under
@@ -44,6 +54,9 @@ MODELS = {
               "dropout": 0.3, "lr": 0.0005, "warmup_updates": 4000, "max_tokens": 4096},
 }
 PILOT = {"patience": 3, "min_gain": 0.005}  # the converged study's plateau rule
+# the flags that override a preset's size: (flag, its key in MODELS)
+SIZE_FLAGS = (("embed_dim", "embed_dim"), ("ffn_dim", "ffn_embed_dim"), ("layers", "layers"),
+              ("heads", "attention_heads"), ("max_tokens", "max_tokens"))
 
 
 class NewSweepError(ValueError):
@@ -69,9 +82,32 @@ def _flow(values: list) -> str:
     return "[" + ", ".join(str(v) for v in values) + "]"
 
 
+def model_of(args: argparse.Namespace) -> dict:
+    """The ``--model`` preset with the sizes given on the command line; a new width keeps the
+    preset's ratio of feed-forward to width unless ``--ffn-dim`` is given."""
+    model = dict(MODELS[args.model])
+    if args.embed_dim is not None and args.ffn_dim is None:
+        ratio = model["ffn_embed_dim"] // model["embed_dim"]
+        model["ffn_embed_dim"] = ratio * args.embed_dim
+    for flag, key in SIZE_FLAGS:
+        if getattr(args, flag) is not None:
+            model[key] = getattr(args, flag)
+    return model
+
+
+def model_line(args: argparse.Namespace, model: dict) -> str:
+    """``--model small, --embed-dim 256: 2+2 layers, width 256, feed-forward 1024, 4 heads,
+    4096 tokens a batch``, for the file's header."""
+    given = "".join(f", --{flag.replace('_', '-')} {getattr(args, flag)}"
+                    for flag, _ in SIZE_FLAGS if getattr(args, flag) is not None)
+    return (f"--model {args.model}{given}: {model['layers']}+{model['layers']} layers, width "
+            f"{model['embed_dim']}, feed-forward {model['ffn_embed_dim']}, "
+            f"{model['attention_heads']} heads, {model['max_tokens']} tokens a batch")
+
+
 def render(args: argparse.Namespace, prep: dict) -> str:
     """The sweep file's text."""
-    model = MODELS[args.model]
+    model = model_of(args)
     dataset = args.dataset
     blocks = grid_blocks(args.families, args.tying, args.output_layers,
                          args.seeds[:1] if args.pilot else args.seeds)
@@ -109,7 +145,9 @@ def render(args: argparse.Namespace, prep: dict) -> str:
     return f"""# {args.name}: tying and output layer on {dataset} ({src}->{tgt}); written by
 #   python -m fairseq_tying.launch new-sweep {' '.join(args.argv)}
 # {what}
-# Train:   python -m fairseq_tying.launch THIS_FILE --local --workers N   (or on SLURM: no --local)
+# Model:   {model_line(args, model)}
+# Train:   python -m fairseq_tying.launch THIS_FILE --local --workers {args.workers or 'N'}
+#          (on SLURM: no --local)
 # Answer:  python -m fairseq_tying.studies answer THIS_FILE
 name: {args.name}
 output_dir: {args.output_dir}
@@ -149,6 +187,23 @@ batch:
 """
 
 
+def check_model(args: argparse.Namespace) -> None:
+    """Refuse sizes fairseq cannot build: a count below one, a width the heads do not divide."""
+    for flag in ("embed_dim", "ffn_dim", "layers", "heads", "max_tokens"):
+        if (value := getattr(args, flag)) is not None and value < 1:
+            raise NewSweepError(f"--{flag.replace('_', '-')} {value}: at least 1")
+    model = model_of(args)
+    width, heads = model["embed_dim"], model["attention_heads"]
+    if width % heads:
+        fits = [h for h in range(1, min(width, 16) + 1) if width % h == 0]
+        given = " ".join(f"--{f.replace('_', '-')} {getattr(args, f)}"
+                         for f in ("embed_dim", "heads") if getattr(args, f) is not None)
+        raise NewSweepError(f"{given}: a width of {width} does not split into {heads} "
+                            f"attention heads (--model {args.model} has "
+                            f"{MODELS[args.model]['attention_heads']}); give --heads dividing "
+                            f"it ({', '.join(map(str, fits))}) or a width that {heads} divides")
+
+
 def read_prep(data: Path) -> dict:
     """The data dir's prep.json (a translation pair), or a NewSweepError saying how to make
     one."""
@@ -173,6 +228,12 @@ def check(args: argparse.Namespace) -> None:
                             "--epochs E (a budget of your own)")
     if args.lr is not None and not args.lr > 0:
         raise NewSweepError(f"--lr {args.lr}: a learning rate is positive")
+    check_model(args)
+    if args.workers is not None and args.workers < 1:
+        raise NewSweepError(f"--workers {args.workers}: at least 1")
+    if args.sample_seconds <= 0:
+        raise NewSweepError(f"--sample-seconds {args.sample_seconds:g}: a positive time (or "
+                            "--no-estimate)")
     if args.epochs is not None and args.epochs < args.average_last:
         raise NewSweepError(f"--epochs {args.epochs}: fewer than --average-last "
                             f"{args.average_last} epoch checkpoints to average")
@@ -213,6 +274,7 @@ def read_pilot(args: argparse.Namespace) -> None:
                             + ", ".join(unfinished) + f"; train it first: python -m "
                             f"fairseq_tying.launch {args.budget_from} --local")
     args.epochs = max(stops.values())
+    args.pilot_epochs = stops
     args.pilot_dir = pilot.output_dir
     args.pilot_stops = ", ".join(f"{name.split('.', 2)[-1]} {epoch}"
                                  for name, epoch in stops.items())
@@ -250,13 +312,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--average-last", type=int, default=5,
                    help="epoch checkpoints averaged into the scored model (default 5)")
     p.add_argument("--model", choices=list(MODELS), default="small",
-                   help="tiny: 1 layer of 16 (a smoke test); small: 2 layers of 128 (the "
-                   "studies'); iwslt: fairseq's transformer_iwslt_de_en sizes")
+                   help="tiny: 1+1 layers of width 16, 400 tokens a batch (a smoke test of "
+                   "the whole path, fast; its scores answer nothing); small: 2+2 layers of "
+                   "128 (the studies', default); iwslt: fairseq's transformer_iwslt_de_en "
+                   "sizes (6+6 layers of 512)")
+    size = p.add_argument_group("the model's size (each overrides the --model preset's)")
+    size.add_argument("--embed-dim", type=int, metavar="D",
+                      help="the width: embeddings and hidden states, encoder and decoder")
+    size.add_argument("--ffn-dim", type=int, metavar="F",
+                      help="the feed-forward layers' width (default: --embed-dim times the "
+                      "preset's ratio: 2 for tiny and iwslt, 4 for small)")
+    size.add_argument("--layers", type=int, metavar="L", help="encoder and decoder layers each")
+    size.add_argument("--heads", type=int, metavar="H",
+                      help="attention heads; they must divide the width")
+    size.add_argument("--max-tokens", type=int, metavar="T",
+                      help="tokens in a batch (an update: update_freq 1)")
     p.add_argument("--lr", type=float,
                    help="the peak learning rate (default: the --model's, e.g. 0.003 for small)")
     p.add_argument("--gpus", type=int, default=0,
                    help="GPUs per run (fp16 on SLURM); 0: a CPU run (default)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
+    est = p.add_argument_group("the cost estimate (printed once the file is written)")
+    est.add_argument("--no-estimate", action="store_true",
+                     help="skip the timed sample of training and its estimate")
+    est.add_argument("--sample-seconds", type=float, default=5, metavar="S",
+                     help="seconds of updates timed after the warm-up (default 5; at least 5 "
+                     "updates, whatever their time)")
+    est.add_argument("--workers", type=int, metavar="N",
+                     help="runs you will train side by side (launch --local --workers N): the "
+                     "sweep's time divides by them, if this machine has a core for each "
+                     "(default 1; written into the file's command)")
     return p
 
 
@@ -275,5 +360,48 @@ def run(argv: list[str]) -> int:
         print(f"error: new-sweep: {err}", file=sys.stderr)
         return 2
     write_text(args.out, render(args, prep))
-    print(f"wrote {args.out}; train: python -m fairseq_tying.launch {args.out} --local")
+    print(f"wrote {args.out}; train: python -m fairseq_tying.launch {args.out} --local"
+          + (f" --workers {args.workers}" if args.workers else ""), flush=True)
+    if args.no_estimate:
+        return 0
+    return estimate(args)
+
+
+def run_epochs(args: argparse.Namespace, sweep: Sweep) -> list[tuple[str, int, int]]:
+    """Each run's architecture and (fewest, most) epochs to train: a pilot's from the plateau
+    rule's earliest stop to its cap; a budget's less the epochs a pilot run it goes on from has
+    trained."""
+    if args.pilot:
+        return [(r.arch, Plateau(**r.stopping).earliest_stop, args.max_epochs)
+                for r in sweep.runs]
+    done = getattr(args, "pilot_epochs", {})
+    return [(r.arch, *(args.epochs - done.get(r.name, 0),) * 2) for r in sweep.runs]
+
+
+def estimate(args: argparse.Namespace) -> int:
+    """Time a sample of the first run of each architecture of the written sweep and print
+    what the sweep costs."""
+    try:
+        sweep = load_sweep(args.out)  # the data checked now: the sample trains on it
+    except SweepError as err:
+        print(f"error: new-sweep: {args.out} is written, but its runs cannot train: {err}",
+              file=sys.stderr)
+        return 1
+    if sweep.resources.gpu and not torch.cuda.is_available():
+        print(f"no estimate: --gpus {args.gpus} runs train on GPUs and this machine has none "
+              "to time them on; run new-sweep where they will train (or give --no-estimate)")
+        return 0
+    firsts: dict[str, Run] = {}
+    for run in sweep.runs:
+        firsts.setdefault(run.arch, run)
+    busy = cost.machine()
+    try:
+        samples = {arch: cost.time_sample(run, args.sample_seconds)
+                   for arch, run in firsts.items()}
+    except cost.CostError as err:
+        print(f"error: new-sweep: {args.out} is written, but {err}\n(--no-estimate skips the "
+              "sample)", file=sys.stderr)
+        return 1
+    print(cost.report(samples, run_epochs(args, sweep), sweep.resources.world_size,
+                      args.workers or 1, args.sample_seconds, busy))
     return 0
