@@ -284,3 +284,26 @@ def test_a_sample_that_cannot_train_names_fairseqs_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{tmp_path / 's.yaml'} is written, but the timed sample of training failed" in err
     assert "Try increasing the max number of allowed tokens" in err and "--no-estimate" in err
+
+
+def test_it_says_what_its_seeds_can_show_from_the_committed_study(tmp_path, data, capsys):
+    """The spread it assumes is the median sd of the equal-training study's per-seed claim
+    differences; with 3 seeds: statsmodels' detectable effect × that sd."""
+    import numpy as np
+    from statsmodels.stats.power import TTestPower
+
+    from fairseq_tying.launch.new_sweep import TYPICAL_SD
+    from fairseq_tying.studies.statistics.stats import seeds_for_equivalence
+    from tests.helpers import REPO
+
+    summary = json.loads((REPO / "docs" / "equal" / "summary.json").read_text())
+    sds = [np.std(list(t["per_seed_delta"].values()), ddof=1)
+           for cells in summary.values() for c in cells.values()
+           for t in (c.get("vs_dot"), c.get("vs_untied"))
+           if isinstance(t, dict) and len(t.get("per_seed_delta", ())) >= 2]
+    assert TYPICAL_SD == round(float(np.median(sds)), 2)
+    assert _new(tmp_path, data, "--epochs", "9", "--no-estimate") == 0
+    out = capsys.readouterr().out
+    effect = TTestPower().solve_power(nobs=3, alpha=0.05, power=0.8) * TYPICAL_SD
+    assert "What 3 seeds can show" in out and f"a Δ of ±{effect:.2f} BLEU or more" in out
+    assert f"equivalence within ±0.5 needs {seeds_for_equivalence(TYPICAL_SD, 0.5)} seeds" in out

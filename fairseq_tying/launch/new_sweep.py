@@ -39,6 +39,8 @@ from fairseq_tying.common.atomic import write_text
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.output_layers import BASELINE, OUTPUT_LAYERS
 from fairseq_tying.launch import cost
+from fairseq_tying.studies.statistics.stats import detectable, seeds_for_equivalence
+from fairseq_tying.studies.statistics.verdicts import ALPHA, MARGIN
 from fairseq_tying.sweeps.config import Run, Sweep, SweepError, load_sweep
 from fairseq_tying.sweeps.plateau import Plateau, stop_epoch
 
@@ -345,6 +347,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The spread of a claim's per-seed BLEU differences: the median standard deviation over the
+# claims of the equal-training study (docs/equal/summary.json; a test recomputes it)
+TYPICAL_SD = 0.26
+
+
+def what_seeds_show(seeds: int, sd: float = TYPICAL_SD) -> str:
+    """What ``seeds`` seeds of each cell can show if a claim's per-seed differences spread as
+    the committed studies' did."""
+    need = seeds_for_equivalence(sd, MARGIN, ALPHA)
+    return (f"What {seeds} seed{'s' * (seeds != 1)} can show, if a claim's per-seed differences "
+            f"spread as in the equal-training study (sd {sd:.2f} BLEU, its median): a Δ of "
+            f"±{detectable(sd, seeds, ALPHA):.2f} BLEU or more is shown 8 times in 10 (the "
+            f"t-test over seeds at α = {ALPHA}, before Holm), and equivalence within ±{MARGIN:g} "
+            f"needs {need} seeds; more seeds: --seeds.")
+
+
 def run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
@@ -362,6 +380,8 @@ def run(argv: list[str]) -> int:
     write_text(args.out, render(args, prep))
     print(f"wrote {args.out}; train: python -m fairseq_tying.launch {args.out} --local"
           + (f" --workers {args.workers}" if args.workers else ""), flush=True)
+    if not args.pilot:
+        print(what_seeds_show(len(args.seeds)), flush=True)
     if args.no_estimate:
         return 0
     return estimate(args)

@@ -90,7 +90,8 @@ def detectable(sd: float, n: int, alpha: float = 0.05, power: float = POWER) -> 
 
     def shortfall(delta: float) -> float:
         nc = delta * math.sqrt(n) / sd
-        return float(_st.nct.sf(crit, df, nc) + _st.nct.cdf(-crit, df, nc)) - power
+        reached = float(_st.nct.sf(crit, df, nc) + _st.nct.cdf(-crit, df, nc))
+        return (1.0 if math.isnan(reached) else reached) - power  # NaN: nc far past the tail
 
     high = sd
     while shortfall(high) < 0:
