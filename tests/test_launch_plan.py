@@ -167,8 +167,8 @@ def test_restart_changed_moves_the_old_folder_aside(tmp_path, data):
     moved = list(replaced_dir(new).iterdir())
     assert len(moved) == 1 and moved[0].name.startswith(f"{new.runs[0].name}.")
     assert (moved[0] / EVAL_JSON).is_file() and (moved[0] / TRAIN_DONE).is_file()
-    assert read_run_json(moved[0]).identity.train_args == old.runs[0].train_args
-    assert read_run_json(run_dir).identity.train_args == new.runs[0].train_args
+    assert read_run_json(moved[0]).identity.train_args == old.runs[0].identity.train_args
+    assert read_run_json(run_dir).identity.train_args == new.runs[0].identity.train_args
     assert not (run_dir / "checkpoints").exists() and not (run_dir / EVAL_JSON).exists()
 
 

@@ -29,12 +29,12 @@ def _new(tmp_path: Path, data: Path, *flags: str) -> int:
 def test_the_default_grid_is_the_tying_table_and_every_layer_with_three_seeds(tmp_path, data):
     assert _new(tmp_path, data, "--epochs", "30") == 0
     sweep = load_sweep(tmp_path / "s.yaml", check_data=False)
-    cells = {(r.tying, r.output_layer) for r in sweep.runs}
+    cells = {(r.identity.tying, r.identity.output_layer) for r in sweep.runs}
     assert cells == {("none", "dot"), ("decoder", "dot"),
                      *(("three_way", la) for la in OUTPUT_LAYERS)}
-    assert len(sweep.runs) == 3 * len(cells) and {r.seed for r in sweep.runs} == {1, 2, 3}
+    assert len(sweep.runs) == 3 * len(cells) and {r.identity.seed for r in sweep.runs} == {1, 2, 3}
     run = sweep.runs[0]
-    args = run.train_args
+    args = run.identity.train_args
     assert args[args.index("--max-epoch") + 1] == "30"
     assert args[args.index("--log-format") + 1] == "json"
     assert args[args.index("--keep-last-epochs") + 1] == "5"
@@ -49,12 +49,12 @@ def test_a_narrowed_grid_and_the_pilot(tmp_path, data):
                 "dynamicconv", "--seeds", "1", "2") == 0
     runs = load_sweep(tmp_path / "s.yaml", check_data=False).runs
     assert len(runs) == 2 * 4 * 2
-    assert {r.arch for r in runs} == {"transformer_twwt", "dynamicconv_twwt"}
+    assert {r.identity.arch for r in runs} == {"transformer_twwt", "dynamicconv_twwt"}
     assert _new(tmp_path, data, "--pilot", "--tying", "none", "three_way", "--output-layers",
                 "dot", "l2norm", "--seeds", "2", "3", "--force") == 0
     pilots = load_sweep(tmp_path / "s.yaml", check_data=False).runs
     # every cell, not only the baseline: a tied cell may still learn after the untied flattens
-    assert {(r.tying, r.output_layer, r.seed) for r in pilots} == {
+    assert {(r.identity.tying, r.identity.output_layer, r.identity.seed) for r in pilots} == {
         ("none", "dot", 2), ("three_way", "dot", 2), ("three_way", "l2norm", 2)}
     for pilot in pilots:
         assert pilot.stopping["plateau"] is True and pilot.stopping["max_epoch"] == 100
@@ -88,7 +88,7 @@ def test_the_budget_is_the_latest_stop_of_every_cells_pilot(tmp_path, data, caps
     assert {r.name for r in runs} <= {r.name for r in sweep.runs}  # the pilots go on there
     by_name = {r.name: r for r in sweep.runs}
     for run in runs:  # the same command up to the training length: continue_from accepts it
-        ours, theirs = by_name[run.name].train_args, run.train_args
+        ours, theirs = by_name[run.name].identity.train_args, run.identity.train_args
         cut = [i for i, a in enumerate(ours) if a == "--max-epoch"][0]
         assert ours[:cut] + ours[cut + 2:] == theirs[:cut] + theirs[cut + 2:]
     # a cell the pilot did not train has no plateau to set the budget: refused by name
@@ -99,7 +99,7 @@ def test_the_budget_is_the_latest_stop_of_every_cells_pilot(tmp_path, data, caps
 
 def test_a_learning_rate_of_ones_own(tmp_path, data, capsys):
     assert _new(tmp_path, data, "--epochs", "9", "--lr", "0.0015") == 0
-    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
+    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].identity.train_args
     assert args[args.index("--lr") + 1] == "0.0015"
     assert _new(tmp_path, data, "--epochs", "9", "--lr", "0", "--force") == 2
     assert "--lr 0.0: a learning rate is positive" in capsys.readouterr().err

@@ -48,7 +48,8 @@ def check_source(run: Run, source: Path) -> None:
         raise SweepError(f"continue_from: {source} has not finished training; finish its sweep "
                          f"first (or remove that folder, and {run.name} trains from epoch 1)")
     theirs = read_run_json(source)
-    ours, other = without_length(run.train_args), without_length(theirs.identity.train_args or [])
+    ours = without_length(run.identity.train_args)
+    other = without_length(theirs.identity.train_args or [])
     if ours != other:
         raise SweepError(f"continue_from: {source} was trained with another command than "
                          f"{run.name} ({'; '.join(differences(ours, other))}); continue only "

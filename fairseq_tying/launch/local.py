@@ -132,7 +132,7 @@ def training_now(runs: list[Run]) -> str:
     """Each run's last validated epoch and the value the plateau rule watches, for the progress
     bar: ``none.dot.s3 epoch 4 (6.434)``, its name without the dataset and arch all share."""
     def label(run: Run) -> str:
-        name = run.name.removeprefix(f"{run.dataset}.{run.arch}.")
+        name = run.name.removeprefix(f"{run.identity.dataset}.{run.identity.arch}.")
         history = read_history(run.run_dir)
         if not history:
             return f"{name} starting"
@@ -242,7 +242,7 @@ def _follow(futures: dict[Future, Run], pool: ThreadPoolExecutor, bar: tqdm,
 def local_order(runs: list[Run]) -> list[Run]:
     """The order of a local sweep: by the grids' ``priority``, then seed by seed (so that a
     partial sweep has whole seeds), then as listed."""
-    return sorted(runs, key=lambda r: (r.priority, r.seed))
+    return sorted(runs, key=lambda r: (r.priority, r.identity.seed))
 
 
 def run_local(plan: Plan, workers: int = 1, recorded_stops: Iterable[int] = (),

@@ -200,14 +200,14 @@ def read_pilot(args: argparse.Namespace) -> None:
     cells = {(FAMILIES[f], t, BASELINE) for f in args.families for t in args.tying}
     cells |= {(FAMILIES[f], TIED, la) for f in args.families for la in args.output_layers
               if la != BASELINE}
-    piloted = {(r.arch, r.tying, r.output_layer) for r in pilot.runs}
+    piloted = {(r.identity.arch, r.identity.tying, r.identity.output_layer) for r in pilot.runs}
     if missing := sorted(cells - piloted, key=str):
         raise NewSweepError(f"--budget-from {args.budget_from}: no pilot run of "
                             + ", ".join("/".join(c) for c in missing) + "; the budget is the "
                             "latest of every cell's plateau (write the pilot with the same "
                             "--tying, --output-layers and --families)")
-    stops = {r.name: stop_epoch(r) for r in pilot.runs if (r.arch, r.tying, r.output_layer)
-             in cells}
+    stops = {r.name: stop_epoch(r) for r in pilot.runs
+             if (r.identity.arch, r.identity.tying, r.identity.output_layer) in cells}
     if unfinished := [name for name, epoch in stops.items() if epoch is None]:
         raise NewSweepError(f"--budget-from {args.budget_from}: not finished: "
                             + ", ".join(unfinished) + f"; train it first: python -m "
