@@ -16,7 +16,7 @@ from fairseq_tying.launch.__main__ import main
 from fairseq_tying.launch.plan import make_plan, replaced_dir
 from fairseq_tying.launch.submit import prepare_run_dir
 from fairseq_tying.sweeps.config import Sweep, load_sweep
-from tests.helpers import write_sweep
+from tests.helpers import TINY_MODEL, fairseq_train, write_sweep
 
 EPOCHS = {"max_update": None, "save_interval_updates": None, "keep_interval_updates": None,
           "no_epoch_checkpoints": None}
@@ -204,3 +204,18 @@ def test_continue_from_a_run_with_another_command_is_refused(tmp_path, data):
     action = make_plan(sweep, sweep.runs).actions[0]
     assert action.kind == "refuse"
     assert "--lr 0.005 here, 0.001 there" in action.why
+
+
+@pytest.mark.slow
+def test_the_resume_epoch_is_read_from_a_real_fairseq_checkpoint(tmp_path, data, joined_bin):
+    """fairseq's own checkpoint_last.pt (its iterator's state, its pickled config) after two
+    epochs: the plan resumes at epoch 3."""
+    sweep = load_sweep(sweep_file(tmp_path))
+    run = sweep.runs[0]
+    run.run_dir.mkdir(parents=True)
+    write_run_json(sweep.spec(run))
+    fairseq_train(joined_bin, run.run_dir / "checkpoints", "transformer_twwt", *TINY_MODEL,
+                  "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "600",
+                  "--max-epoch", "2", "--no-epoch-checkpoints")
+    assert make_plan(sweep, [run]).actions[0].describe() == \
+        f"{run.name}: resume at epoch 3, then evaluate (from checkpoint_last.pt)"

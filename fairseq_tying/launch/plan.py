@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fairseq_tying.common import EVAL_JSON, RUN_JSON, TRAIN_DONE, checkpoints
+from fairseq_tying.common import EVAL_JSON, RUN_JSON, TRAIN_DONE
 from fairseq_tying.common.run_spec import RunSpec, read_run_json
+from fairseq_tying.core import checkpoint_compat
 from fairseq_tying.launch.continuation import differences, same_dictionaries, source_epochs
 from fairseq_tying.sweeps.config import Run, Sweep, SweepError
+
+checkpoint_compat.allow_fairseq_checkpoints()  # what fairseq pickles besides tensors
 
 TRAIN, RESUME, CONTINUE, RESTART = "train", "resume", "continue", "restart"
 EVALUATE, SKIP, REFUSE = "evaluate", "skip", "refuse"
@@ -126,8 +129,8 @@ def resume_epoch(run_dir: Path) -> int | None:
     last = run_dir / "checkpoints" / "checkpoint_last.pt"
     if not last.is_file():
         return None
-    try:
-        state = checkpoints.load(last)
+    try:  # mapped, not read: a plan of large runs reads one small entry of each
+        state = checkpoint_compat.load(last, mmap=True)
     except Exception:  # noqa: BLE001 - a plan shows what it can; the training job reports it
         return None
     itr = (state.get("extra_state") or {}).get("train_iterator") or {}
