@@ -92,12 +92,15 @@ def test_run_json_and_the_checkpoint_make_one_identity_or_are_refused(tmp_path):
 
 
 def test_the_demos_run_json_is_written_by_the_one_writer(tmp_path):
-    from fairseq_tying.demo import train_command
+    from fairseq_tying.demo import demo_identity, train_command
 
-    train_command(tmp_path / "data", tmp_path / "run", "l2norm", 10, 7)
-    spec = read_run_json(tmp_path / "run")
+    identity = demo_identity("bible", "l2norm", 7)
+    assert identity.name == "bible.transformer_twwt.three_way.l2norm.s7"  # as a sweep names it
+    argv = train_command(tmp_path / "data", tmp_path / identity.name, identity, 10)
+    spec = read_run_json(tmp_path / identity.name)
     assert isinstance(spec, RunSpec) and spec.data_dir == str(tmp_path / "data")
-    assert (spec.identity.output_layer, spec.identity.seed) == ("l2norm", 7)
+    assert spec.identity == identity and argv[argv.index("--seed") + 1] == "7"
+    assert argv[argv.index("--output-layer") + 1] == "l2norm"
 
 
 def test_an_evaluation_reads_back_typed_and_refuses_what_it_does_not_declare(tmp_path):
