@@ -69,13 +69,18 @@ def prepare(out: Path, corpus: str, vocab: int) -> Path:
     return data
 
 
-def train_command(
-    data: Path, run: Path, output_layer: str, max_update: int, seed: int
-) -> list[str]:
+def demo_identity(corpus: str, output_layer: str, seed: int) -> Identity:
+    """A demo run, named as a sweep's (``Identity.named``) after its corpus: ``bible``, or the
+    folder of the corpus given."""
+    return Identity.named(dataset=Path(corpus).name, arch=ARCH, tying="three_way",
+                          output_layer=output_layer, seed=seed,
+                          method=f"{ARCH}:{output_layer}")
+
+
+def train_command(data: Path, run: Path, identity: Identity, max_update: int) -> list[str]:
     run.mkdir(parents=True, exist_ok=True)
-    identity = Identity(name=run.name, method=f"{ARCH}:{output_layer}", arch=ARCH,
-                        tying="three_way", output_layer=output_layer, seed=seed)
     write_run_json(RunSpec(identity, run_dir=str(run), data_dir=str(data)))
+    output_layer, seed = identity.output_layer, identity.seed
     return [
         _tool("fairseq-train"),
         str(data / "bin"),
@@ -218,10 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     data = prepare(args.out, args.corpus, args.vocab_size)
     runs = args.out / "runs"
-    run_dirs = {
-        output_layer: runs / f"{ARCH}-{output_layer}-seed{args.seed}"
-        for output_layer in args.output_layers
-    }
+    identities = {output_layer: demo_identity(args.corpus, output_layer, args.seed)
+                  for output_layer in args.output_layers}
+    run_dirs = {output_layer: runs / identity.name
+                for output_layer, identity in identities.items()}
     print(
         f"\n== training {ARCH} with --output-layer {' and '.join(args.output_layers)} "
         f"({args.max_update} updates each, side by side) ==",
@@ -229,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     train_in_parallel(
         {
-            output_layer: train_command(data, run, output_layer, args.max_update, args.seed)
+            output_layer: train_command(data, run, identities[output_layer], args.max_update)
             for output_layer, run in run_dirs.items()
         }
     )

@@ -1,4 +1,5 @@
-"""Each output layer against an independent computation of its formula, and the
+"""Each output layer against an independent computation of its formula, the closed-form
+gradients of scoring.py's row scaling and squared norms against autograd's, and the
 normalization paper's properties (identity, normality, unbiasedness)."""
 
 from __future__ import annotations
@@ -48,6 +49,72 @@ def test_norms_in_fp32_keep_half_precision_finite():
 def test_unit_rows():
     x = torch.randn(3, 5, 7)
     torch.testing.assert_close(scoring.unit_rows(x).norm(dim=-1), torch.ones(3, 5))
+
+
+# --- the closed-form gradients of the row scaling and the squared norms ---------------------
+
+def _scaled_reference(weight: torch.Tensor, power: int) -> torch.Tensor:
+    """w_i/‖w_i‖^power through autograd's own operations (0 below EPS)."""
+    norms = weight.float().norm(dim=-1, keepdim=True)
+    scale = torch.where(norms < scoring.EPS, 0.0, norms.clamp_min(scoring.EPS).pow(-power))
+    return (weight.float() * scale).to(weight.dtype)
+
+
+@pytest.mark.parametrize("shape", [(50, 8), (3, 7, 8)])
+@pytest.mark.parametrize("power", [1, 2])  # l2norm's and cosine's unit rows, sqnorm's w/‖w‖²
+def test_scaled_rows_value_and_gradient_match_autograd_through_the_formula(power, shape):
+    g = torch.Generator().manual_seed(power)
+    base = torch.randn(*shape, generator=g) * torch.rand(*shape[:-1], 1, generator=g) * 3
+    base[..., 0, :] = 0  # a padding row
+    base[..., 1, :] = 1e-8  # below EPS: scaled by 0 as well
+    upstream = torch.randn(*shape, generator=g)
+    grads = []
+    for fn in (scoring.scaled_rows, _scaled_reference):
+        w = base.clone().requires_grad_()
+        out = fn(w, power)
+        (out * upstream).sum().backward()
+        grads.append((out.detach(), w.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-5, atol=1e-6)
+    assert grads[0][1][..., :2, :].abs().sum() == 0  # rows scaled by 0 get no gradient
+
+
+def test_sqnorm_gradient_matches_autograd_through_its_formula():
+    """The sqnorm layer's scores h·w_i/‖w_i‖², differentiated in closed form (scaled_rows,
+    power 2), against autograd through the formula, for W and h."""
+    g = torch.Generator().manual_seed(3)
+    base_w = torch.randn(40, 8, generator=g) * torch.rand(40, 1, generator=g) * 3
+    base_h, upstream = torch.randn(5, 8, generator=g), torch.randn(5, 40, generator=g)
+    grads = []
+    for formula in (lambda h, w: output_layers.scores("sqnorm", h, w),
+                    lambda h, w: h @ (w / w.norm(dim=-1, keepdim=True).square()).T):
+        w, h = base_w.clone().requires_grad_(), base_h.clone().requires_grad_()
+        (formula(h, w) * upstream).sum().backward()
+        grads.append((w.grad, h.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-5, atol=1e-6)
+
+
+def test_squared_norms_gradient_matches_autograd():
+    base = torch.randn(30, 8) * 2
+    base[0] = 0
+    upstream = torch.randn(30)
+    grads = []
+    for fn in (scoring.squared_norms, lambda w: w.pow(2).sum(-1)):
+        w = base.clone().requires_grad_()
+        out = fn(w)
+        (out * upstream).sum().backward()
+        grads.append((out.detach(), w.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+
+
+def test_half_precision_weight_keeps_its_dtype_and_finite_gradient():
+    w = (torch.randn(20, 8) * 300).half().requires_grad_()  # ‖w‖² overflows fp16
+    out = scoring.scaled_rows(w, 2)
+    out.float().sum().backward()
+    assert out.dtype == torch.float16 and w.grad.dtype == torch.float16
+    assert torch.isfinite(out).all() and torch.isfinite(w.grad).all()
 
 
 # --- identity: h = w_k  =>  argmax_i s_i = k -------------------------------------------------

@@ -40,10 +40,10 @@ def test_demo_pipeline_with_a_tiny_budget(tmp_path):
     for png in ("bleu.png", "norms.png"):
         assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for output_layer in ("dot", "l2norm"):
-        record = json.loads((out / "runs" / f"transformer_twwt-{output_layer}-seed1" / "eval.json")
-                            .read_text())
+        run = out / "runs" / f"corpus.transformer_twwt.three_way.{output_layer}.s1"
+        record = json.loads((run / "eval.json").read_text())
         assert record["run"]["output_layer"] == output_layer and record["subset"] == "test"
-        hyps = (out / "runs" / f"transformer_twwt-{output_layer}-seed1" / record["hypotheses"])
+        hyps = run / record["hypotheses"]
         assert len(hyps.read_text().splitlines()) == 12
 
     summary = json.loads((tmp_path / "demo.json").read_text())

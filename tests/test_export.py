@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from fairseq_tying import export
-from tests.helpers import arch_name, decode, export_args, run_module, train_checkpoint
+from tests.helpers import (
+    arch_name,
+    build_model,
+    decode,
+    export_args,
+    run_module,
+    train_checkpoint,
+)
 
 CASES = [  # (--tying, --output-layer, --tied-projection) of the arch whose default is that tying
     *[("three_way", output_layer, proj)
@@ -103,3 +110,59 @@ def test_projection_is_folded_into_the_output_matrix():
     assert new["decoder.output_projection.weight"].shape == (10, 6)
     assert flags == {"share_all_embeddings": False, "share_decoder_input_output_embed": False}
     torch.testing.assert_close(new["encoder.embed_tokens.weight"], w)  # cosine/sqnorm: raw rows
+
+
+def _plugin_model(joined_bin: Path, tying: str, output_layer: str):
+    """A tiny plugin translation model whose embedding rows are far from unit length (so that
+    a lookup of the raw rows and one of w_i/‖w_i‖ differ), and its decoder's scores."""
+    model, _ = build_model(joined_bin, arch_name("transformer", tying), "--tying", tying,
+                           "--output-layer", output_layer)
+    model.eval()
+    with torch.no_grad():
+        for weight in {id(p): p for n, p in model.named_parameters()
+                       if n.endswith(("embed_tokens.weight", "scorer.weight"))}.values():
+            weight.mul_(3)
+    return model
+
+
+def _lookups(model) -> dict[str, torch.Tensor]:
+    """The rows the encoder and decoder look up for every token id."""
+    with torch.no_grad():
+        return {side: getattr(model, side).embed_tokens(
+            torch.arange(getattr(model, side).embed_tokens.num_embeddings))
+            for side in ("encoder", "decoder")}
+
+
+@pytest.mark.parametrize("tying", ["three_way", "decoder", "none"])
+def test_baked_matrices_look_up_and_score_as_the_plugin(joined_bin, tying):
+    """The stock export's matrices: the input rows the plugin looks up (w_i/‖w_i‖ for l2norm)
+    and its scores, without training or decoding."""
+    model = _plugin_model(joined_bin, tying, "l2norm")
+    args = export_args(arch=arch_name("transformer", tying), tying=tying,
+                       output_layer="l2norm", tied_projection=False)
+    new, _ = export.bake({k: v.detach() for k, v in model.state_dict().items()}, args)
+    want = _lookups(model)
+    torch.testing.assert_close(new["encoder.embed_tokens.weight"], want["encoder"])
+    torch.testing.assert_close(new["decoder.embed_tokens.weight"], want["decoder"])
+    h = torch.randn(5, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(h @ new["decoder.output_projection.weight"].T,
+                                   model.decoder.output_layer(h))
+
+
+@pytest.mark.parametrize("tying", ["three_way", "decoder"])
+def test_ctranslate2_layout_looks_up_and_scores_as_the_plugin(joined_bin, tying):
+    """The CTranslate2 export's stock modules: the same lookups (w_i/‖w_i‖ for l2norm) and
+    scores as the plugin model they replace."""
+    from fairseq_tying.export.ct2 import to_stock_layout
+
+    model = _plugin_model(joined_bin, tying, "l2norm")
+    want, h = _lookups(model), torch.randn(5, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        scores = model.decoder.output_layer(h)
+    to_stock_layout(model)
+    got = _lookups(model)
+    torch.testing.assert_close(got["encoder"], want["encoder"])
+    torch.testing.assert_close(got["decoder"], want["decoder"])
+    with torch.no_grad():  # what CTranslate2's converter reads: fairseq's output_projection
+        torch.testing.assert_close(model.decoder.output_projection(h), scores)

@@ -37,12 +37,12 @@ def _new(tmp_path: Path, data: Path, *flags: str) -> int:
 def test_the_default_grid_is_the_tying_table_and_every_layer_with_three_seeds(tmp_path, data):
     assert _new(tmp_path, data, "--epochs", "30") == 0
     sweep = load_sweep(tmp_path / "s.yaml", check_data=False)
-    cells = {(r.tying, r.output_layer) for r in sweep.runs}
+    cells = {(r.identity.tying, r.identity.output_layer) for r in sweep.runs}
     assert cells == {("none", "dot"), ("decoder", "dot"),
                      *(("three_way", la) for la in OUTPUT_LAYERS)}
-    assert len(sweep.runs) == 3 * len(cells) and {r.seed for r in sweep.runs} == {1, 2, 3}
+    assert len(sweep.runs) == 3 * len(cells) and {r.identity.seed for r in sweep.runs} == {1, 2, 3}
     run = sweep.runs[0]
-    args = run.train_args
+    args = run.identity.train_args
     assert args[args.index("--max-epoch") + 1] == "30"
     assert args[args.index("--log-format") + 1] == "json"
     assert args[args.index("--keep-last-epochs") + 1] == "5"
@@ -57,12 +57,12 @@ def test_a_narrowed_grid_and_the_pilot(tmp_path, data):
                 "dynamicconv", "--seeds", "1", "2") == 0
     runs = load_sweep(tmp_path / "s.yaml", check_data=False).runs
     assert len(runs) == 2 * 4 * 2
-    assert {r.arch for r in runs} == {"transformer_twwt", "dynamicconv_twwt"}
+    assert {r.identity.arch for r in runs} == {"transformer_twwt", "dynamicconv_twwt"}
     assert _new(tmp_path, data, "--pilot", "--tying", "none", "three_way", "--output-layers",
                 "dot", "l2norm", "--seeds", "2", "3", "--force") == 0
     pilots = load_sweep(tmp_path / "s.yaml", check_data=False).runs
     # every cell, not only the baseline: a tied cell may still learn after the untied flattens
-    assert {(r.tying, r.output_layer, r.seed) for r in pilots} == {
+    assert {(r.identity.tying, r.identity.output_layer, r.identity.seed) for r in pilots} == {
         ("none", "dot", 2), ("three_way", "dot", 2), ("three_way", "l2norm", 2)}
     for pilot in pilots:
         assert pilot.stopping["plateau"] is True and pilot.stopping["max_epoch"] == 100
@@ -96,7 +96,7 @@ def test_the_budget_is_the_latest_stop_of_every_cells_pilot(tmp_path, data, caps
     assert {r.name for r in runs} <= {r.name for r in sweep.runs}  # the pilots go on there
     by_name = {r.name: r for r in sweep.runs}
     for run in runs:  # the same command up to the training length: continue_from accepts it
-        ours, theirs = by_name[run.name].train_args, run.train_args
+        ours, theirs = by_name[run.name].identity.train_args, run.identity.train_args
         cut = [i for i, a in enumerate(ours) if a == "--max-epoch"][0]
         assert ours[:cut] + ours[cut + 2:] == theirs[:cut] + theirs[cut + 2:]
     # a cell the pilot did not train has no plateau to set the budget: refused by name
@@ -107,7 +107,7 @@ def test_the_budget_is_the_latest_stop_of_every_cells_pilot(tmp_path, data, caps
 
 def test_a_learning_rate_of_ones_own(tmp_path, data, capsys):
     assert _new(tmp_path, data, "--epochs", "9", "--lr", "0.0015") == 0
-    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
+    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].identity.train_args
     assert args[args.index("--lr") + 1] == "0.0015"
     assert _new(tmp_path, data, "--epochs", "9", "--lr", "0", "--force") == 2
     assert "--lr 0.0: a learning rate is positive" in capsys.readouterr().err
@@ -145,7 +145,7 @@ def test_the_size_flags_override_the_preset_and_reach_the_file(tmp_path, data):
     assert "--local --workers N" in text  # no --workers given: the file leaves it to you
     assert ("# Model:   --model small, --embed-dim 256, --layers 3, --max-tokens 2000: 3+3 "
             "layers, width 256, feed-forward 1024, 4 heads, 2000 tokens a batch") in text
-    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
+    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].identity.train_args
     for side in ("encoder", "decoder"):  # the feed-forward follows the width: small's 4 times
         assert _flag(args, f"--{side}-embed-dim") == "256"
         assert _flag(args, f"--{side}-ffn-embed-dim") == "1024"
@@ -154,7 +154,7 @@ def test_the_size_flags_override_the_preset_and_reach_the_file(tmp_path, data):
     assert _flag(args, "--max-tokens") == "2000" and _flag(args, "--lr") == "0.003"
     assert _new(tmp_path, data, "--epochs", "9", "--model", "tiny", "--embed-dim", "24",
                 "--ffn-dim", "40", "--heads", "3", "--force") == 0
-    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].train_args
+    args = load_sweep(tmp_path / "s.yaml", check_data=False).runs[0].identity.train_args
     assert [_flag(args, f) for f in ("--decoder-embed-dim", "--decoder-ffn-embed-dim",
                                      "--decoder-attention-heads", "--decoder-layers",
                                      "--max-tokens")] == ["24", "40", "3", "1", "400"]
@@ -232,7 +232,7 @@ def test_the_estimate_times_a_sample_and_multiplies_it_out(tmp_path, capsys, mon
     assert start + float(seconds) < wall < took + 0.1  # the sample's wall printed to 3 digits
     assert "Intel" in text or "AMD" in text or "processor" in text
     # an epoch's updates are those fairseq-train counts when it trains one on the run's command
-    args = load_sweep(out).runs[0].train_args
+    args = load_sweep(out).runs[0].identity.train_args
     args[args.index("--max-epoch") + 1] = "1"
     log = run_cli("fairseq-train", data / "bin", "--user-dir", PLUGIN_DIR, "--save-dir",
                   tmp_path / "one_epoch", "--log-interval", "1", "--disable-validation",

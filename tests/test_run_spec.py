@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from argparse import Namespace
+from dataclasses import fields
 
 import pytest
 
@@ -14,7 +15,7 @@ from fairseq_tying.common.run_spec import Identity, RunSpec, read_run_json, writ
 from fairseq_tying.evaluation.result import PerplexityResult, TranslationResult, read_result
 from fairseq_tying.evaluation.run import RunFacts
 from fairseq_tying.launch.job import EvalJob, TrainJob
-from fairseq_tying.sweeps.config import load_sweep
+from fairseq_tying.sweeps.config import Run, load_sweep
 from tests.helpers import REPO
 
 # the run.json of a run launched before the identity had its own type (a quarter study's run)
@@ -33,15 +34,15 @@ def test_the_sweeps_spec_is_what_run_json_holds_and_what_the_jobs_run(tmp_path, 
     sweep = load_sweep(REPO / "slurm" / "tiny_cpu.yaml", output_dir=tmp_path, check_data=False)
     run = sweep.runs[-1]
     spec = sweep.spec(run)
-    assert (spec.identity.name, spec.identity.seed, spec.identity.output_layer) == \
-        (run.name, run.seed, run.output_layer)
-    assert spec.identity.train_args is run.train_args and spec.stopping is run.stopping
+    assert spec.identity is run.identity and spec.stopping is run.stopping
+    assert run.name == "tiny.transformer_twwt.three_way.l2norm.s2" == spec.name
     write_run_json(spec)
     assert read_run_json(run.run_dir) == spec
     written = json.loads((run.run_dir / "run.json").read_text())
-    assert written["seed"] == run.seed and "identity" not in written and "method" not in written
+    assert written["seed"] == 2 and "identity" not in written and "method" not in written
     argv = TrainJob(spec, "PLUGIN").command()
-    assert argv[1] == spec.data_bin and argv[-len(run.train_args):] == run.train_args
+    args = run.identity.train_args
+    assert argv[1] == spec.data_bin and argv[-len(args):] == args
     assert EvalJob(spec, sweep.evaluation).run is spec
 
 
@@ -91,12 +92,15 @@ def test_run_json_and_the_checkpoint_make_one_identity_or_are_refused(tmp_path):
 
 
 def test_the_demos_run_json_is_written_by_the_one_writer(tmp_path):
-    from fairseq_tying.demo import train_command
+    from fairseq_tying.demo import demo_identity, train_command
 
-    train_command(tmp_path / "data", tmp_path / "run", "l2norm", 10, 7)
-    spec = read_run_json(tmp_path / "run")
+    identity = demo_identity("bible", "l2norm", 7)
+    assert identity.name == "bible.transformer_twwt.three_way.l2norm.s7"  # as a sweep names it
+    argv = train_command(tmp_path / "data", tmp_path / identity.name, identity, 10)
+    spec = read_run_json(tmp_path / identity.name)
     assert isinstance(spec, RunSpec) and spec.data_dir == str(tmp_path / "data")
-    assert (spec.identity.output_layer, spec.identity.seed) == ("l2norm", 7)
+    assert spec.identity == identity and argv[argv.index("--seed") + 1] == "7"
+    assert argv[argv.index("--output-layer") + 1] == "l2norm"
 
 
 def test_an_evaluation_reads_back_typed_and_refuses_what_it_does_not_declare(tmp_path):
@@ -118,3 +122,15 @@ def test_an_evaluation_reads_back_typed_and_refuses_what_it_does_not_declare(tmp
           "perplexity": 32.0, "n_tokens": 10}
     path.write_text(json.dumps(lm))
     assert isinstance(read_result(path), PerplexityResult)
+
+
+def test_a_sweeps_run_holds_its_identity_and_declares_none_of_its_fields():
+    assert not {f.name for f in fields(Run)} & {f.name for f in fields(Identity)}
+    run = Identity.named(dataset="bible", arch="transformer_twwt", tying="three_way",
+                         output_layer="l2norm", tag="tiedL", seed=3)
+    assert run.name == "bible.transformer_twwt.three_way.l2norm.tiedL.s3"
+    assert Identity.split_name(run.name) == ("bible.transformer_twwt.three_way.l2norm.tiedL", 3)
+    bare = Identity.named(dataset="q", arch="transformer_lm_tied", seed=12)
+    assert bare.name == "q.transformer_lm_tied.s12"
+    assert Identity.split_name(bare.name) == ("q.transformer_lm_tied", 12)
+    assert Identity.split_name("demo-run") == ("demo-run", None)

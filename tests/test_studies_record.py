@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import json
 from argparse import Namespace
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from fairseq_tying.common.checkpoints import CheckpointConfig
-from fairseq_tying.studies.records.record import SCHEMA, Perplexity, Record, Stop, Translation
+from fairseq_tying.evaluation.result import PerplexityResult, TranslationResult
+from fairseq_tying.studies.records.record import (
+    NOT_RECORDED,
+    SCHEMA,
+    Perplexity,
+    Record,
+    Stop,
+    Translation,
+)
 from fairseq_tying.studies.records.records import build_record, export
 from tests.helpers import REPO
 
@@ -145,3 +153,10 @@ def test_one_builder_makes_the_study_record_and_collects_scores(tmp_path):
     scores = build_record(run, scores_only=True)  # collect's: the same record, no training
     assert scores.train is None
     assert scores.to_dict() == {k: v for k, v in record.to_dict().items() if k != "train"}
+
+
+def test_the_records_evaluation_types_are_the_evaluations_less_what_a_record_leaves_out():
+    """A field added to evaluation/result.py's types is recorded without a second edit."""
+    for part, result in ((Translation, TranslationResult), (Perplexity, PerplexityResult)):
+        assert {f.name for f in fields(part)} == {f.name for f in fields(result)} - NOT_RECORDED
+        assert all(f.default is None for f in fields(part))

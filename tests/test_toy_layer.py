@@ -92,7 +92,7 @@ def test_the_benchmark_gpu_check_and_sweep_validator_take_it(toy, tmp_path, monk
     monkeypatch.setenv("FAIRSEQ_TYING_TINY_DATA", str(tmp_path / "data"))
     sweep = write_sweep(tmp_path / "s.yaml", grid={"output_layer": [BASELINE, TOY_LAYER]})
     runs = load_sweep(sweep, check_data=False).runs
-    assert sorted({r.output_layer for r in runs}) == sorted([BASELINE, TOY_LAYER])
+    assert sorted({r.identity.output_layer for r in runs}) == sorted([BASELINE, TOY_LAYER])
 
 
 def test_without_it_registered_nothing_knows_it(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from typing import Any
 from fairseq_tying.common import RUN_JSON
 from fairseq_tying.common.atomic import write_json
 from fairseq_tying.common.typed import checked
+
+_SEED_PART = re.compile(r"\.s(\d+)$")  # the last part of a run's name (Identity.named)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,24 @@ class Identity:
     def label(self) -> str:
         """``method``, else ``arch:tying:output_layer``."""
         return self.method or f"{self.arch}:{self.tying}:{self.output_layer}"
+
+    @classmethod
+    def named(cls, *, dataset: str, arch: str, seed: int, tying: str | None = None,
+              output_layer: str | None = None, tag: str | None = None, **rest: Any
+              ) -> Identity:
+        """A sweep's run, named ``dataset.arch[.tying][.output_layer][.tag].sSEED``: the one
+        format of a run's name, which :meth:`split_name` reads back."""
+        parts = [dataset, arch, tying, output_layer, tag, f"s{seed}"]
+        return cls(name=".".join(str(p) for p in parts if p is not None), dataset=dataset,
+                   arch=arch, tying=tying, output_layer=output_layer, seed=seed, tag=tag,
+                   **rest)
+
+    @staticmethod
+    def split_name(name: str) -> tuple[str, int | None]:
+        """(its cell, its seed) of a run's name: ``….three_way.dot.s1`` -> (``….three_way.dot``,
+        1); a name without a seed part is its own cell."""
+        found = _SEED_PART.search(name)
+        return (name[:found.start()], int(found[1])) if found else (name, None)
 
 
 @dataclass(frozen=True)

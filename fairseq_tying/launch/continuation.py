@@ -6,7 +6,9 @@ sweep with another training length. Batches of epoch e come from seed + e alone
 uninterrupted one, and starting from the other run's checkpoints gives the model that training
 from epoch 1 would give, without training its first epochs again. It is a cache: where it
 cannot serve (no finished run there, or one that trained past this run's last epoch), the run
-trains from epoch 1 and the launcher says so. A run there whose command differs is refused.
+trains from epoch 1 and the plan says so. A run there whose command differs is refused.
+The launch's plan (``plan.py``) decides (:func:`source_epochs`), its executor copies
+(:func:`copy_from`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from fairseq_tying.common import CONTINUED_FROM, RUN_JSON, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, building_dir, write_json
 from fairseq_tying.common.run_spec import read_run_json
-from fairseq_tying.sweeps.config import Run, Sweep, SweepError, data_bin
+from fairseq_tying.sweeps.config import Run, SweepError, data_bin
 
 LENGTH_FLAGS = {"--max-epoch"}  # what may differ between the two runs' commands
 TRAIN_LOG = Path("logs") / "train.rank0.log"
@@ -46,13 +48,14 @@ def check_source(run: Run, source: Path) -> None:
         raise SweepError(f"continue_from: {source} has not finished training; finish its sweep "
                          f"first (or remove that folder, and {run.name} trains from epoch 1)")
     theirs = read_run_json(source)
-    ours, other = without_length(run.train_args), without_length(theirs.identity.train_args or [])
+    ours = without_length(run.identity.train_args)
+    other = without_length(theirs.identity.train_args or [])
     if ours != other:
         raise SweepError(f"continue_from: {source} was trained with another command than "
-                         f"{run.name} ({_differences(ours, other)}); continue only from the "
-                         "same sweep with another `stopping:`, or remove continue_from")
+                         f"{run.name} ({'; '.join(differences(ours, other))}); continue only "
+                         "from the same sweep with another `stopping:`, or remove continue_from")
     mine, theirs_bin = data_bin(run.data_dir), Path(theirs.data_bin or "")
-    if mine != theirs_bin and not _same_dictionaries(mine, theirs_bin):
+    if mine != theirs_bin and not same_dictionaries(mine, theirs_bin):
         raise SweepError(f"continue_from: {source} was trained on {theirs_bin}, whose "
                          f"dictionaries differ from (or are missing beside) {mine}'s")
 
@@ -71,56 +74,50 @@ def _show(flags: dict[str, str], flag: str) -> str:
     return flags.get(flag, "(absent)") or "(set)"
 
 
-def _differences(ours: list[str], theirs: list[str]) -> str:
-    """Each flag whose value differs, e.g. ``--lr 0.004 here, 0.005 there``."""
+def differences(ours: list[str], theirs: list[str], here: str = "here",
+                there: str = "there") -> list[str]:
+    """Each flag whose value differs, e.g. ``--lr 0.004 here, 0.005 there``; the same flags in
+    another order say so."""
     a, b = _flags(ours), _flags(theirs)
-    diff = [f"{f} {_show(a, f)} here, {_show(b, f)} there"
+    diff = [f"{f} {_show(a, f)} {here}, {_show(b, f)} {there}"
             for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
-    return "; ".join(diff) or "the same flags in another order"
+    if not diff and ours != theirs:
+        diff = [f"the same flags in another order {here} than {there}"]
+    return diff
 
 
-def check_sources(sweep: Sweep, runs: list[Run]) -> None:
-    """``check_source`` for each run that has not started and has a run to continue from (all
-    of them, before anything trains)."""
-    if sweep.continue_from is None:
-        return
-    for run in runs:
-        source = sweep.continue_from / run.name
-        if not _started(run) and (source / RUN_JSON).is_file():
-            check_source(run, source)
-
-
-def _started(run: Run) -> bool:
-    dest = run.run_dir / "checkpoints"
-    return dest.is_dir() and any(dest.iterdir())
-
-
-def _same_dictionaries(a: Path, b: Path) -> bool:
+def same_dictionaries(a: Path, b: Path) -> bool:
+    """Whether the data dirs ``a`` and ``b`` hold the same dictionaries (``dict*.txt``)."""
     dicts = sorted(p.name for p in a.glob("dict*.txt"))
     return bool(dicts) and all((b / d).is_file() and (a / d).read_bytes() == (b / d).read_bytes()
                                for d in dicts)
 
 
-def start_from(run: Run, source: Path) -> str:
-    """Copy the checkpoints and validation history of the finished run ``source`` into
-    ``run``'s folder unless ``run`` has started; a line for the user ("" when nothing to say).
-    Without a run (or its checkpoints) at ``source`` the run trains from epoch 1."""
-    if _started(run):
-        return ""  # started (or continued) before: fairseq resumes it
-    (run.run_dir / CONTINUED_FROM).unlink(missing_ok=True)  # from an attempt cut short
+def source_epochs(run: Run, source: Path) -> tuple[int | None, str]:
+    """The epochs ``run`` continues from at ``source`` (checked: ``check_source``), or None and
+    why it trains from epoch 1 instead (no run there, no checkpoints, no validation history, or
+    trained past this run's last epoch). Decides only: :func:`copy_from` copies."""
     if not (source / RUN_JSON).is_file():
-        return f"{run.name}: no run at {source} to continue; it trains from epoch 1"
+        return None, f"no run at {source} to continue"
     check_source(run, source)
     if not (source / "checkpoints" / "checkpoint_last.pt").is_file():
-        return f"{run.name}: {source} has no checkpoints left; it trains from epoch 1"
+        return None, f"{source} has no checkpoints left"
     history_file = source / VALID_HISTORY
     valid = json.loads(history_file.read_text()) if history_file.is_file() else {"epochs": []}
     if not valid["epochs"]:
-        return f"{run.name}: {source} has no validation history; it trains from epoch 1"
+        return None, f"{source} has no validation history"
     trained, last = valid["epochs"][-1]["epoch"], run.stopping["max_epoch"]
     if trained > last:
-        return (f"{run.name}: {source} trained {trained} epochs, past this sweep's "
-                f"max_epoch {last}; it trains from epoch 1")
+        return None, f"{source} trained {trained} epochs, past this sweep's max_epoch {last}"
+    return trained, ""
+
+
+def copy_from(run: Run, source: Path) -> str:
+    """Copy the checkpoints and validation history of the finished run ``source`` (planned:
+    :func:`source_epochs`) into ``run``'s folder; the line that says so."""
+    (run.run_dir / CONTINUED_FROM).unlink(missing_ok=True)  # from an attempt cut short
+    valid = json.loads((source / VALID_HISTORY).read_text())
+    trained = valid["epochs"][-1]["epoch"]
     write_json(run.run_dir / VALID_HISTORY, valid, indent=1)
     if (source / TRAIN_LOG).is_file():
         # the log goes on where the other run's ends, as a resumed run's does: its record

@@ -75,7 +75,7 @@ class Sample:
 def sample_command(run: Run, save_dir: Path) -> list[str]:
     """fairseq-train's arguments for ``run``, saving into ``save_dir``."""
     return [str(data_bin(run.data_dir)), "--user-dir", PLUGIN_DIR, "--save-dir", str(save_dir),
-            *run.train_args]
+            *run.identity.train_args]
 
 
 def time_sample(run: Run, seconds: float, show: bool = True) -> Sample:
@@ -90,7 +90,7 @@ def time_sample(run: Run, seconds: float, show: bool = True) -> Sample:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                     env=pinned_env())
             try:
-                _wait(proc, result, start, run.arch if show else None)
+                _wait(proc, result, start, run.identity.arch if show else None)
             finally:
                 if proc.poll() is None:  # interrupted: the child goes with the caller
                     proc.terminate()

@@ -1,4 +1,4 @@
-"""Running a sweep's jobs on this machine without SLURM: runs side by side as submitit local
+"""Carrying out a launch's plan on this machine without SLURM: runs side by side as submitit local
 jobs, a progress bar with each run's epoch and the time left, stopped cleanly by Ctrl-C or
 SIGTERM."""
 
@@ -18,7 +18,8 @@ from tqdm import tqdm
 from fairseq_tying.common import LM_TASK, PLUGIN_DIR
 from fairseq_tying.common.extras import require
 from fairseq_tying.launch import FOR_WHAT
-from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, LocalRunJob, TrainJob, hold_run
+from fairseq_tying.launch.job import CollectJob, EvalJob, LocalRunJob, TrainJob, hold_run
+from fairseq_tying.launch.plan import SKIP, Action, Plan
 from fairseq_tying.launch.submit import Inline, Submitted, prepare_run_dir
 from fairseq_tying.sweeps.config import Run, Sweep, SweepError
 from fairseq_tying.sweeps.plateau import Plateau, epochs_done, read_history, stop_epoch
@@ -81,23 +82,21 @@ class LocalJobs:
             return sorted(set(self._running.values()))
 
 
-def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | None,
+def _run_one_local(sweep: Sweep, action: Action, out: Submitted, deadline: float | None,
                    jobs: LocalJobs) -> bool:
-    """Train (or resume) one run and evaluate it (in one local job when it runs as one task);
-    False if its training was due after ``deadline`` (``time.monotonic()``) and it was left
-    for later."""
-    res = sweep.resources
+    """Carry out one run's action: train (or resume, continue, restart) it and evaluate it (in
+    one local job when it runs as one task), or only evaluate it; False if its training was due
+    after ``deadline`` (``time.monotonic()``) and it was left for later."""
+    res, run = sweep.resources, action.run
     evaluation = None
-    if sweep.eval_enabled and not (run.run_dir / "eval.json").exists():
+    if action.evaluate:
         evaluation = EvalJob(sweep.spec(run), sweep.evaluation, sweep.evaluation_also)
-    if (run.run_dir / DONE).exists():
-        out.skipped.append(run.name)
-    elif deadline is not None and time.monotonic() > deadline:
-        out.not_started.append(run.name)
-        return False
-    else:
+    if action.trains:
+        if deadline is not None and time.monotonic() > deadline:
+            out.not_started.append(run.name)
+            return False
         hold_run(run.run_dir).close()  # another process trains it: refuse now, by name
-        prepare_run_dir(sweep, run)
+        prepare_run_dir(sweep, action)
         ex = _local_executor(sweep, res.world_size, res.gpus_per_node * res.nodes)
         log = run.run_dir / "logs" / "train.rank0.log"
         one_task = evaluation is not None and res.world_size == 1
@@ -116,12 +115,12 @@ def _run_one_local(sweep: Sweep, run: Run, out: Submitted, deadline: float | Non
     return True
 
 
-class _Signalled(BaseException):
+class Signalled(BaseException):
     """SIGTERM in the launcher, raised in its main thread like Ctrl-C's KeyboardInterrupt."""
 
 
 def _raise_signalled(signum: int, frame: Any) -> None:
-    raise _Signalled(signal.Signals(signum).name)
+    raise Signalled(signal.Signals(signum).name)
 
 
 def _ignore(signum: int, frame: Any) -> None:
@@ -133,7 +132,7 @@ def training_now(runs: list[Run]) -> str:
     """Each run's last validated epoch and the value the plateau rule watches, for the progress
     bar: ``none.dot.s3 epoch 4 (6.434)``, its name without the dataset and arch all share."""
     def label(run: Run) -> str:
-        name = run.name.removeprefix(f"{run.dataset}.{run.arch}.")
+        name = run.name.removeprefix(f"{run.identity.dataset}.{run.identity.arch}.")
         history = read_history(run.run_dir)
         if not history:
             return f"{name} starting"
@@ -201,7 +200,7 @@ class Forecast:
 
 
 @contextmanager
-def _stoppable() -> Iterator[None]:
+def stoppable() -> Iterator[None]:
     """SIGTERM stops the launcher as Ctrl-C does (raised in the main thread, where signals go).
     A launcher started as a background job (`&`, nohup) keeps ignoring Ctrl-C, by a handler its
     jobs do not inherit: they must not ignore it, as cancelling a job is a SIGINT."""
@@ -243,40 +242,40 @@ def _follow(futures: dict[Future, Run], pool: ThreadPoolExecutor, bar: tqdm,
 def local_order(runs: list[Run]) -> list[Run]:
     """The order of a local sweep: by the grids' ``priority``, then seed by seed (so that a
     partial sweep has whole seeds), then as listed."""
-    return sorted(runs, key=lambda r: (r.priority, r.seed))
+    return sorted(runs, key=lambda r: (r.priority, r.identity.seed))
 
 
-def run_local(sweep: Sweep, runs: list[Run], workers: int = 1,
-              recorded_stops: Iterable[int] = (), no_start_after: float | None = None
-              ) -> Submitted:
-    """The same jobs on this machine without SLURM: ``workers`` runs side by side (all ranks of
-    a run on this host), seed by seed so that a partial sweep has whole seeds, with a progress
-    bar over runs that names the epoch each running run has reached. A rerun skips finished
-    runs and resumes unfinished ones from their ``checkpoint_last.pt``. Under a plateau rule
-    the bar's estimate of the time left is a :class:`Forecast` (``recorded_stops``: the stop
-    epochs of runs finished elsewhere), not tqdm's runs per second. With ``no_start_after``
-    (minutes), no training starts or resumes after that long: on a machine that is only
-    yours for a while, a run that cannot finish is better left whole for the next call."""
-    out = Submitted()
+def run_local(plan: Plan, workers: int = 1, recorded_stops: Iterable[int] = (),
+              no_start_after: float | None = None) -> Submitted:
+    """The plan's jobs on this machine without SLURM: ``workers`` runs side by side (all ranks
+    of a run on this host), seed by seed so that a partial sweep has whole seeds, with a
+    progress bar over runs that names the epoch each running run has reached. Under a plateau
+    rule the bar's estimate of the time left is a :class:`Forecast` (``recorded_stops``: the
+    stop epochs of runs finished elsewhere), not tqdm's runs per second. With
+    ``no_start_after`` (minutes), no training starts or resumes after that long: on a machine
+    that is only yours for a while, a run that cannot finish is better left whole for the next
+    call."""
+    sweep, out = plan.sweep, Submitted()
     deadline = None if no_start_after is None else time.monotonic() + 60 * no_start_after
-    order = local_order(runs)
-    finished = [r for r in order if (r.run_dir / DONE).exists()
-                and (not sweep.eval_enabled or (r.run_dir / "eval.json").exists())]
-    todo = [r for r in order if r not in finished]
+    by_run = {id(a.run): a for a in plan.actions}
+    order = [by_run[id(r)] for r in local_order([a.run for a in plan.actions])]
+    finished = [a.run for a in order if a.kind == SKIP]
+    todo = [a for a in order if a.kind != SKIP]
     out.skipped += [r.name for r in finished]
-    forecast = Forecast(todo, [*recorded_stops, *filter(None, map(stop_epoch, finished))])
+    forecast = Forecast([a.run for a in todo],
+                        [*recorded_stops, *filter(None, map(stop_epoch, finished))])
     bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} runs [{elapsed}{postfix}]" \
         if forecast.rule else None
     jobs = LocalJobs()
-    with _stoppable(), \
+    with stoppable(), \
             tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
                  file=sys.stderr, dynamic_ncols=True, smoothing=0, bar_format=bar_format
                  ) as bar, ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_one_local, sweep, run, out, deadline, jobs): run
-                   for run in todo}
+        futures = {pool.submit(_run_one_local, sweep, action, out, deadline, jobs): action.run
+                   for action in todo}
         try:
             _follow(futures, pool, bar, forecast)
-        except (KeyboardInterrupt, _Signalled) as stop:  # inside the pool's `with`, whose end
+        except (KeyboardInterrupt, Signalled) as stop:  # inside the pool's `with`, whose end
             names = jobs.stop()  # waits for its threads: they end as their jobs do, in seconds
             why = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else str(stop)
             raise Stopped(f"stopped by {why}; the jobs of {', '.join(names) or 'no run'} were "

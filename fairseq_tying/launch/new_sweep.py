@@ -263,14 +263,14 @@ def read_pilot(args: argparse.Namespace) -> None:
     cells = {(FAMILIES[f], t, BASELINE) for f in args.families for t in args.tying}
     cells |= {(FAMILIES[f], TIED, la) for f in args.families for la in args.output_layers
               if la != BASELINE}
-    piloted = {(r.arch, r.tying, r.output_layer) for r in pilot.runs}
+    piloted = {(r.identity.arch, r.identity.tying, r.identity.output_layer) for r in pilot.runs}
     if missing := sorted(cells - piloted, key=str):
         raise NewSweepError(f"--budget-from {args.budget_from}: no pilot run of "
                             + ", ".join("/".join(c) for c in missing) + "; the budget is the "
                             "latest of every cell's plateau (write the pilot with the same "
                             "--tying, --output-layers and --families)")
-    stops = {r.name: stop_epoch(r) for r in pilot.runs if (r.arch, r.tying, r.output_layer)
-             in cells}
+    stops = {r.name: stop_epoch(r) for r in pilot.runs
+             if (r.identity.arch, r.identity.tying, r.identity.output_layer) in cells}
     if unfinished := [name for name, epoch in stops.items() if epoch is None]:
         raise NewSweepError(f"--budget-from {args.budget_from}: not finished: "
                             + ", ".join(unfinished) + f"; train it first: python -m "
@@ -392,10 +392,10 @@ def run_epochs(args: argparse.Namespace, sweep: Sweep) -> list[tuple[str, int, i
     rule's earliest stop to its cap; a budget's less the epochs a pilot run it goes on from has
     trained."""
     if args.pilot:
-        return [(r.arch, Plateau(**r.stopping).earliest_stop, args.max_epochs)
+        return [(r.identity.arch, Plateau(**r.stopping).earliest_stop, args.max_epochs)
                 for r in sweep.runs]
     done = getattr(args, "pilot_epochs", {})
-    return [(r.arch, *(args.epochs - done.get(r.name, 0),) * 2) for r in sweep.runs]
+    return [(r.identity.arch, *(args.epochs - done.get(r.name, 0),) * 2) for r in sweep.runs]
 
 
 def estimate(args: argparse.Namespace) -> int:
@@ -413,7 +413,7 @@ def estimate(args: argparse.Namespace) -> int:
         return 0
     firsts: dict[str, Run] = {}
     for run in sweep.runs:
-        firsts.setdefault(run.arch, run)
+        firsts.setdefault(run.identity.arch, run)
     busy = cost.machine()
     try:
         samples = {arch: cost.time_sample(run, args.sample_seconds)

@@ -1,5 +1,5 @@
-"""Turning a validated sweep into submitit jobs: SLURM arrays, or a dry run (a local run:
-``local.py``)."""
+"""Carrying out a launch's plan (``plan.py``) as submitit jobs: SLURM arrays, or a dry run
+that prints it (on this machine: ``local.py``)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from fairseq_tying.common import LM_TASK, PLUGIN_DIR, atomic
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.run_spec import write_run_json
 from fairseq_tying.launch import FOR_WHAT
-from fairseq_tying.launch.continuation import start_from
-from fairseq_tying.launch.job import DONE, CollectJob, EvalJob, TrainJob, write_json
-from fairseq_tying.sweeps.config import Resources, Run, Sweep, SweepError
+from fairseq_tying.launch.continuation import copy_from
+from fairseq_tying.launch.job import CollectJob, EvalJob, TrainJob, write_json
+from fairseq_tying.launch.plan import CONTINUE, RESTART, SKIP, Action, Plan, replaced_path
+from fairseq_tying.sweeps.config import Resources, Sweep, SweepError
 
 submitit = require("submitit", "launch", FOR_WHAT)
 _make_sbatch_string = require("submitit.slurm.slurm", "launch", FOR_WHAT)._make_sbatch_string
@@ -89,19 +90,31 @@ def check_cluster(res: Resources) -> None:
                          f"{mem_mb} MB")
 
 
-def prepare_run_dir(sweep: Sweep, run: Run) -> None:
-    """The run's own directory with its resolved config and the exact training command."""
+def prepare_run_dir(sweep: Sweep, action: Action) -> None:
+    """The run's own directory, as the plan's ``action`` says (the old folder moved aside for a
+    restart, another run's checkpoints copied for a continuation), with its resolved config and
+    the exact training command."""
+    run = action.run
+    if action.kind == RESTART and run.run_dir.exists():
+        moved = replaced_path(sweep, run)
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        run.run_dir.rename(moved)
+        print(f"{run.name}: its folder trained with other settings is now {moved}",
+              file=sys.stderr)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     write_run_json(sweep.spec(run))
-    if sweep.continue_from and (said := start_from(run, sweep.continue_from / run.name)):
-        print(said, file=sys.stderr)
+    if action.kind == CONTINUE and action.source is not None:
+        print(copy_from(run, action.source), file=sys.stderr)
     cmd = TrainJob(sweep.spec(run), PLUGIN_DIR).command()
     atomic.write_text(run.run_dir / "command.sh",
                       "# per-rank distributed flags are added in the job (see command.json)\n"
                       + shlex.join(cmd) + "\n")
 
 
-def dry_run(sweep: Sweep, runs: list[Run]) -> None:
+def dry_run(plan: Plan) -> None:
+    """The plan, then the sbatch parameters and the commands of the runs it trains."""
+    print(plan.show())
+    sweep, runs = plan.sweep, [a.run for a in plan.actions if a.trains]
     folder = sweep.output_dir / ".submitit" / "%j"
     params = train_params(sweep, f"{sweep.name}-train")
     array = f" (a job array of {len(runs)})" if len(runs) > 1 else ""
@@ -126,13 +139,16 @@ def dry_run(sweep: Sweep, runs: list[Run]) -> None:
                   f"--out {sweep.output_dir}")
 
 
-def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
+def submit_slurm(plan: Plan) -> Submitted:
+    """The plan as SLURM arrays: its training jobs, each evaluation after its training."""
+    sweep = plan.sweep
     check_cluster(sweep.resources)
     out = Submitted()
-    to_train = [r for r in runs if not (r.run_dir / DONE).exists()]
-    out.skipped = [r.name for r in runs if r not in to_train]
-    for run in to_train:
-        prepare_run_dir(sweep, run)
+    to_train = [a.run for a in plan.actions if a.trains]
+    out.skipped = [a.run.name for a in plan.actions if a.kind == SKIP]
+    for action in plan.actions:
+        if action.trains:
+            prepare_run_dir(sweep, action)
     folder = sweep.output_dir / ".submitit" / "%j"
     ex = submitit.SlurmExecutor(folder, max_num_timeout=sweep.resources.max_num_timeout)
     if to_train:
@@ -142,7 +158,7 @@ def submit_slurm(sweep: Sweep, runs: list[Run]) -> Submitted:
                 out.train[run.name] = ex.submit(TrainJob(sweep.spec(run), PLUGIN_DIR))
     if not sweep.eval_enabled:
         return out
-    to_eval = [r for r in runs if not (r.run_dir / "eval.json").exists()]
+    to_eval = [a.run for a in plan.actions if a.evaluate]
     if to_eval:
         params = eval_params(sweep, f"{sweep.name}-eval")
         params["additional_parameters"] = {"kill_on_invalid_dep": "yes"}

@@ -1,5 +1,6 @@
 """``python -m fairseq_tying.launch slurm/SWEEP.yaml [--dry-run | --local [--workers N]
-[--no-start-after MIN]] [--only PATTERN] [--skip-recorded DIR]``: one sweep file.
+[--no-start-after MIN]] [--only PATTERN] [--skip-recorded DIR] [--restart-changed]``: one
+sweep file, planned (``plan.py``), then carried out.
 
 A program (a study, ``launch.studies``) calls :func:`launch` with the loaded sweep and a
 :class:`Launch`; the command line is a parser over it."""
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fairseq_tying.common.reproducible import pinned_environ
-from fairseq_tying.launch.continuation import check_sources
 from fairseq_tying.launch.job import RunBusy
-from fairseq_tying.launch.local import Stopped, run_local
+from fairseq_tying.launch.local import Signalled, Stopped, run_local, stoppable
+from fairseq_tying.launch.plan import make_plan
 from fairseq_tying.launch.submit import dry_run, record, submit_slurm
 from fairseq_tying.studies.records.record import Record
 from fairseq_tying.sweeps.config import Run, Sweep, SweepError, check_data, load_sweep
@@ -29,13 +30,15 @@ class Launch:
     """How a sweep's runs are launched: ``mode`` (SLURM arrays, ``local`` jobs on this machine,
     or a ``dry_run`` that prints them), ``only`` the runs whose names match one of these globs,
     ``workers`` local runs side by side, none started after ``no_start_after`` minutes (local),
-    and those with a study record in ``skip_recorded`` left out."""
+    those with a study record in ``skip_recorded`` left out, and the runs trained with other
+    settings than the sweep's started afresh with ``restart_changed`` (else refused)."""
 
     mode: str = "slurm"
     only: tuple[str, ...] = ()
     workers: int = 1
     skip_recorded: Path | None = None
     no_start_after: float | None = None
+    restart_changed: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -78,23 +81,31 @@ def launch(sweep: Sweep, how: Launch) -> int:
 
 
 def _launch(sweep: Sweep, how: Launch) -> int:
+    """Two stages: the plan, from the sweep and the run folders alone (printed by a dry run;
+    a refused run refuses the launch before anything starts), then its execution."""
     try:
-        if how.mode != "dry_run":
-            check_data(sweep)
-        runs = selected(sweep, how.only)
-        stops: list[int] = []
-        if how.skip_recorded:
-            stops = recorded_stops(how.skip_recorded, runs)
-            runs = [r for r in runs if not (how.skip_recorded / f"{r.name}.json").is_file()]
-        check_sources(sweep, runs)  # a refused continue_from stops the sweep before it starts
-        if how.mode == "dry_run":
-            dry_run(sweep, runs)
-            return 0
-        sub = (run_local(sweep, runs, how.workers, stops, how.no_start_after)
-               if how.mode == "local" else submit_slurm(sweep, runs))
-        record(sweep, sub)
+        with stoppable():
+            if how.mode != "dry_run":
+                check_data(sweep)
+            runs = selected(sweep, how.only)
+            plan = make_plan(sweep, runs, how.restart_changed, how.skip_recorded)
+            if how.mode == "dry_run":
+                dry_run(plan)
+                plan.check()
+                return 0
+            plan.check()
+            print(plan.show(), file=sys.stderr)
+            stops = recorded_stops(how.skip_recorded, runs) if how.skip_recorded else []
+            sub = (run_local(plan, how.workers, stops, how.no_start_after)
+                   if how.mode == "local" else submit_slurm(plan))
+            record(sweep, sub)
     except Stopped as err:
         print(f"{sweep.path}: {err}", file=sys.stderr)
+        return 130
+    except (KeyboardInterrupt, Signalled) as stop:  # before or between the jobs: nothing runs
+        why = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else str(stop)
+        print(f"{sweep.path}: stopped by {why}; the same command goes on from the run folders",
+              file=sys.stderr)
         return 130
     except (SweepError, RunBusy) as err:
         print(f"error: {sweep.path}: {err}", file=sys.stderr)
@@ -109,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="sweep file (YAML), e.g. slurm/iwslt_transformer.yaml")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true",
-                      help="print the sbatch parameters and commands, submit nothing")
+                      help="print the plan (what the launch does to each run: train, resume, "
+                      "continue, evaluate, skip, refuse) and the sbatch parameters and "
+                      "commands; submit nothing")
     mode.add_argument("--local", action="store_true",
                       help="run the jobs on this machine without SLURM")
     parser.add_argument("--only", metavar="PATTERN", action="append",
@@ -124,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --local: start or resume no run after MIN minutes (those "
                         "left are trained by the next call), e.g. on a machine that is yours "
                         "for a limited time")
+    parser.add_argument("--restart-changed", action="store_true",
+                        help="start afresh the runs whose folder was trained with other "
+                        "settings than the sweep's (training arguments, budget, data), which "
+                        "are refused without it: each such folder is moved whole to "
+                        "OUTPUT.replaced/NAME.TIME beside the output folder, never deleted")
     return parser
 
 
@@ -132,7 +150,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         how = Launch("dry_run" if args.dry_run else "local" if args.local else "slurm",
                      tuple(args.only or ()), args.workers, args.skip_recorded,
-                     args.no_start_after)
+                     args.no_start_after, args.restart_changed)
     except SweepError as err:
         parser.error(str(err))
     try:

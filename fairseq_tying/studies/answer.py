@@ -59,7 +59,7 @@ def default_references(sweep: Sweep) -> Path:
     if len(dirs) != 1:
         raise ValueError(f"{sweep.path}: {len(dirs)} datasets; give --references (the test "
                          "set the runs were scored on)")
-    tgt = _flag(sweep.runs[0].train_args, "--target-lang")
+    tgt = _flag(sweep.runs[0].identity.train_args, "--target-lang")
     path = dirs[0] / "raw" / f"test.{tgt}"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the test references of the sweep's data dir are not "

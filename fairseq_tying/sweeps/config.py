@@ -18,7 +18,7 @@ __all__ = ["Resources", "Run", "Sweep", "SweepError", "check_data", "data_bin", 
 def check_data(sweep: Sweep) -> None:
     """Every dataset of the sweep's runs holds binarized data (a sweep loaded without the check,
     e.g. before a study prepares its data)."""
-    for dname, d in sorted({(r.dataset, r.data_dir) for r in sweep.runs}):
+    for dname, d in sorted({(r.identity.dataset, r.data_dir) for r in sweep.runs}):
         sweepfile.check_data_dir(dname, d)
 
 

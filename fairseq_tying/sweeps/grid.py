@@ -18,12 +18,14 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.eval_options import EvalOptions, evaluate_options
+from fairseq_tying.common.run_spec import Identity
 from fairseq_tying.core.models.tying import TYING_MODES
 from fairseq_tying.core.output_layers import OUTPUT_LAYERS
-from fairseq_tying.sweeps.sweep import GRID, Batch, Resources, Run, SweepError, section_fields
+from fairseq_tying.sweeps.sweep import Batch, Resources, Run, SweepError
 from fairseq_tying.sweeps.sweepfile import check_int, check_keys
 
-GRID_KEYS = {*section_fields(Run, GRID), "flags"}
+# the identity's fields a grid spans (tag: a block's name part), a block's priority and flags
+GRID_KEYS = {"dataset", "arch", "tying", "output_layer", "seed", "tag", "priority", "flags"}
 # fairseq flags the launcher owns: setting them in `fairseq:` would contradict the grid/resources
 OWNED_FLAGS = {"arch", "tying", "output_layer", "seed", "save_dir", "update_freq", "max_tokens",
                "fp16", "cpu", "user_dir", "log_file", "distributed_world_size",
@@ -202,19 +204,18 @@ def eval_options(args: list[str], also: dict[str, list[str]], task: str
 
 def make_runs(points: list[Point], data_dirs: dict[str, Path], out: Path, common: list[str],
               res: Resources, stopping: dict[str, Any] | None, task: str) -> list[Run]:
-    """One :class:`Run` per grid point, named
-    ``dataset.arch[.tying][.output_layer][.tag].sSEED``."""
+    """One :class:`Run` per grid point, named by its identity (``Identity.named``)."""
     runs: list[Run] = []
     for priority, d, arch, tying, layer, seed, tag, flags in points:
-        parts = [d, arch, tying, layer, tag, f"s{seed}"]
-        rname = ".".join(str(p) for p in parts if p is not None)
-        if any(r.name == rname for r in runs):
-            raise SweepError(f"grid: run {rname} appears in two grids (give one a `tag`)")
         args = ["--arch", arch, "--seed", str(seed)]
         args += ["--tying", tying] if tying is not None else []
         args += ["--output-layer", layer] if layer is not None else []
-        runs.append(Run(name=rname, run_dir=out / rname, data_dir=data_dirs[d], dataset=d,
-                        arch=arch, tying=tying, output_layer=layer, seed=seed,
-                        train_args=args + flags + common, resources=res, stopping=stopping,
-                        priority=priority, task=task, tag=tag))
+        identity = Identity.named(dataset=d, arch=arch, tying=tying, output_layer=layer,
+                                  seed=seed, tag=tag, train_args=args + flags + common,
+                                  task=task)
+        if any(r.name == identity.name for r in runs):
+            raise SweepError(f"grid: run {identity.name} appears in two grids (give one a "
+                             "`tag`)")
+        runs.append(Run(identity, run_dir=out / identity.name, data_dir=data_dirs[d],
+                        resources=res, stopping=stopping, priority=priority))
     return runs

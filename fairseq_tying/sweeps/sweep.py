@@ -79,33 +79,22 @@ class Batch:
     fp16: bool | None = None
 
 
-GRID = "grid"  # the section whose lists span the runs: a Run field marked with it is an axis
-
-
 @dataclass
 class Run:
-    """One point of the grid: a training job, then its evaluation."""
+    """One point of the grid: a training job, then its evaluation. Which run it is (its name,
+    data set, architecture, tying, output layer, seed, training arguments, task, tag) is its
+    :class:`Identity`."""
 
-    name: str
+    identity: Identity
     run_dir: Path
     data_dir: Path
-    dataset: str = setting(section=GRID)
-    arch: str = setting(section=GRID)
-    tying: str | None = setting(section=GRID)
-    output_layer: str | None = setting(section=GRID)
-    seed: int = setting(section=GRID)
-    train_args: list[str]
     resources: Resources
     stopping: dict[str, Any] | None = None
-    # its grid's `priority:` (default: the grid's position in the list)
-    priority: int = setting(1, section=GRID)
-    task: str = "translation"  # fairseq's --task: what the evaluation job does with the run
-    tag: str | None = setting(None, section=GRID)  # the grid block's name tag (its `flags`)
+    priority: int = 1  # its grid's `priority:` (default: the grid's position in the list)
 
-    def identity(self) -> Identity:
-        return Identity(name=self.name, dataset=self.dataset, arch=self.arch, tying=self.tying,
-                        output_layer=self.output_layer, seed=self.seed,
-                        train_args=self.train_args, task=self.task, tag=self.tag)
+    @property
+    def name(self) -> str:
+        return self.identity.name
 
 
 EVALUATION = "evaluation"
@@ -136,7 +125,7 @@ class Sweep:
 
     def spec(self, run: Run) -> RunSpec:
         """``run`` as its jobs and its ``run.json`` describe it."""
-        return RunSpec(run.identity(), run_dir=str(run.run_dir), data_dir=str(run.data_dir),
+        return RunSpec(run.identity, run_dir=str(run.run_dir), data_dir=str(run.data_dir),
                        data_bin=str(data_bin(run.data_dir)),
                        world_size=run.resources.world_size, gpu=run.resources.gpu,
                        stopping=run.stopping, update_freq=self.update_freq,

@@ -101,7 +101,7 @@ def test_every_record_replays_the_command_that_built_its_model():
     the model that was trained (four early records lacked the pre-norm width flags that the
     preset gave then and the sweep states now)."""
     sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
-    commands = {r.name: r.train_args for r in sweep.runs}
+    commands = {r.name: r.identity.train_args for r in sweep.runs}
     recorded = study_records.load(DOCS / "lm" / "records")
     assert len(recorded) == 21
     for r in recorded:

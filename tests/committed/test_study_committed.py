@@ -224,7 +224,8 @@ def test_the_fp16_runs_are_their_logs_and_rank_as_results_gpu_says(tmp_path):
     rule = _sweep_rule("bible_converged.yaml")
     cpu = {(r.run.tying, r.run.output_layer, r.run.seed): r for r in _records(DOCS / "converged")}
     sweep = load_sweep(REPO / "slurm" / "bible_converged.yaml", check_data=False)
-    cells = list(dict.fromkeys((r.tying, r.output_layer) for r in sweep.runs if r.priority == 1))
+    cells = list(dict.fromkeys((r.identity.tying, r.identity.output_layer) for r in sweep.runs
+                               if r.priority == 1))
     fp16, ref = {}, {}
     for tying, layer in cells:
         for seed in (1, 2):

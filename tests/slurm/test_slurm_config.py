@@ -116,9 +116,10 @@ def test_every_stopping_and_batch_key_reaches_the_runs(tmp_path, monkeypatch):
     assert set(batches) == set(section_fields(Batch))
     for key, (batch, resources, flags) in batches.items():
         without = {k: v for k, v in batch.items() if k != key}
-        args = _load(tmp_path, monkeypatch, batch=batch, resources=resources).runs[0].train_args
+        args = _load(tmp_path, monkeypatch, batch=batch,
+                     resources=resources).runs[0].identity.train_args
         plain = _load(tmp_path, monkeypatch, batch=without,
-                      resources=resources).runs[0].train_args
+                      resources=resources).runs[0].identity.train_args
         assert args != plain and " ".join(flags) in " ".join(args), key
     assert GRID_KEYS == {"dataset", "arch", "tying", "output_layer", "seed", "priority", "tag",
                          "flags"}
@@ -143,7 +144,7 @@ def test_grid_expansion_and_update_freq(tmp_path, tiny_data, monkeypatch):
     names = [r.name for r in sweep.runs]
     assert len(names) == len(set(names)) == 4  # 2 output layers x 2 seeds, all distinct
     assert all(r.run_dir.parent == tmp_path / "runs" for r in sweep.runs)
-    args = sweep.runs[0].train_args
+    args = sweep.runs[0].identity.train_args
     assert args[args.index("--update-freq") + 1] == "4"  # 8 simulated workers on 2
     assert "--cpu" in args and "--fp16" not in args
 
@@ -162,7 +163,8 @@ def test_a_sweep_states_what_differs_from_its_base(tmp_path, tiny_data, monkeypa
                                       "max_epoch": 5, "plateau": False}
     assert [r.name for r in sweep.runs] == [r.name for r in base.runs]
     strip = without_length  # the commands differ in their length alone
-    assert [strip(r.train_args) for r in sweep.runs] == [strip(r.train_args) for r in base.runs]
+    assert [strip(r.identity.train_args) for r in sweep.runs] == \
+        [strip(r.identity.train_args) for r in base.runs]
     (tmp_path / "loop.yaml").write_text("base: sub/loop2.yaml\n")
     (tmp_path / "sub" / "loop2.yaml").write_text("base: ../loop.yaml\n")
     with pytest.raises(SweepError, match="loop.yaml is the file itself or includes it"):
@@ -181,14 +183,16 @@ def test_the_equal_training_sweep_is_the_converged_study_with_a_fixed_budget():
     converged = load_sweep(REPO / "slurm" / "bible_converged.yaml", check_data=False)
     equal = load_sweep(REPO / "slurm" / "bible_equal.yaml", check_data=False)
     twin = {r.name: r for r in converged.runs}
-    cells = {p: sorted({(r.arch, r.tying, r.output_layer) for r in equal.runs if r.priority == p})
+    cells = {p: sorted({(r.identity.arch, r.identity.tying, r.identity.output_layer)
+                        for r in equal.runs if r.priority == p})
              for p in (1, 2, 3)}
     assert cells == {
         1: sorted(("transformer_twwt", "three_way", la)
                   for la in ("dot", "l2norm", "sqnorm", "distance", "cosine")),
         2: sorted(("dynamicconv_twwt", "three_way", la) for la in ("dot", "l2norm")),
         3: sorted(("transformer_twwt", t, "dot") for t in ("none", "decoder"))}
-    later = {p: sorted({(r.arch, r.output_layer, r.seed) for r in equal.runs if r.priority == p})
+    later = {p: sorted({(r.identity.arch, r.identity.output_layer, r.identity.seed)
+                        for r in equal.runs if r.priority == p})
              for p in (4, 5, 6, 7, 8)}
     tr, dc = "transformer_twwt", "dynamicconv_twwt"
     assert later == {
@@ -197,13 +201,13 @@ def test_the_equal_training_sweep_is_the_converged_study_with_a_fixed_budget():
         6: sorted((dc, la, s) for la in ("sqnorm", "distance", "cosine") for s in (1, 2, 3)),
         7: sorted((dc, "fixnorm", s) for s in (1, 2, 3)),
         8: sorted((dc, la, s) for la in ("dot", "l2norm") for s in (4, 5))}
-    assert len(equal.runs) == 50 and {r.seed for r in equal.runs} == {1, 2, 3, 4, 5}
+    assert len(equal.runs) == 50 and {r.identity.seed for r in equal.runs} == {1, 2, 3, 4, 5}
     for r in equal.runs:
-        base = twin.get(r.name) or twin[f"bible.{r.arch}.three_way.dot.s1"]
-        want = [a.replace(base.name, r.name) for a in without_length(base.train_args)]
-        want[want.index("--seed") + 1] = str(r.seed)
-        want[want.index("--output-layer") + 1] = r.output_layer
-        assert without_length(r.train_args) == want, r.name
+        base = twin.get(r.name) or twin[f"bible.{r.identity.arch}.three_way.dot.s1"]
+        want = [a.replace(base.name, r.name) for a in without_length(base.identity.train_args)]
+        want[want.index("--seed") + 1] = str(r.identity.seed)
+        want[want.index("--output-layer") + 1] = r.identity.output_layer
+        assert without_length(r.identity.train_args) == want, r.name
         assert r.stopping["plateau"] is False and r.stopping["max_epoch"] == 40
     assert equal.continue_from is None and equal.output_dir != converged.output_dir
     assert (equal.eval_args, equal.eval_also) == (converged.eval_args, converged.eval_also)
@@ -217,8 +221,8 @@ def test_the_fp16_sweep_is_p1_of_the_converged_one_on_a_gpu():
     p1 = {r.name: r for r in converged.runs if r.priority == 1}
     assert sorted(r.name for r in fp16.runs) == sorted(p1)
     for r in fp16.runs:
-        cpu_args = p1[r.name].train_args
-        assert r.train_args == [("--fp16" if a == "--cpu" else a) for a in cpu_args]
+        cpu_args = p1[r.name].identity.train_args
+        assert r.identity.train_args == [("--fp16" if a == "--cpu" else a) for a in cpu_args]
         assert r.stopping == p1[r.name].stopping
     assert fp16.resources.gpus_per_node == 1 and fp16.output_dir != converged.output_dir
     assert (fp16.eval_args, fp16.eval_also) == (converged.eval_args, converged.eval_also)
@@ -229,16 +233,19 @@ def test_the_lm_study_sweep_expands_to_its_21_runs():
     only, and its evaluation is fairseq-eval-lm's (translation flags are refused)."""
     sweep = load_sweep(REPO / "slurm" / "bible_lm.yaml", check_data=False)
     assert sweep.task == "language_modeling" and len(sweep.runs) == 21
-    tied_l = [r for r in sweep.runs if r.tag == "tiedL"]
+    tied_l = [r for r in sweep.runs if r.identity.tag == "tiedL"]
     assert [r.name for r in tied_l] == [f"bible_en.transformer_lm_tied.decoder.dot.tiedL.s{s}"
                                         for s in (1, 2, 3)]
     for run in sweep.runs:
-        args = run.train_args
-        assert ("--tied-embed-dim" in args) == (run.tag == "tiedL") == ("--tied-projection" in args)
+        args = run.identity.train_args
+        assert ("--tied-embed-dim" in args) == (run.identity.tag == "tiedL") \
+            == ("--tied-projection" in args)
         assert args[args.index("--task") + 1] == "language_modeling"
         assert sweep.spec(run).identity.task == "language_modeling"
-    assert tied_l[0].train_args[tied_l[0].train_args.index("--tied-embed-dim") + 1] == "64"
-    assert {(r.tying, r.output_layer) for r in sweep.runs if r.tag is None} == {
+    tied_args = tied_l[0].identity.train_args
+    assert tied_args[tied_args.index("--tied-embed-dim") + 1] == "64"
+    assert {(r.identity.tying, r.identity.output_layer) for r in sweep.runs
+            if r.identity.tag is None} == {
         ("none", "dot"), *(("decoder", la) for la in ("dot", "l2norm", "sqnorm", "distance",
                                                        "cosine"))}
 
@@ -336,7 +343,8 @@ def test_converged_sweeps_train_p1_seed_by_seed(name):
     """P1's two grids share a priority: a local sweep trains seed 1 of all 7 cells (the untied
     and decoder-tied baselines included) before any seed 2, and P2/P3 after all of P1."""
     sweep = load_sweep(REPO / "slurm" / name, check_data=False)
-    order = [(r.tying, r.output_layer, r.seed, r.arch) for r in local_order(sweep.runs)]
+    order = [(r.identity.tying, r.identity.output_layer, r.identity.seed, r.identity.arch)
+             for r in local_order(sweep.runs)]
     p1 = {("three_way", la) for la in ("dot", "l2norm", "sqnorm", "distance", "cosine")} | {
         ("none", "dot"), ("decoder", "dot")}
     for seed in (1, 2, 3):
@@ -352,8 +360,8 @@ def test_converged_sweeps_train_p1_seed_by_seed(name):
 def test_the_gpu_converged_sweep_is_fp16_at_the_iwslt_size():
     sweep = load_sweep(REPO / "slurm" / "bible_converged_gpu.yaml", check_data=False)
     run = sweep.runs[0]
-    args = run.train_args
-    assert run.arch == "transformer_twwt_iwslt_de_en" and run.resources.gpu
+    args = run.identity.train_args
+    assert run.identity.arch == "transformer_twwt_iwslt_de_en" and run.resources.gpu
     assert "--fp16" in args and "--cpu" not in args
     assert args[args.index("--max-tokens") + 1] == "8192"
     assert run.stopping["patience"] == 6 and run.stopping["max_epoch"] == 40

@@ -12,7 +12,9 @@ read here only (:meth:`Record.save`, :meth:`Record.load`). Its layout, schema 1 
 loss and perplexity for a language model), ``eval_TAG`` a tagged one (``eval_best``: the best
 checkpoint's), ``output_row_norms`` the evaluated checkpoint's output matrix (a translation
 model's; null where its checkpoint was not at hand). A field that is None is left out, except
-those a record of that kind always writes (``KEEP``). A new field is one line in its class.
+those a record of that kind always writes (``KEEP``). A new field is one line in its class;
+the evaluations' parts are ``evaluation/result.py``'s types less what a record leaves out
+(``NOT_RECORDED``), so a new evaluation field is one line there.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from fairseq_tying.common import LM_TASK
 from fairseq_tying.common.atomic import atomic_write, write_json
 from fairseq_tying.common.run_spec import Identity
 from fairseq_tying.common.typed import checked
+from fairseq_tying.evaluation.result import PerplexityResult, TranslationResult
 
 SCHEMA = 1  # the layout above; a record without "schema" is schema 1
 
@@ -95,45 +98,40 @@ class Training:
         return next((v for e, _update, v in self.valid_epochs or () if e == epoch), None)
 
 
-@dataclass(frozen=True)
-class Translation:
-    """A translation model's evaluation (``evaluate``'s ``eval.json``)."""
-
-    checkpoint: str | None = None  # a tagged evaluation's checkpoint
-    bleu: float | None = None
-    bleu_signature: str | None = None
-    bleu_verbose: str | None = None
-    chrf: float | None = None
-    chrf_signature: str | None = None
-    tok_bleu: float | None = None
-    tok_bleu_signature: str | None = None
-    preset: str | None = None
-    beam: int | None = None
-    lenpen: float | None = None
-    subset: str | None = None
-    n_sentences: int | None = None
-    references_sha256: str | None = None
-    averaged: list[str] | None = None  # the checkpoints averaged into the one evaluated
-    corpus: str | None = None
-    src: str | None = None
-    tgt: str | None = None
-    references: str | None = None  # the references' path where it was evaluated
+# What a record leaves out of an evaluation (evaluation/result.py): which run it was (the
+# record's own identity), where it ran, and what only that folder holds (its hypotheses'
+# file, the commands, sacrebleu's verbose tokenized score and its splitting option).
+NOT_RECORDED = frozenset({"run", "run_dir", "data", "tag", "task", "hypotheses",
+                          "generate_command", "eval_lm_command", "tok_bleu_verbose",
+                          "compound_split"})
+# the record's key order of the fields it has always kept (schema 1); a field new in
+# result.py follows them, recorded without an edit here
+TRANSLATION_LAYOUT = ("checkpoint", "bleu", "bleu_signature", "bleu_verbose", "chrf",
+                      "chrf_signature", "tok_bleu", "tok_bleu_signature", "preset", "beam",
+                      "lenpen", "subset", "n_sentences", "references_sha256", "averaged",
+                      "corpus", "src", "tgt", "references")
+PERPLEXITY_LAYOUT = ("checkpoint", "loss", "perplexity", "n_tokens", "subset",
+                     "tokens_per_sample", "sample_break_mode", "averaged")
 
 
-@dataclass(frozen=True)
-class Perplexity:
-    """A language model's evaluation (``evaluate-lm``'s ``eval.json``)."""
+def recorded(result: type, name: str, layout: tuple[str, ...], doc: str) -> type:
+    """The part of the evaluation type ``result`` that a record keeps: its fields but
+    ``NOT_RECORDED``, each optional (a tagged evaluation, an older record, lack some), in the
+    order ``layout`` then ``result``'s."""
+    kept = [f for f in fields(result) if f.name not in NOT_RECORDED]
+    if missing := set(layout) - {f.name for f in kept}:
+        raise TypeError(f"{result.__name__} has no field(s) {sorted(missing)} of the record")
+    kept.sort(key=lambda f: layout.index(f.name) if f.name in layout else len(layout))
+    cls = make_dataclass(name, [(f.name, f"{f.type} | None", field(default=None))
+                                for f in kept], frozen=True)
+    cls.__module__, cls.__doc__ = __name__, doc
+    return cls
 
-    checkpoint: str | None = None  # a tagged evaluation's checkpoint
-    loss: float | None = None  # base 2, per token
-    perplexity: float | None = None
-    n_tokens: int | None = None
-    subset: str | None = None
-    tokens_per_sample: int | None = None
-    sample_break_mode: str | None = None
-    averaged: list[str] | None = None
 
-
+Translation = recorded(TranslationResult, "Translation", TRANSLATION_LAYOUT,
+                       "A translation model's evaluation (``evaluate``'s ``eval.json``).")
+Perplexity = recorded(PerplexityResult, "Perplexity", PERPLEXITY_LAYOUT,
+                      "A language model's evaluation (``evaluate-lm``'s ``eval.json``).")
 Evaluation = Translation | Perplexity
 
 

@@ -8,7 +8,6 @@ committed seeds of the run's cell, with the machine of both.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from fairseq_tying.common.atomic import write_json, write_text
 from fairseq_tying.common.reproducible import cpu_name
+from fairseq_tying.common.run_spec import Identity
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.studies.records.records import Record
 
@@ -23,7 +23,6 @@ NOT_RECORDED = "not recorded"
 SPREAD = "min–max of the cell's committed seeds"
 # the decimals a score is shown with (the records' own precision)
 DECIMALS = {"BLEU": 2, "chrF": 2, "perplexity": 2, "valid NLL": 3}
-_SEED = re.compile(r"\.s\d+$")
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ def facts(record: Record) -> Facts:
 
 def cell(name: str) -> str:
     """The run's cell: its name without the seed (``…three_way.dot.s1`` -> ``…three_way.dot``)."""
-    return _SEED.sub("", name)
+    return Identity.split_name(name)[0]
 
 
 @dataclass(frozen=True)
