@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sacrebleu.metrics import BLEU
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from fairseq_tying.common.blocks import block_text, markers, replace_block
+from fairseq_tying.data import bible
 from fairseq_tying.launch.__main__ import main as launch
 from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest
 from fairseq_tying.studies.engine.engine import Section
@@ -205,7 +207,26 @@ def test_the_equal_view_of_real_records(tmp_path):
     bleu = {(r.run.tying, r.run.output_layer, r.run.seed): r.eval.bleu for r in recs}
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
              if line.startswith("|") and " vs " in line]
-    rows = {(c[0], c[1]): c for c in cells}
+    rows = {(c[0], c[1]): c for c in cells if len(c) == 6}  # the Δ table's
+    by_document = {(c[0], c[1]): c for c in cells if len(c) != 6}
+    # each claim's Δ on one book alone: the mean over seeds of sacrebleu's BLEU on its verses
+    books, refs = bible.books("test"), references(None)
+    header = next(line for line in text.splitlines() if line.startswith("| comparison ")
+                  and "John (879)" in line)
+    names = [c.strip() for c in header.strip("|").split("|")][3:]
+    row = by_document[("`l2norm` vs `dot`", "`transformer_twwt`")]
+    runs = {(r.run.output_layer, r.run.seed): r for r in recs if r.run.tying == "three_way"}
+    for name, value in zip(names, row[3:], strict=True):
+        book = name.rsplit(" (", 1)[0]
+        rows_in = [i for i, b in enumerate(books) if b == book]
+        assert name == f"{book} ({len(rows_in)})"
+
+        def bleu_on(run, rows_in=rows_in):
+            return BLEU().corpus_score([run.hypotheses[i] for i in rows_in],
+                                       [[refs[i] for i in rows_in]]).score
+        want = np.mean([bleu_on(runs[("l2norm", s)]) - bleu_on(runs[("dot", s)])
+                        for s in (1, 2, 3)])
+        assert value == f"{want:+.2f}"
     expect = [("decoder tying vs untied (`dot`)", ("decoder", "dot"), ("none", "dot")),
               ("three-way tying vs untied (`dot`)", ("three_way", "dot"), ("none", "dot"))]
     expect += [(f"`{la}` vs `dot` (three-way tying)", ("three_way", la), ("three_way", "dot"))

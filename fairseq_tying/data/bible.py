@@ -296,6 +296,11 @@ def read_split(split: str, lang: str, corpus_dir: Path = CORPUS_DIR) -> list[str
     return gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
 
 
+def books(split: str, corpus_dir: Path = CORPUS_DIR) -> list[str]:
+    """Each line's book in one split (its verse id ``Book C:V=C:V`` less the verses)."""
+    return [line.rsplit(" ", 1)[0] for line in read_split(split, "ids", corpus_dir)]
+
+
 def extract(out: Path, corpus_dir: Path = CORPUS_DIR) -> dict[str, int]:
     """Write the committed corpus as plain ``out/{split}.{es,en}``; return the split sizes."""
     out = Path(out)

@@ -36,7 +36,7 @@ from fairseq_tying.evaluation.result import TranslationResult, read_result
 from fairseq_tying.studies.records import records
 from fairseq_tying.studies.statistics import across
 from fairseq_tying.studies.statistics.cells import summary_of
-from fairseq_tying.studies.views.report import Renderer, references
+from fairseq_tying.studies.views.report import Renderer, documents, references
 from fairseq_tying.sweeps.config import Run, Sweep, load_sweep
 
 ANSWER = "answer.md"
@@ -154,7 +154,8 @@ def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
                   "compared yet (see above)", file=sys.stderr)
             return 2
         write_records(kept, out / "records")
-    body, written = render(out, references(refs), n_samples, len(sweep.runs), beside)
+    body, written = render(out, references(refs), n_samples, len(sweep.runs), beside,
+                           documents(refs))
     write_text(out / ANSWER, head(sweep_file, sweep, left) + body + "\n")
     if report is not None:
         replace_block(report, block, body)
@@ -166,10 +167,11 @@ def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
 
 
 def render(out: Path, refs: list[str], n_samples: int | None, expected: int,
-           beside: tuple[Path, str] | None = None) -> tuple[str, list[str]]:
+           beside: tuple[Path, str] | None = None, docs: list[str] | None = None
+           ) -> tuple[str, list[str]]:
     """The answer's text from ``OUT/records`` (the verdicts, the tables, the changes from
     the study ``beside``), and ``summary.json`` and the plots written beside them."""
-    renderer = Renderer(records.load(out / "records"), refs, n_samples, expected)
+    renderer = Renderer(records.load(out / "records"), refs, n_samples, expected, docs)
     tables, summary = renderer.block("equal")
     verdicts, _ = renderer.block("does_it_help", count=False)
     plots = renderer.plots("equal", out, summary)

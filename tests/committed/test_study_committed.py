@@ -31,7 +31,7 @@ DOCS = REPO / "docs"
 GPU, GPU_PATIENCE3 = DOCS / "converged_gpu", DOCS / "converged_gpu" / "patience3"
 BLOCKS = {  # study: (page, block, folder of its records and summary.json)
     "one_epoch": ("results_one_epoch.md", "study", DOCS / "study"),
-    "converged": ("results.md", "converged", DOCS / "converged"),
+    "converged": ("results_converged.md", "converged", DOCS / "converged"),
     "equal": ("results.md", "equal", DOCS / "equal"),
     "converged_gpu": ("results_gpu.md", "converged_gpu", GPU),
     "converged_gpu_patience3": ("results_gpu.md", "converged_gpu_patience3", GPU_PATIENCE3),
@@ -167,7 +167,7 @@ def test_converged_records_follow_the_protocol():
         assert common["epoch"] == epoch and _valid_by_epoch(r)[epoch] in common["values"]
     r = np.corrcoef([x.train.stop.epoch for x in records], [x.eval.bleu for x in records])[0, 1]
     assert (f"over the {len(records)} runs, test BLEU against the epoch at which the run stopped "
-            f"has Pearson r = {r:.2f}") in (DOCS / "results.md").read_text()
+            f"has Pearson r = {r:.2f}") in (DOCS / "results_converged.md").read_text()
 
 
 def test_equal_training_records_trained_the_longest_plateau_run_of_p1():

@@ -49,6 +49,7 @@ class Context:
     n_samples: int = 1000  # bootstrap resamples (engine.sections chooses them for a study)
     common_epoch: int | None = None  # the last epoch every run reached (runs under a rule)
     rule: Plateau = PLATEAU  # the plateau rule that tells a run still learning at its budget
+    documents: Sequence[str] | None = None  # each test sentence's document (Δ per document)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,15 @@ def _valid_common(records: list[Record], ctx: Context) -> AtEpoch | None:
     return AtEpoch(ctx.common_epoch, Stat.of([valid_at(r, ctx.common_epoch) for r in records]))
 
 
+def _shape(args: list[str]) -> str:
+    """``2+2 layers, D = 128`` from a run's training flags ("" where they do not say)."""
+    def flag(name: str) -> str | None:
+        return args[args.index(name) + 1] if name in args else None
+
+    layers, dim = flag("--encoder-layers"), flag("--encoder-embed-dim")
+    return f"{layers}+{flag('--decoder-layers')} layers, D = {dim}" if layers and dim else ""
+
+
 def _learning(records: list[Record], ctx: Context) -> Learning | None:
     """Each run's gain over its last ``patience`` epochs under the plateau rule (None where
     its record holds too few validations to tell, or none: it cannot be shown to have
@@ -141,6 +151,10 @@ FACTS: dict[str, Callable[[list[Record], Context], Value | None]] = {
     "stop": _stop,
     "valid_nll_common": _valid_common,
     "learning": _learning,
+    # what the cell's runs are, for an answer's scope: their data, model shape, averaging
+    "datasets": lambda records, ctx: tuple(sorted({r.run.dataset for r in records})),
+    "shape": lambda records, ctx: tuple(sorted({_shape(r.run.train_args) for r in records})),
+    "averaged": lambda records, ctx: tuple(sorted({len(r.eval.averaged or ()) for r in records})),
 }
 
 
@@ -196,7 +210,8 @@ def summarize(spec: Spec, cells: Cells, ctx: Context) -> Summary:
 
 
 def sections(spec: Spec, records: Sequence[Record], refs: Sequence[str] | None = None,
-             n_samples: int | None = None, rule: Plateau = PLATEAU) -> list[Section]:
+             n_samples: int | None = None, rule: Plateau = PLATEAU,
+             documents: Sequence[str] | None = None) -> list[Section]:
     """The study's sections (the largest first), each grouped and summarized; the bootstrap
     draws ``n_samples`` resamples, by default as many as the spec's family needs
     (``verdicts.resamples``); ``rule`` tells a run still learning at its budget."""
@@ -211,7 +226,7 @@ def sections(spec: Spec, records: Sequence[Record], refs: Sequence[str] | None =
     out = []
     for key, cells in grouped.items():
         ctx = Context(refs, n_samples, common_epoch(by_key[key]) if
-                      "valid_nll_common" in spec.values else None, rule)
+                      "valid_nll_common" in spec.values else None, rule, documents)
         out.append(Section(key, cells, summarize(spec, cells, ctx)))
     return out if spec.family is None else spec.family(out)
 
@@ -235,7 +250,8 @@ def paired_bootstrap(metric: str = "bleu") -> Callable[[Runs, Runs, Context], Te
         shared = sorted(set(runs) & set(base))
         if not shared:
             return None
-        return compare([(s, runs[s], base[s]) for s in shared], ctx.refs, ctx.n_samples, metric)
+        return compare([(s, runs[s], base[s]) for s in shared], ctx.refs, ctx.n_samples, metric,
+                       ctx.documents if metric == "bleu" else None)
 
     return test
 

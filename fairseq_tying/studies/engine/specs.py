@@ -106,7 +106,7 @@ GRID = Spec(
     label=lambda key, records: f"{key[0]}/{key[1]}",
     head=lambda key, records: GridHead(*key),
     values=("seeds", "bleu", "chrf", "valid_nll", "params", "stop", "bleu_best",
-            "valid_nll_common", "learning"),
+            "valid_nll_common", "learning", "datasets", "shape", "averaged"),
     comparisons=(Comparison("vs_dot", _vs_dot, paired_bootstrap("bleu")),
                  Comparison("vs_untied", _vs_untied, paired_bootstrap("bleu")),
                  # the protocol's other choices: chrF instead of BLEU, and the best-validation

@@ -154,6 +154,7 @@ class Bootstrap:
     p_holm: float | None = None
     family: int | None = None
     learning: tuple[str, ...] = ()  # the compared cells still learning at their budget
+    per_document: dict[str, float] = field(default_factory=dict)  # Δ on each test document
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Bootstrap:
@@ -173,6 +174,8 @@ class Bootstrap:
                 "delta_ci95": self.delta_ci95}
         if self.equivalence is not None:
             out["equivalence"] = self.equivalence.to_dict()
+        if self.per_document:
+            out["per_document"] = dict(self.per_document)
         return out | _family(self) | _learning(self)
 
 
@@ -269,7 +272,8 @@ Head = GridHead | LMHead | MethodHead
 
 # the facts a cell may report besides its metrics (engine.FACTS), as read from summary.json
 FACTS: dict[str, Any] = {"seeds": tuple, "params": tuple, "stop": Stops.from_dict,
-                         "valid_nll_common": AtEpoch.from_dict, "learning": Learning.from_dict}
+                         "valid_nll_common": AtEpoch.from_dict, "learning": Learning.from_dict,
+                         "datasets": tuple, "shape": tuple, "averaged": tuple}
 Value = Stat | Stops | AtEpoch | Learning | tuple
 
 

@@ -190,13 +190,15 @@ def sentence_stats(record: Record, metric: str, refs: Sequence[str]) -> np.ndarr
 
 
 def compare(pairs: Sequence[tuple[Hashable, Any, Any]], refs: Sequence[str], n_samples: int,
-            metric: str = "bleu") -> Bootstrap:
+            metric: str = "bleu", documents: Sequence[str] | None = None) -> Bootstrap:
     """Paired bootstrap of ``metric`` over ``(key, run, baseline run)`` pairs of records (one
     per seed): pooled over the pairs (``delta``, ``p``; ``delta_ci95`` over the pairs'
     differences: training variance) and per pair (``per_seed_p``, ``per_seed_delta``, keyed
-    by ``key``)."""
+    by ``key``); with ``documents`` (one name per test sentence) the mean difference on each
+    document's sentences alone (``per_document``)."""
     stats = [(sentence_stats(run, metric, refs), sentence_stats(base, metric, refs))
              for _, run, base in pairs]
+    by_document = {} if documents is None else per_document(stats, documents, metric)
     observed, sampled = paired_samples(stats, n_samples, metric=metric)
     pooled = _pooled(observed, sampled, metric)
     # each pair alone: its row of the same resamples, as a bootstrap of that pair would draw
@@ -207,7 +209,25 @@ def compare(pairs: Sequence[tuple[Hashable, Any, Any]], refs: Sequence[str], n_s
     return Bootstrap(delta=pooled[f"delta_{metric}"], p=pooled["p"], n_seeds=pooled["n_seeds"],
                      n_samples=pooled["n_samples"], metric=metric, per_seed_delta=deltas,
                      per_seed_p={k: t["p"] for k, t in singles.items()},
-                     delta_ci95=None if np.isnan(half) else half)
+                     delta_ci95=None if np.isnan(half) else half, per_document=by_document)
+
+
+def per_document(stats: Sequence[tuple[np.ndarray, np.ndarray]], documents: Sequence[str],
+                 metric: str) -> dict[str, float]:
+    """Per document, named with its number of sentences (``John (879)``, in order of first
+    appearance): the mean over the pairs of the corpus ``metric`` difference on that
+    document's sentences alone."""
+    if len(documents) != len(stats[0][0]):
+        raise ValueError(f"{len(documents)} document names for {len(stats[0][0])} sentences")
+    scorer = _scorer(metric)
+    names = np.asarray(documents)
+    out = {}
+    for doc in dict.fromkeys(documents):
+        rows = names == doc
+        out[f"{doc} ({rows.sum()})"] = float(np.mean([
+            scorer._compute_score_from_stats(a[rows].sum(0)).score
+            - scorer._compute_score_from_stats(b[rows].sum(0)).score for a, b in stats]))
+    return out
 
 
 def seed_difference(runs: dict[int, Any], base: dict[int, Any], metric: str

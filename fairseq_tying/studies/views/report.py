@@ -20,7 +20,7 @@ from typing import Any
 
 from fairseq_tying.common.atomic import read_lines, write_json
 from fairseq_tying.common.blocks import replace_block
-from fairseq_tying.data.bible import read_split
+from fairseq_tying.data.bible import books, read_split
 from fairseq_tying.studies.engine import engine
 from fairseq_tying.studies.engine.engine import Section, Spec
 from fairseq_tying.studies.engine.specs import GRID, LM
@@ -83,8 +83,10 @@ class Renderer:
     """Renders views of one study's records, each spec's sections computed once."""
 
     def __init__(self, recs: list[Record], refs: Sequence[str] | None,
-                 n_samples: int | None = None, expected: int | None = None) -> None:
+                 n_samples: int | None = None, expected: int | None = None,
+                 documents: Sequence[str] | None = None) -> None:
         self.records, self.refs, self.n_samples, self.expected = recs, refs, n_samples, expected
+        self.documents = documents if documents is not None else bible_documents(refs)
         self._sections: dict[int, list[Section]] = {}
 
     def sections(self, view: View) -> list[Section]:
@@ -93,7 +95,7 @@ class Renderer:
             if view.sentences:
                 engine.check_references(self.records, self.refs)
             self._sections[key] = engine.sections(view.spec, self.records, self.refs,
-                                                  self.n_samples)
+                                                  self.n_samples, documents=self.documents)
         return self._sections[key]
 
     def block(self, name: str, count: bool = True) -> tuple[str, Any]:
@@ -143,6 +145,23 @@ def build(records_dir: str | os.PathLike, targets: Sequence[Target],
     written += map(str, renderer.plots(targets[0].view, Path(plots_dir), summary))
     return {"exported": exported, "records": len(recs), "markdown": first, "written": written,
             "renderer": renderer}
+
+
+def bible_documents(refs: Sequence[str] | None) -> list[str] | None:
+    """The book of each reference where ``refs`` are the embedded Bible's test set (either
+    side), else None."""
+    if refs is None:
+        return None
+    for lang in ("en", "es"):
+        if list(refs) == read_split("test", lang):
+            return books("test")
+    return None
+
+
+def documents(refs_path: Path) -> list[str] | None:
+    """A user's test documents: ``REFS.docs`` beside the references, one name per line."""
+    path = Path(f"{refs_path}.docs")
+    return read_lines(path) if path.is_file() else None
 
 
 def references(path: str | os.PathLike | None) -> list[str]:

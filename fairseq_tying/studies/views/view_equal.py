@@ -110,6 +110,29 @@ def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[st
     return rows, changes
 
 
+def per_document(sections: list[Section]) -> str:
+    """The table of each claim's Δ per test document, beside its overall Δ ("" where the
+    comparisons have no documents)."""
+    rows, docs = [], []
+    for s in sections:
+        for label, name, what in _claims(s.summary):
+            test = _test(s.summary, label, name)
+            if test is None or not test.per_document:
+                continue
+            docs = docs or list(test.per_document)
+            rows.append([what, f"`{s.key}`", f"{test.delta:+.2f}",
+                         *(f"{test.per_document[d]:+.2f}" for d in docs)])
+    return markdown_table(["comparison", "model", "all", *docs], rows) if rows else ""
+
+
+def _claims(summary: Summary) -> list[tuple[str, str, str]]:
+    """(cell, comparison, its name in a table) of every claim, in the Δ table's order."""
+    out = [(f"{t}/{BASELINE}", "vs_untied", f"{t.replace('_', '-')} tying vs untied")
+           for t in SHARED[::-1]]
+    return out + [(f"three_way/{la}", "vs_dot", f"`{la}` vs `{BASELINE}`")
+                  for la in specs.normalized()]
+
+
 def _test(summary: Summary, label: str, name: str) -> Bootstrap | None:
     """The comparison ``name`` of the summary's cell ``label`` (None: no such cell or test)."""
     return summary[label].test(name) if label in summary else None
@@ -145,6 +168,11 @@ def render(sections: list[Section]) -> tuple[str, Any]:
                                   "verdict"], rows)]
         if changes:
             parts += ["", holm_changes(changes)]
+    if table := per_document(sections):
+        parts += ["\n**Δ BLEU by test document**: each claim's Δ on one document's sentences "
+                  "alone (its corpus BLEU there, mean over the shared seeds), the document's "
+                  "sentences in brackets; a document that carries the overall Δ alone shows "
+                  "here.\n", table]
     return "\n".join(parts), {str(s.key): s.summary for s in sections}
 
 
