@@ -142,7 +142,7 @@ def test_the_answer_is_rebuilt_from_its_records_alone_into_a_report(answered, tm
     original = (answered["root"] / "answer" / "answer.md").read_text()
     assert (out / "answer.md").read_text() == original  # the same answer, byte for byte
     body = report.read_text()
-    assert "old" not in body and body.endswith("<!-- mine:end -->\n\nafter\n")
+    assert "\nold\n" not in body and body.endswith("<!-- mine:end -->\n\nafter\n")
     assert original.split("\n\n", 2)[2].strip() in body  # the answer without its head
 
 

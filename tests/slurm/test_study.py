@@ -168,7 +168,9 @@ def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(named_s
     assert block.startswith("2 of 4 runs are recorded.\n\nSeeds: 1.")
     assert (first / "results.md").read_text().endswith("\n\nWritten by hand.\n")
     answer = _block(first / "README.md", "answer")
-    assert answer.startswith("From the `tiny` study's 2 records.\n\nΔ: ")
+    assert answer.startswith("From the `tiny` study's 2 records.\n\nScope: `tiny`; ")
+    scope = answer.split(". Δ: ")[0]  # the scope line: data, model, seeds, budget
+    assert scope.endswith("; `transformer_twwt`, 1+1 layers, D = 16, 0.01M parameters; seed 1")
     assert "\n| tying |" in answer
     assert "| three_way | `dot` |" in answer and "| unresolved (1 of 3 seeds) |" in answer
     assert "\n- Three-way tying against untied (`dot`): **too few seeds (1 of 3)**, " \

@@ -123,8 +123,10 @@ def _valid_common(records: list[Record], ctx: Context) -> AtEpoch | None:
     return AtEpoch(ctx.common_epoch, Stat.of([valid_at(r, ctx.common_epoch) for r in records]))
 
 
-def _shape(args: list[str]) -> str:
+def _shape(args: list[str] | None) -> str:
     """``2+2 layers, D = 128`` from a run's training flags ("" where they do not say)."""
+    args = args or []
+
     def flag(name: str) -> str | None:
         return args[args.index(name) + 1] if name in args else None
 
