@@ -366,7 +366,7 @@ def _also(cell, name: str) -> str:
     effect = TTestPower().solve_power(nobs=len(deltas), alpha=0.05, power=0.8)
     need = seeds_for_equivalence(sd, 0.5)
     return (f"{robust}; {len(deltas)} seeds (sd {sd:.2f}) detect |Δ| ≥ {effect * sd:.2f} with "
-            f"80 % power, equivalence within ±0.5 needs {need}")
+            f"80 % power, equivalence within ±0.5 needs {need} seeds")
 
 
 def test_the_short_answer_says_each_verdict_in_words():

@@ -121,7 +121,7 @@ def power(test: Bootstrap) -> str:
     seeds = "more than 100" if need is None else str(need)
     return (f"{len(deltas)} seeds (sd {sd:.2f}) detect |Δ| ≥ "
             f"{detectable(sd, len(deltas), verdicts.ALPHA):.2f} with {100 * POWER:g} % power, "
-            f"equivalence within ±{verdicts.MARGIN:g} needs {seeds}")
+            f"equivalence within ±{verdicts.MARGIN:g} needs {seeds} seeds")
 
 
 def answers(records: list[Record]) -> bool:
