@@ -154,3 +154,9 @@ def resolve(run_dir: Path, spec: RunSpec | None, trained: Identity | None,
         found[key] = theirs if mine is None else mine
     identity = replace(asked, **found, method=asked.method or getattr(trained, "method", None))
     return replace(identity, method=identity.label())
+
+
+def flag_value(args: list[str] | None, flag: str) -> str | None:
+    """The value after ``flag`` in a run's fairseq arguments (None where it is not given)."""
+    args = args or []
+    return args[args.index(flag) + 1] if flag in args else None

@@ -32,6 +32,7 @@ from pathlib import Path
 from fairseq_tying.common import EVAL_JSON, TRAIN_DONE
 from fairseq_tying.common.atomic import write_text
 from fairseq_tying.common.blocks import replace_block
+from fairseq_tying.common.run_spec import flag_value
 from fairseq_tying.evaluation.result import TranslationResult, read_result
 from fairseq_tying.studies.records import records
 from fairseq_tying.studies.statistics import across
@@ -59,16 +60,13 @@ def default_references(sweep: Sweep) -> Path:
     if len(dirs) != 1:
         raise ValueError(f"{sweep.path}: {len(dirs)} datasets; give --references (the test "
                          "set the runs were scored on)")
-    tgt = _flag(sweep.runs[0].identity.train_args, "--target-lang")
+    tgt = flag_value(sweep.runs[0].identity.train_args, "--target-lang")
     path = dirs[0] / "raw" / f"test.{tgt}"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the test references of the sweep's data dir are not "
                                 "here; give --references FILE (the file the runs were scored on)")
     return path
 
-
-def _flag(args: list[str], flag: str) -> str | None:
-    return args[args.index(flag) + 1] if flag in args else None
 
 
 def budget(sweep: Sweep) -> int | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fairseq_tying.common.run_spec import flag_value
 from fairseq_tying.evaluation.metrics import METRICS
 from fairseq_tying.studies.records.record import Record
 from fairseq_tying.studies.statistics.cells import (
@@ -125,13 +126,9 @@ def _valid_common(records: list[Record], ctx: Context) -> AtEpoch | None:
 
 def _shape(args: list[str] | None) -> str:
     """``2+2 layers, D = 128`` from a run's training flags ("" where they do not say)."""
-    args = args or []
-
-    def flag(name: str) -> str | None:
-        return args[args.index(name) + 1] if name in args else None
-
-    layers, dim = flag("--encoder-layers"), flag("--encoder-embed-dim")
-    return f"{layers}+{flag('--decoder-layers')} layers, D = {dim}" if layers and dim else ""
+    layers, dim = flag_value(args, "--encoder-layers"), flag_value(args, "--encoder-embed-dim")
+    return (f"{layers}+{flag_value(args, '--decoder-layers')} layers, D = {dim}"
+            if layers and dim else "")
 
 
 def _learning(records: list[Record], ctx: Context) -> Learning | None:

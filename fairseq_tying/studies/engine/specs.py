@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 
+from fairseq_tying.common.run_spec import flag_value
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import DECODER, THREE_WAY, UNTIED, tying_mode
 from fairseq_tying.core.output_layers import BASELINE
@@ -203,13 +204,10 @@ def lm_label(key: Key, records: list[Record]) -> str:
     tying, layer, tag = key
     text = f"{tying} × {layer}"
     if tag:
-        dims = sorted({_flag(r.run.train_args, "--tied-embed-dim") for r in records} - {None})
+        dims = sorted({flag_value(r.run.train_args, "--tied-embed-dim") for r in records} - {None})
         text += f" + {tag}" + (f" (D = {', '.join(dims)})" if dims else "")
     return text
 
-
-def _flag(args: list[str], flag: str) -> str | None:
-    return args[args.index(flag) + 1] if flag in args else None
 
 
 def _lm_order(key: Key) -> tuple:
