@@ -161,6 +161,39 @@ def test_a_printed_p_is_on_the_same_side_of_alpha_as_p(p, text):
     assert format_ps(replace(comparison(0.5, p=0.01), p_holm=p)).endswith(f"Holm {text}")
 
 
+@pytest.mark.parametrize("samples, m, raw, holm", [
+    (10_000, 14, "≤ 0.0001", "≤ 0.0014 (floor)"), (1000, 5, "≤ 0.000999", "≤ 0.005 (floor)"),
+    (20_000, 14, "≤ 0.00005", "≤ 0.0007 (floor)"),  # never 5e-05
+    (100_000, 60, "≤ 0.00001", "≤ 0.0006 (floor)")])
+def test_a_p_at_its_floor_reads_so_with_the_floors_digits(samples, m, raw, holm):
+    """A bootstrap p at 1/(B + 1) and its Holm p at m/(B + 1) print "≤" and the floor in fixed
+    notation, the numbers the legend states; each seed's p at the floor, in brackets, too."""
+    family = verdicts.adjust([replace(comparison(0.5, 0.4, 0.6, p=1 / (samples + 1)),
+                                      n_samples=samples) for _ in range(m)])
+    test = family[0]
+    assert format_ps(test) == f"p {raw}, Holm {holm}"
+    assert f"[{raw.replace(' ', '')}, {raw.replace(' ', '')}, {raw.replace(' ', '')}]" in \
+        formatting.format_delta(test)
+    legend = formatting.legend(family, set())
+    assert f"1/(B + 1) = {raw[2:]}," in legend
+    assert f"m/(B + 1) = {holm[2:].removesuffix(' (floor)')} (a p at its floor reads ≤" in legend
+    assert "e-0" not in legend + format_ps(test)
+
+
+def test_a_p_above_its_floor_never_reads_at_or_below_it():
+    """Three decimals would print a Holm p of 0.00145 as "0.001", under a legend whose floor
+    is 14/10,001 = 0.0014: it takes the digits that keep it above the floor, as a raw p just
+    above 1/(B + 1) does; an equivalence p (a t-test's) has no floor and reads "< 0.001"."""
+    floor = 1 / 10_001
+    test = replace(comparison(0.5, 0.4, 0.6, p=2 * floor), n_samples=10_000, p_holm=0.00145,
+                   family=14)
+    assert format_ps(test) == "p = 0.0002, Holm 0.00145"
+    assert p_digits(1.05 * floor, floor=floor) == "0.000105"
+    assert p_digits(0.0015, floor=14 * floor) == "0.002"  # three decimals read above 0.0014
+    eq = Equivalence(margin=0.5, low=-0.1, high=0.1, p=1e-5, n=5, p_holm=14e-5, family=14)
+    assert format_ps(eq) == "p < 0.001, Holm < 0.001"
+
+
 @pytest.mark.parametrize("deltas", [(0.3, -0.2, 0.1), (0.6, -0.4, 0.1), (0.45, 0.2, 0.4, 0.3),
                                     (-0.1, -0.35, -0.2, -0.3, -0.05), (1.9, 1.5, 2.2)])
 @pytest.mark.parametrize("margin", [0.5, 0.25])

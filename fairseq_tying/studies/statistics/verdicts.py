@@ -107,14 +107,22 @@ def resamples(m: int) -> int:
     return next(k * scale for k in (1, 2, 5, 10) if k * scale >= need)
 
 
+def digits(x: float, significant: int = 3) -> str:
+    """``x`` (> 0) in fixed notation with ``significant`` digits, trailing zeros dropped:
+    ``0.0014``, ``0.00005`` (never ``5e-05``): how a bootstrap's floor and a p near it print."""
+    decimals = max(0, significant - 1 - math.floor(math.log10(x)))
+    text = f"{x:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def resolution(n_samples: int, m: int) -> str:
     """The legend's sentence on the bootstrap's resolution: B, and the smallest Holm-adjusted
     p it allows over the family's m tests."""
     chosen = f" (at least {RESOLUTION}·m/α)" if n_samples >= RESOLUTION * m / ALPHA else ""
     return (f"B = {n_samples:,} bootstrap resamples{chosen}: a bootstrap p ≥ 1/(B + 1) = "
-            f"{1 / (n_samples + 1):.3g}, so no Holm-adjusted bootstrap p of the study's m = {m} "
-            f"tests falls below m/(B + 1) = {m / (n_samples + 1):.3g} (a p at its floor reads "
-            "≤; an equivalence p, a t-test's, has no floor)")
+            f"{digits(1 / (n_samples + 1))}, so no Holm-adjusted bootstrap p of the study's "
+            f"m = {m} tests falls below m/(B + 1) = {digits(m / (n_samples + 1))} (a p at its "
+            "floor reads ≤; an equivalence p, a t-test's, has no floor)")
 
 
 def holm(ps: Sequence[float]) -> list[float]:

@@ -37,18 +37,21 @@ def p_digits(p: float, compact: bool = False, floor: float | None = None) -> str
     """``0.046`` or ``< 0.001`` (``<0.001`` compact, in lists); more digits where three would
     round onto ALPHA (p = 0.04995 reads ``0.04995``, not ``0.050``), so the printed p is on the
     same side of ALPHA as p. A resampling test's p has a ``floor`` (1/(B + 1), m/(B + 1) after
-    Holm): below 0.001 it prints the digits the floor needs, and a p at the floor ``≤ floor``,
-    since the observed difference beat every resample."""
+    Holm): a p at the floor reads ``≤ floor``, since the observed difference beat every
+    resample, and one above it the digits the floor needs, so that it never reads at or below
+    the floor (below 0.001: two significant digits or more, in fixed notation)."""
     sp = "" if compact else " "
     if floor is not None and p <= floor * (1 + 1e-9):
-        return f"≤{sp}{floor:.3g}"
-    if p < 0.001:
-        return f"{p:.2g}" if floor is not None else f"<{sp}0.001"
-    for digits in range(3, 7):
-        text = f"{p:.{digits}f}"
-        if (float(text) < ALPHA) == (p < ALPHA):
+        return f"≤{sp}{verdicts.digits(floor)}"
+    if p < 0.001 and floor is None:
+        return f"<{sp}0.001"
+    shown = float(verdicts.digits(floor)) if floor is not None else 0.0
+    candidates = ([verdicts.digits(p, n) for n in range(2, 7)] if p < 0.001
+                  else [f"{p:.{n}f}" for n in range(3, 7)])
+    for text in candidates:
+        if (float(text) < ALPHA) == (p < ALPHA) and float(text) > shown:
             return text
-    return text
+    return candidates[-1]
 
 
 def format_p(p: float, floor: float | None = None) -> str:
