@@ -594,8 +594,9 @@ def study_prepare(tiny_data: Path) -> str:
 
 
 def run_folders(out: Path) -> list[Path]:
-    """The run folders a sweep wrote into ``out`` (not its .submitit/)."""
-    return sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))
+    """The run folders a sweep wrote into ``out``, each with its run.json (not its .submitit/,
+    nor the answer/ of the launcher's summary)."""
+    return sorted(p for p in out.iterdir() if (p / "run.json").is_file())
 
 
 def sacct(job: str) -> list[dict[str, str]]:

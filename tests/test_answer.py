@@ -11,6 +11,10 @@ import pytest
 import yaml
 
 from fairseq_tying.common import EVAL_JSON, TRAIN_DONE
+from fairseq_tying.studies.statistics.verdicts import digits
+from fairseq_tying.studies.sweep_summary import answer_command, summarize
+from fairseq_tying.studies.views.formatting import p_digits
+from fairseq_tying.sweeps.config import load_sweep
 from tests.helpers import SIZES, launch, run_module
 
 pytestmark = pytest.mark.slow
@@ -149,4 +153,93 @@ def test_the_answer_is_rebuilt_from_its_records_alone_into_a_report(answered, tm
 def test_the_launchers_summary_names_what_ran(answered):
     jobs = json.loads((answered["root"] / "runs" / "jobs.json").read_text())
     assert len(jobs["train"]) == 6 and len(jobs["evaluate"]) == 6
-    assert jobs["collect"] == "launcher"
+    assert jobs["summary"] == "launcher"
+
+
+def test_the_launchers_summary_is_the_answer(answered):
+    """After the launch, OUTPUT/results.md is the sweep's answer, made by the answer's own
+    engine into OUTPUT/answer: the Δs, p-values and verdicts of `studies answer`, its head
+    naming the command that rebuilds it, and no table of its own (no Δ against one baseline,
+    no per-run p)."""
+    runs = answered["root"] / "runs"
+    summary = (runs / "results.md").read_text()
+    made = (runs / "answer" / "answer.md").read_text()
+    assert summary == made + "\nIts records, `summary.json` and plots: [answer/](answer/).\n"
+    assert (f"compared by `python -m fairseq_tying.studies answer {answered['sweep']} --runs "
+            f"{runs} --out {runs / 'answer'}`.") in made
+    command = (answered["root"] / "answer" / "answer.md").read_text()
+    assert made.split("\n\n", 2)[2] == command.split("\n\n", 2)[2]  # the same answer
+    tied = json.loads((runs / "answer" / "summary.json").read_text())["transformer_twwt"][
+        "three_way/dot"]["vs_untied"]
+    claim = next(line for line in summary.splitlines() if line.startswith("- Three-way tying"))
+    assert f"{tied['delta_bleu']:+.2f} BLEU" in claim
+    floor = 1 / (tied["n_samples"] + 1)  # a p at it reads "≤", with the floor's digits
+    at_floor = tied["p"] <= floor * (1 + 1e-9)
+    raw = f"p ≤ {digits(floor)}" if at_floor else f"p = {p_digits(tied['p'], floor=floor)}"
+    assert f"({raw}, Holm " in claim
+    assert summary.count("over untied") == 1  # the answer's row of the claim, no other Δ
+    for other in ("Δ BLEU (paired)", "significant runs", "p BLEU", "| Run |"):
+        assert other not in summary
+    assert not (runs / "results.json").exists() and not (runs / "bleu.png").exists()
+    assert {p.stem for p in (runs / "answer" / "records").glob("*.json")} == \
+        {p.stem for p in (answered["root"] / "answer" / "records").glob("*.json")}
+
+
+def _runs_copy(answered, tmp_path: Path) -> Path:
+    """A copy of the runs without the launcher's summary and answer."""
+    runs, _ = _copy_runs(answered, tmp_path)
+    shutil.rmtree(runs / "answer")
+    (runs / "results.md").unlink()
+    return runs
+
+
+def test_a_grid_without_the_answers_comparisons_says_so_with_the_scores(answered, tmp_path):
+    """A sweep of three-way tying with ``dot`` alone makes none of the answer's comparisons: its
+    launch (every run finished, so nothing trains) says so, lists each run's scores, and states
+    no Δ."""
+    runs = _runs_copy(answered, tmp_path)
+    raw = yaml.safe_load(answered["sweep"].read_text())
+    raw["grid"] = [{**g, "tying": ["three_way"]} for g in raw["grid"]]
+    sweep = tmp_path / "tied.yaml"
+    sweep.write_text(yaml.safe_dump(raw, sort_keys=False))  # the flags in the runs' order
+    launch(str(sweep), "--local", "--output-dir", str(runs))
+    summary = (runs / "results.md").read_text()
+    assert "No answer for the runs of" in summary
+    assert "its grid makes none of the answer's comparisons" in summary
+    rows = {cells[0]: cells[1:] for line in summary.splitlines() if line.startswith("| `")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    for seed in SEEDS:
+        name = f"data.transformer_twwt.three_way.dot.s{seed}"
+        ev = json.loads((runs / name / EVAL_JSON).read_text())
+        assert rows.pop(f"`{name}`") == ["three_way", "`dot`", seed, f"{ev['bleu']:.2f}",
+                                         f"{ev['tok_bleu']:.2f}", f"{ev['chrf']:.2f}"]
+    assert rows == {}
+    assert "none.dot" not in summary and "Δ" not in summary.replace("no Δ or p", "")
+    assert not (runs / "answer").exists()
+
+
+def test_a_sweep_with_no_run_to_compare_names_each_run_and_the_command(answered, tmp_path):
+    runs = _runs_copy(answered, tmp_path)
+    for run in runs.glob(f"*/{EVAL_JSON}"):
+        run.unlink()
+    sweep = load_sweep(answered["sweep"], runs, check_data=False)
+    path, line = summarize(sweep)
+    text = path.read_text()
+    assert "none of its 6 runs can be compared yet" in line and \
+        "none of its 6 runs can be compared yet" in text
+    unfinished = text.count(": unfinished (no eval.json")
+    assert text.count("\n- `data.transformer_twwt.") == unfinished == 6
+    assert f"`{answer_command(sweep)}` makes it once runs can be compared." in text
+    assert "Each evaluated run" not in text  # no run has scores to list
+
+
+def test_a_study_launch_leaves_the_answer_to_its_records(answered, tmp_path):
+    """Runs skipped for their study record are not in these folders: the launcher's summary
+    makes no answer of the rest, and says where the answer comes from."""
+    runs = _runs_copy(answered, tmp_path)
+    launch(str(answered["sweep"]), "--local", "--output-dir", str(runs), "--skip-recorded",
+           str(answered["root"] / "answer" / "records"))
+    text = (runs / "results.md").read_text()
+    assert "launched with --skip-recorded" in text and "(6 of 6 now)" in text
+    assert "launch study NAME" in text
+    assert not (runs / "answer").exists()

@@ -37,6 +37,7 @@ def test_demo_pipeline_with_a_tiny_budget(tmp_path):
     results = out / "results"
     table = (results / "results.md").read_text()
     assert "transformer_twwt:dot" in table and "transformer_twwt:l2norm" in table
+    assert "No Δ or p here" in table and "Δ BLEU" not in table  # one seed: scores alone
     for png in ("bleu.png", "norms.png"):
         assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for output_layer in ("dot", "l2norm"):

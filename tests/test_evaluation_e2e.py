@@ -142,15 +142,14 @@ def test_evaluate_launcher_layout_and_shorthand(world, eval_b):
 def test_collect_and_norms_on_real_runs(world, eval_a, eval_b):
     out = world["root"] / "report"
     proc = run_module("fairseq_tying.studies", "collect", world["root"] / "runs", "--out", out,
-                      "--bootstrap-samples", "200", check=False)
+                      check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (out / "results.md").read_text()
     assert "| transformer_twwt:three_way:dot " in md and "toy-l2norm-seed1" in md
     assert md.strip() in proc.stdout
     group = json.loads((out / "results.json").read_text())["groups"][0]
-    assert group["baseline"] == "transformer_twwt:three_way:dot"
     [b_run] = [r for r in group["runs"] if r["name"] == "toy-l2norm-seed1"]
-    assert b_run["baseline_run"] == "dot-s1" and 0 < b_run["bleu_p"] <= 1
+    assert b_run["bleu"] == eval_b["bleu"] and b_run["chrf"] == eval_b["chrf"]
 
     png = world["root"] / "norms.png"
     proc = _evaluate("norms", world["a"] / "checkpoint_last.pt",

@@ -437,7 +437,7 @@ DEFERRED = {
         "sacremoses (0.7 s) off a training job",
     ("fairseq_tying.launch.job", "fairseq_tying.evaluation.perplexity"):
         "sacremoses (0.7 s) off a training job",
-    ("fairseq_tying.launch.job", "fairseq_tying.studies.collect"):
+    ("fairseq_tying.launch.job", "fairseq_tying.studies.sweep_summary"):
         "matplotlib (1 s) off a training job",
     ("fairseq_tying.studies.commands", "fairseq_tying.studies.collect"): MATPLOTLIB,
     ("fairseq_tying.studies.commands", "fairseq_tying.studies.views.report"): MATPLOTLIB,

@@ -1,4 +1,4 @@
-"""What runs inside a job: fairseq training of one run, its evaluation, the sweep's collect step.
+"""What runs inside a job: fairseq training of one run, its evaluation, the sweep's summary.
 
 ``TrainJob`` is called once per task (one task per GPU, or per CPU worker) by submitit. It takes
 rank, world size and the master address from submitit's ``JobEnvironment`` and calls fairseq's
@@ -35,6 +35,7 @@ from fairseq_tying.common.reproducible import cpu_name
 from fairseq_tying.common.run_spec import RunSpec
 from fairseq_tying.launch import FOR_WHAT, fairseq_hooks
 from fairseq_tying.sweeps import plateau
+from fairseq_tying.sweeps.sweep import Sweep
 
 submitit = require("submitit", "launch", FOR_WHAT)
 
@@ -368,20 +369,20 @@ def evaluate(run_dir: Path, options: EvalOptions, cpu: bool, tag: str | None = N
     return out
 
 
-class CollectJob:
-    """Cross-run table and plots of a sweep."""
+class SummaryJob:
+    """A translation sweep's summary after its last evaluation: its answer, or why there is none
+    (``studies.sweep_summary``), in ``OUTPUT/results.md``; ``skipped``: the records folder of
+    ``--skip-recorded``."""
 
-    def __init__(self, runs_root: str, out_dir: str) -> None:
-        self.runs_root, self.out_dir = runs_root, out_dir
+    def __init__(self, sweep: Sweep, skipped: Path | None = None) -> None:
+        self.sweep, self.skipped = sweep, skipped
 
     def __call__(self) -> str:
         # imported when it runs: a training job does not load matplotlib (1 s)
-        from fairseq_tying.studies.collect import collect
+        from fairseq_tying.studies.sweep_summary import summarize
 
         configure_logging()
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        collect(self.runs_root, self.out_dir)
-        out = Path(self.out_dir) / "results.md"
-        if not out.exists():
-            raise RuntimeError(f"collect of {self.runs_root} wrote no {out}")
-        return str(out)
+        path, what = summarize(self.sweep, self.skipped)
+        print(what, file=sys.stderr, flush=True)
+        return str(path)

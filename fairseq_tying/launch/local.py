@@ -18,7 +18,7 @@ from tqdm import tqdm
 from fairseq_tying.common import LM_TASK, PLUGIN_DIR
 from fairseq_tying.common.extras import require
 from fairseq_tying.launch import FOR_WHAT
-from fairseq_tying.launch.job import CollectJob, EvalJob, LocalRunJob, TrainJob, hold_run
+from fairseq_tying.launch.job import EvalJob, LocalRunJob, SummaryJob, TrainJob, hold_run
 from fairseq_tying.launch.plan import SKIP, Action, Plan
 from fairseq_tying.launch.submit import Inline, Submitted, prepare_run_dir
 from fairseq_tying.sweeps.config import Run, Sweep, SweepError
@@ -284,7 +284,7 @@ def run_local(plan: Plan, workers: int = 1, recorded_stops: Iterable[int] = (),
     if out.not_started:
         tqdm.write(f"not started (--no-start-after {no_start_after:g} min): "
                    f"{', '.join(out.not_started)}; the same command trains them", file=sys.stderr)
-    if sweep.eval_enabled and sweep.task != LM_TASK:  # collect compares BLEU
-        CollectJob(str(sweep.output_dir), str(sweep.output_dir))()
-        out.collect = Inline()
+    if sweep.eval_enabled and sweep.task != LM_TASK:  # the answer compares BLEU
+        SummaryJob(sweep, plan.skip_recorded)()
+        out.summary = Inline()
     return out

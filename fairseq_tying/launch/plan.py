@@ -60,6 +60,7 @@ class Action:
 class Plan:
     sweep: Sweep
     actions: list[Action]
+    skip_recorded: Path | None = None  # runs with a study record there are skipped
 
     def refused(self) -> list[Action]:
         return [a for a in self.actions if a.kind == REFUSE]
@@ -177,4 +178,4 @@ def make_plan(sweep: Sweep, runs: list[Run], restart_changed: bool = False,
             actions.append(Action(run, SKIP, why=f"a study record in {skip_recorded}"))
         else:
             actions.append(plan_run(sweep, run, restart_changed))
-    return Plan(sweep, actions)
+    return Plan(sweep, actions, skip_recorded)

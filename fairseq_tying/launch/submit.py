@@ -15,7 +15,7 @@ from fairseq_tying.common.extras import require
 from fairseq_tying.common.run_spec import write_run_json
 from fairseq_tying.launch import FOR_WHAT
 from fairseq_tying.launch.continuation import copy_from
-from fairseq_tying.launch.job import CollectJob, EvalJob, TrainJob, write_json
+from fairseq_tying.launch.job import EvalJob, SummaryJob, TrainJob, write_json
 from fairseq_tying.launch.plan import CONTINUE, RESTART, SKIP, Action, Plan, replaced_path
 from fairseq_tying.sweeps.config import Resources, Sweep, SweepError
 
@@ -25,7 +25,7 @@ _make_sbatch_string = require("submitit.slurm.slurm", "launch", FOR_WHAT)._make_
 
 @dataclass
 class Inline:
-    """A step the launcher ran in its own process (a local sweep's collect)."""
+    """A step the launcher ran in its own process (a local sweep's summary)."""
 
     job_id: str = "launcher"
 
@@ -34,7 +34,7 @@ class Inline:
 class Submitted:
     train: dict[str, Any] = field(default_factory=dict)  # run name -> job
     evaluate: list[Any] = field(default_factory=list)
-    collect: Any = None
+    summary: Any = None  # the job of the sweep's summary (its answer)
     skipped: list[str] = field(default_factory=list)
     not_started: list[str] = field(default_factory=list)  # left for a later call (--no-start-after)
 
@@ -135,8 +135,11 @@ def dry_run(plan: Plan) -> None:
         print(_make_sbatch_string(command="<python -m fairseq_tying.evaluation RUN_DIR>",
                                   folder=folder, **params))
         if sweep.task != LM_TASK:
-            print(f"# then: python -m fairseq_tying.studies collect {sweep.output_dir} "
-                  f"--out {sweep.output_dir}")
+            answer = shlex.join(["python", "-m", "fairseq_tying.studies", "answer",
+                                 str(sweep.path), "--runs", str(sweep.output_dir), "--out",
+                                 str(sweep.output_dir / "answer")])
+            print(f"# then, after the evaluations (afterany), the sweep's summary "
+                  f"{sweep.output_dir / 'results.md'}: its answer ({answer})")
 
 
 def submit_slurm(plan: Plan) -> Submitted:
@@ -171,15 +174,15 @@ def submit_slurm(plan: Plan) -> Submitted:
             for run in to_eval:
                 job = EvalJob(sweep.spec(run), sweep.evaluation, sweep.evaluation_also)
                 out.evaluate.append(ex.submit(job))
-    if sweep.task == LM_TASK:  # collect compares BLEU; `study` reports an LM sweep
+    if sweep.task == LM_TASK:  # the answer compares BLEU; `study` reports an LM sweep
         return out
-    params = eval_params(sweep, f"{sweep.name}-collect")
+    params = eval_params(sweep, f"{sweep.name}-summary")
     params.update(cpus_per_task=1, additional_parameters={})
     params.pop("gpus_per_node", None)
     if out.evaluate:
         params["dependency"] = f"afterany:{out.evaluate[0].job_id.split('_')[0]}"
     ex.update_parameters(**params)
-    out.collect = ex.submit(CollectJob(str(sweep.output_dir), str(sweep.output_dir)))
+    out.summary = ex.submit(SummaryJob(sweep, plan.skip_recorded))
     return out
 
 
@@ -188,7 +191,7 @@ def record(sweep: Sweep, sub: Submitted) -> None:
     sweep.output_dir.mkdir(parents=True, exist_ok=True)
     jobs = {"train": {name: j.job_id for name, j in sub.train.items()},
             "evaluate": [j.job_id for j in sub.evaluate],
-            "collect": sub.collect.job_id if sub.collect is not None else None,
+            "summary": sub.summary.job_id if sub.summary is not None else None,
             "skipped": sub.skipped, "not_started": sub.not_started}
     write_json(sweep.output_dir / "jobs.json", jobs)
     print(json.dumps(jobs, indent=1))

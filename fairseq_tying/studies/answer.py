@@ -127,17 +127,40 @@ def write_records(runs: list[Run], out: Path) -> list[str]:
     return removed
 
 
-def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
-           refs: Path | None = None, n_samples: int | None = None, records_only: bool = False,
-           report: Path | None = None, block: str = "answer",
-           beside: tuple[Path, str] | None = None) -> int:
-    """Check the sweep's runs, record those that can be compared and write the answer; with
-    ``records_only``, the answer of the records already in ``OUT/records`` alone (e.g. a
-    clone's committed records); with ``report``, the answer also into its marked ``block``;
-    with ``beside`` (another study's ``summary.json`` and its name), each shared comparison's
-    change from there to here (``studies.statistics.across``)."""
-    sweep = load_sweep(sweep_file, runs, check_data=False)
-    out = out or Path("answers") / sweep.name
+class Unanswered(ValueError):
+    """None of a sweep's runs can be compared yet (each is named, with the reason, in
+    ``left``)."""
+
+    def __init__(self, message: str, left: list[LeftOut]) -> None:
+        super().__init__(message)
+        self.left = left
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What ``make`` wrote: the answer's text (``OUT/answer.md``, its ``head`` then its
+    ``body``), the runs left out and the other files (``summary.json``, the plots)."""
+
+    sweep: Sweep
+    out: Path
+    left: list[LeftOut]
+    head: str
+    body: str
+    written: list[str]
+
+    @property
+    def compared(self) -> int:
+        return len(self.sweep.runs) - len(self.left)
+
+
+def make(sweep: Sweep, sweep_file: Path, out: Path, refs: Path | None = None,
+         n_samples: int | None = None, records_only: bool = False,
+         beside: tuple[Path, str] | None = None, command: str | None = None) -> Answered:
+    """Check the sweep's runs, record those that can be compared in ``OUT/records`` and write
+    the answer (``OUT/answer.md``, ``summary.json``, the plots); with ``records_only``, the
+    answer of the records already in ``OUT/records`` alone; with ``beside``, each shared
+    comparison's change from that study to this one; ``command``: the command its head names
+    (default ``studies answer SWEEP``). :class:`Unanswered` when no run can be compared."""
     refs = refs or default_references(sweep)
     if records_only:
         have = {p.stem for p in (out / "records").glob("*.json")}
@@ -145,21 +168,41 @@ def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
                 if r.name not in have]
     else:
         kept, left = check_runs(sweep, refs)
-        for lo in left:
-            print(f"left out {lo.run}: {lo.why}", file=sys.stderr)
         if not kept:
-            print(f"error: answer: none of the {len(sweep.runs)} runs of {sweep_file} can be "
-                  "compared yet (see above)", file=sys.stderr)
-            return 2
+            raise Unanswered(f"none of the {len(sweep.runs)} runs of {sweep_file} can be "
+                             "compared yet", left)
         write_records(kept, out / "records")
     body, written = render(out, references(refs), n_samples, len(sweep.runs), beside,
                            documents(refs))
-    write_text(out / ANSWER, head(sweep_file, sweep, left) + body + "\n")
+    first = head(sweep_file, sweep, left, command)
+    write_text(out / ANSWER, first + body + "\n")
+    return Answered(sweep, out, left, first, body, written)
+
+
+def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
+           refs: Path | None = None, n_samples: int | None = None, records_only: bool = False,
+           report: Path | None = None, block: str = "answer",
+           beside: tuple[Path, str] | None = None) -> int:
+    """``studies answer``: the answer of the sweep's runs (``make``) in ``OUT`` (default
+    ``answers/NAME``), printed; with ``report``, also into its marked ``block``."""
+    sweep = load_sweep(sweep_file, runs, check_data=False)
+    out = out or Path("answers") / sweep.name
+    try:
+        done = make(sweep, sweep_file, out, refs, n_samples, records_only, beside)
+    except Unanswered as err:
+        for lo in err.left:
+            print(f"left out {lo.run}: {lo.why}", file=sys.stderr)
+        print(f"error: answer: {err} (see above)", file=sys.stderr)
+        return 2
+    if not records_only:
+        for lo in done.left:
+            print(f"left out {lo.run}: {lo.why}", file=sys.stderr)
+    written = done.written
     if report is not None:
-        replace_block(report, block, body)
+        replace_block(report, block, done.body)
         written.append(str(report))
     print((out / ANSWER).read_text())
-    print(f"{len(sweep.runs) - len(left)} of {len(sweep.runs)} runs compared; wrote "
+    print(f"{done.compared} of {len(sweep.runs)} runs compared; wrote "
           + ", ".join([str(out / ANSWER), *written]))
     return 0
 
@@ -181,10 +224,12 @@ def render(out: Path, refs: list[str], n_samples: int | None, expected: int,
     return "\n\n".join(p for p in parts if p), [str(p) for p in plots]
 
 
-def head(sweep_file: Path, sweep: Sweep, left: list[LeftOut]) -> str:
-    """What the answer answers, and the runs left out."""
-    lines = [TITLE, f"The runs of `{sweep_file}` ({sweep.name}), compared by `python -m "
-             f"fairseq_tying.studies answer {sweep_file}`.\n"]
+def head(sweep_file: Path, sweep: Sweep, left: list[LeftOut], command: str | None = None
+         ) -> str:
+    """What the answer answers (the runs of the sweep, compared by ``command``), and the runs
+    left out."""
+    command = command or f"python -m fairseq_tying.studies answer {sweep_file}"
+    lines = [TITLE, f"The runs of `{sweep_file}` ({sweep.name}), compared by `{command}`.\n"]
     if left:
         lines += ["Left out:\n", *(f"- `{lo.run}`: {lo.why}" for lo in left), ""]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """``python -m fairseq_tying.studies {answer,collect,study}``: compare evaluated runs. ``answer``
-gives "Does it help?" for a sweep's runs (``studies.answer``); ``collect`` reads a sweep's run
-folders; ``study`` rebuilds a report from a folder of records (a study of
-slurm/studies.yaml by name: ``python -m fairseq_tying.launch study NAME``)."""
+gives "Does it help?" for a sweep's runs (``studies.answer``); ``collect`` lists the scores of
+the run folders under a folder, comparing none; ``study`` rebuilds a report from a folder of
+records (a study of slurm/studies.yaml by name: ``python -m fairseq_tying.launch study
+NAME``)."""
 
 from __future__ import annotations
 
@@ -38,12 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "summary.json and its name: each comparison both make, its Δ there and "
                     "here and the change (e.g. with more data)")
 
-    co = sub.add_parser("collect", help="tables, paired bootstrap and plots across runs")
+    co = sub.add_parser("collect", help="the scores of the evaluated runs under a folder "
+                        "(mean ± CI per method, each run, a plot); no Δ or p: a sweep's "
+                        "comparisons are its answer's")
     co.add_argument("runs_root", metavar="RUNS_ROOT", help="searched recursively for eval.json")
     co.add_argument("--out", required=True, help="output folder")
-    co.add_argument("--baseline", help="method label of the baseline (default: a dot-product "
-                    "output layer method)")
-    co.add_argument("--bootstrap-samples", type=int, default=1000)
 
     st = sub.add_parser("study", help="a study's report from a folder of records: tables, "
                         "plots (a study of slurm/studies.yaml: python -m fairseq_tying.launch "
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         if args.command == "collect":
-            done = collect(args.runs_root, args.out, args.baseline, args.bootstrap_samples)
+            done = collect(args.runs_root, args.out)
             print(done["markdown"])
             print(f"wrote {args.out}/results.md, results.json, bleu.png")
         elif args.command == "study":

@@ -24,14 +24,14 @@ def _done(run_dir: Path) -> dict:
     return json.loads((run_dir / "train.done").read_text())
 
 
-def test_sweep_trains_evaluates_and_collects(cluster, tiny_data, tmp_path):
+def test_sweep_trains_evaluates_and_answers(cluster, tiny_data, tmp_path):
     out = tmp_path / "runs"
     launch("slurm/tiny_cpu.yaml", "--output-dir", str(out), data=tiny_data)
     jobs = _jobs(out)
-    assert len(jobs["train"]) == 4 and len(jobs["evaluate"]) == 4 and jobs["collect"]
+    assert len(jobs["train"]) == 4 and len(jobs["evaluate"]) == 4 and jobs["summary"]
     # one job array for training, one for evaluation
     assert len({j.split("_")[0] for j in jobs["train"].values()}) == 1
-    wait_jobs([*jobs["train"].values(), *jobs["evaluate"], jobs["collect"]])
+    wait_jobs([*jobs["train"].values(), *jobs["evaluate"], jobs["summary"]])
 
     records = {r["JobID"]: r for j in (*jobs["train"].values(), *jobs["evaluate"])
                for r in sacct(j)}
@@ -53,10 +53,12 @@ def test_sweep_trains_evaluates_and_collects(cluster, tiny_data, tmp_path):
         # evaluation of a run started only once its own training had ended (aftercorr)
         assert records[eval_id]["Start"] >= records[train_id]["End"]
     assert len(sums) == 4  # four different models, each in its own directory
-    table = (out / "results.md").read_text()
-    for name in jobs["train"]:
-        assert name in table
-    assert (out / "bleu.png").stat().st_size > 0
+    # the summary job's answer: three-way dot against l2norm, two seeds (fewer than the
+    # verdicts need, which it says), every run compared
+    summary = (out / "results.md").read_text()
+    assert summary.startswith((out / "answer" / "answer.md").read_text())
+    assert "4 of 4 runs are recorded" in summary and "`l2norm`" in summary
+    assert {p.stem for p in (out / "answer" / "records").glob("*.json")} == set(jobs["train"])
 
     # launching again retrains nothing and re-evaluates nothing
     before = raw_job_ids()
@@ -64,8 +66,8 @@ def test_sweep_trains_evaluates_and_collects(cluster, tiny_data, tmp_path):
     again = _jobs(out)
     assert again["train"] == {} and again["evaluate"] == []
     assert sorted(again["skipped"]) == sorted(jobs["train"])
-    wait_jobs([again["collect"]])
-    assert raw_job_ids() - before == {int(again["collect"])}  # only the collect step
+    wait_jobs([again["summary"]])
+    assert raw_job_ids() - before == {int(again["summary"])}  # only the summary step
 
 
 def test_two_nodes_train_with_gloo(cluster, tiny_data, tmp_path):

@@ -7,8 +7,9 @@ which comparisons it makes; the papers' claims that the verdict rule decides.
 - ``LM``: the perplexity study, a cell per (tying, output layer, tag); each cell against the
   untied dot-product model, and each decoder-tied cell against the decoder-tied dot-product
   model (the per-seed difference of test perplexity).
-- ``runs_spec``: ``collect``'s view of the evaluated run folders of one test set, a cell per
-  method; each method against a baseline method, run by run.
+- ``RUNS``: ``collect``'s view of the evaluated run folders of one test set, a cell per
+  method, its scores over its runs and no comparison (a sweep's comparisons are its answer's,
+  ``GRID``'s).
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.studies.engine.engine import (
     Cells,
     Comparison,
-    Context,
     Key,
-    Runs,
     Section,
     Spec,
     paired_bootstrap,
@@ -41,10 +40,8 @@ from fairseq_tying.studies.statistics.cells import (
     Learning,
     LMHead,
     MethodHead,
-    RunComparison,
     Summary,
 )
-from fairseq_tying.studies.statistics.significance import compare
 
 # --- translation: (tying, output layer) cells ------------------------------------------------
 
@@ -160,6 +157,14 @@ def claims_tests(summary: Summary) -> list[tuple[Claim, Bootstrap]]:
             if c.cell in summary and (test := summary[c.cell].test(c.test)) is not None]
 
 
+def claims_between(keys: Collection[Key]) -> list[Claim]:
+    """The study's claims whose cell and the cell it is compared with are both among ``keys``
+    (``(tying, output layer)`` pairs, e.g. one architecture's cells of a sweep's grid)."""
+    baselines = {"vs_dot": _vs_dot, "vs_untied": _vs_untied}
+    return [c for c in study_claims() if (key := tuple(c.cell.split("/"))) in keys
+            and baselines[c.test](key, keys) in keys]
+
+
 def baseline_label(cell: Cell, test: str) -> str:
     """The summary's key of the cell that a ``GRID`` cell's ``vs_dot`` or ``vs_untied``
     comparison is made against."""
@@ -241,7 +246,7 @@ LM = Spec(
     family=lm_family,
 )
 
-# --- evaluated run folders (collect): a cell per method -------------------------------------
+# --- evaluated run folders (collect): a cell per method, no comparison ----------------------
 
 RUN_METRICS = ("bleu", "tok_bleu", "chrf")
 
@@ -252,36 +257,11 @@ def test_set(r: Record) -> tuple:
     return ev.corpus, ev.src, ev.tgt, ev.subset, ev.references_sha256
 
 
-def default_baseline(records: Collection[Record]) -> str:
-    """The first method (by name) with a dot-product output layer, else the first method."""
-    methods = {r.run.method for r in records}
-    dot = sorted({r.run.method for r in records if r.run.output_layer == BASELINE})
-    return dot[0] if dot else sorted(methods)[0]
-
-
-def _run_pairs(runs: Runs, base: Runs) -> list[tuple[str, Record, Record]]:
-    """Each run with the baseline run of the same seed (else the first baseline run)."""
-    by_seed = {r.run.seed: r for r in base.values()}
-    first = next(iter(base.values()))
-    return [(r.name, r, by_seed.get(r.run.seed, first)) for r in runs.values()]
-
-
-def _run_test(runs: Runs, base: Runs, ctx: Context) -> RunComparison:
-    pairs = _run_pairs(runs, base)
-    return RunComparison({name: b.name for name, _, b in pairs},
-                         *(compare(pairs, ctx.refs, ctx.n_samples, m) for m in ("bleu", "chrf")))
-
-
-def runs_spec(baseline: str) -> Spec:
-    """``collect``'s spec with ``baseline`` the method every other one is compared with."""
-    return Spec(
-        cell=lambda r: r.run.method,
-        label=lambda key, records: key,
-        head=lambda key, records: MethodHead(key, key == baseline, records[0].run.arch,
-                                             records[0].run.tying, records[0].run.output_layer),
-        values=("seeds", *RUN_METRICS),
-        comparisons=(Comparison("vs_baseline", lambda key, cells: None if key == baseline
-                                else baseline, _run_test),),
-        order=lambda key: (key != baseline, key),
-        member=lambda r: (r.run.seed is None, r.run.seed or 0, r.name),
-    )
+RUNS = Spec(
+    cell=lambda r: r.run.method,
+    label=lambda key, records: key,
+    head=lambda key, records: MethodHead(key, records[0].run.arch, records[0].run.tying,
+                                         records[0].run.output_layer),
+    values=("seeds", *RUN_METRICS),
+    member=lambda r: (r.run.seed is None, r.run.seed or 0, r.name),
+)

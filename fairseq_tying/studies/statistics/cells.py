@@ -3,8 +3,7 @@
 A cell is its spec's head (which cell it is), its values in the spec's order (a metric's
 :class:`Stat` over the seeds, or a fact: the seeds, the parameter counts, the runs' stops, a
 value at a common epoch) and its comparisons with its baseline cells by name (a paired
-:class:`Bootstrap`, a :class:`SeedDifference`, ``collect``'s :class:`RunComparison`). A summary
-is the cells of a section by label.
+:class:`Bootstrap` or a :class:`SeedDifference`). A summary is the cells of a section by label.
 
 ``summary.json`` is written through :func:`plain` alone (each type's ``to_dict``): a cell is
 ``{head fields..., values..., comparisons...}``, a field that is None left out but for a head's,
@@ -138,9 +137,9 @@ class Equivalence:
 @dataclass(frozen=True, kw_only=True)
 class Bootstrap:
     """A paired bootstrap of ``metric`` pooled over the seeds two cells share
-    (``significance.compare``): the mean paired difference, its p, each pair's difference and
-    p (by seed, or by run for ``collect``), the 95 % CI over the pairs' differences, and what
-    the study's family adds (an equivalence test, Holm's p)."""
+    (``significance.compare``): the mean paired difference, its p, each seed's difference and
+    p, the 95 % CI over the seeds' differences, and what the study's family adds (an
+    equivalence test, Holm's p)."""
 
     delta: float
     p: float
@@ -205,32 +204,11 @@ class SeedDifference:
         return out if self.verdict is None else {**out, "verdict": self.verdict}
 
 
-@dataclass(frozen=True)
-class RunComparison:
-    """``collect``'s comparison of a method with the baseline method, run by run: each run's
-    baseline run (by name), and the paired bootstraps of BLEU and of chrF over those pairs."""
-
-    pairs: dict[str, str]
-    bleu: Bootstrap
-    chrf: Bootstrap
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunComparison:
-        return cls(dict(data["pairs"]), Bootstrap.from_dict(data["bleu"]),
-                   Bootstrap.from_dict(data["chrf"]))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pairs": dict(self.pairs), "bleu": self.bleu.to_dict(),
-                "chrf": self.chrf.to_dict()}
-
-
-Test = Bootstrap | SeedDifference | RunComparison
+Test = Bootstrap | SeedDifference
 
 
 def comparison_of(data: Mapping[str, Any]) -> Test:
     """A comparison of a summary.json, by its fields."""
-    if "pairs" in data:
-        return RunComparison.from_dict(data)
     if "per_seed_delta" in data:
         return Bootstrap.from_dict(data)
     return SeedDifference.from_dict(data)
@@ -259,10 +237,9 @@ class LMHead:
 
 @dataclass(frozen=True)
 class MethodHead:
-    """A method of ``collect``'s run folders (``specs.runs_spec``)."""
+    """A method of ``collect``'s run folders (``specs.RUNS``)."""
 
     method: str
-    baseline: bool
     arch: str
     tying: str
     output_layer: str

@@ -46,8 +46,8 @@ perplexity; its p from the one-sample t-test of the differences, Holm-adjusted o
 family) is supported when the adjusted p < ALPHA and the mean lies below 0, contradicted when
 above 0, unresolved otherwise (or one seed gives no CI). With one claim it is the 95 % CI rule.
 
-``significant``: one run's paired bootstrap against its baseline run rejects "no difference"
-(p < ALPHA); ``collect`` counts such runs.
+``significant``: a p rejects "no difference" (p < ALPHA), before or after Holm, and a seed's
+own paired bootstrap against its baseline seed does (``why_not``'s seeds that disagree).
 
 Holm (1979): with the family's m p-values sorted, p_(1) ≤ … ≤ p_(m), the adjusted value is
 p̃_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)); every claim with p̃ < ALPHA holds at family-wise

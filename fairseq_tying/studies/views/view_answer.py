@@ -82,7 +82,6 @@ def in_words(summary: Summary) -> list[str]:
     BLEU is unchanged, the equivalence test's interval against its margin; else why no
     difference was shown), for a tying mode the parameters it saves, whether the finding holds
     on chrF and on the best checkpoint, and what its seeds can show."""
-    base = summary[_baseline(summary)]
     out = []
     for cell, claim in _claimed(summary):
         if claim is None or (test := cell.test(claim.test)) is None:
@@ -99,8 +98,10 @@ def in_words(summary: Summary) -> list[str]:
             if why in ("seeds disagree", "seeds differ in sign"):
                 evidence += " (" + ", ".join(f"{d:+.2f}" for d in
                                               test.per_seed_delta.values()) + ")"
-        saved = (base.params[0] - cell.params[0]) / 1e6
-        spare = f", with {saved:.2f}M fewer parameters" if claim.test == "vs_untied" else ""
+        spare = ""
+        if claim.test == "vs_untied":
+            base = summary[specs.baseline_label(cell, claim.test)]
+            spare = f", with {(base.params[0] - cell.params[0]) / 1e6:.2f}M fewer parameters"
         others = {name: t for also, name in specs.ALSO.items()
                   if (t := cell.test(claim.test + also)) is not None}
         after = [x for x in (verdicts.robustness(test, others), power(test)) if x]
