@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from fairseq_tying.studies.engine import specs
 from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import (
     Bootstrap,
@@ -117,6 +118,22 @@ def _cell(tying: str, layer: str, bleu: dict[int, float], params: int = 0,
     values = (*bleu.values(),)
     return Cell(GridHead(tying, layer), {"seeds": (*bleu,), "bleu": Stat(
         values, float(np.mean(values)), None), "params": (params,)}, tests)
+
+
+def test_a_grid_without_untied_or_three_way_dot_still_answers_its_claims():
+    """A decoder-tied grid of ``dot`` and ``l2norm`` makes one of the answer's comparisons,
+    l2norm against dot, and the short answer states it (``sweep_summary`` makes the answer of
+    such a sweep); a grid of one cell makes none."""
+    assert [c.cell for c in specs.claims_between({("decoder", "dot"), ("decoder", "l2norm")})] \
+        == ["decoder/l2norm"]
+    assert specs.claims_between({("three_way", "dot")}) == []
+    summary = {"decoder/dot": _cell("decoder", "dot", {1: 28.0, 2: 28.1, 3: 28.2}),
+               "decoder/l2norm": _cell("decoder", "l2norm", {1: 28.5, 2: 28.5, 3: 28.8},
+                                       vs_dot=comparison(0.5, 0.4, 0.6, p=0.01))}
+    [words] = view_answer.in_words(summary)
+    assert words.startswith("`l2norm` against `dot` (decoder tying): ") and "+0.50 BLEU" in words
+    rows = {row[1]: row for row in view_answer.rows(summary)}  # dot: its claim has no pair
+    assert rows["`dot`"][4:] == ["–", "–", "–"] and rows["`l2norm`"][4].endswith("over `dot`")
 
 
 def test_the_table_lists_only_the_claims_the_study_has_cells_for():
