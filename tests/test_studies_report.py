@@ -47,8 +47,8 @@ def manifest(monkeypatch):
 
 
 def test_every_study_has_its_records_sweep_and_marked_blocks(manifest):
-    assert set(manifest.studies) == {"converged", "equal", "one_epoch", "converged_gpu",
-                                     "converged_gpu_patience3", "lm"}
+    assert set(manifest.studies) == {"converged", "equal", "equal_primary", "one_epoch",
+                                     "converged_gpu", "converged_gpu_patience3", "lm"}
     targets = [t for s in manifest.studies.values() for t in s.reports]
     targets += [s.target for s in manifest.summaries]
     for t in targets:
@@ -57,7 +57,7 @@ def test_every_study_has_its_records_sweep_and_marked_blocks(manifest):
         assert text.count(begin) == text.count(end) == 1, t
     for study in manifest.studies.values():
         if study.sweep is None:  # frozen: a report of the records there are
-            assert any(study.records.glob("*.json")) and not study.prepare
+            assert expected_runs(study) and not study.prepare
             continue
         assert "${" not in study.sweep.read_text()  # no environment variables to set
         sweep = load_sweep(study.sweep, check_data=False)
@@ -65,6 +65,7 @@ def test_every_study_has_its_records_sweep_and_marked_blocks(manifest):
         recorded_names = {p.stem for p in study.records.glob("*.json")}
         assert recorded_names <= {r.name for r in sweep.runs}  # each record is a run of it
     assert expected_runs(manifest.study("equal")) == 50  # E1-E3 (27) and F1-F5 (23)
+    assert expected_runs(manifest.study("equal_primary")) == 27  # E1-E3 alone
     assert expected_runs(manifest.study("converged_gpu_patience3")) == 7
 
 
@@ -162,12 +163,28 @@ def test_study_command_errors_name_the_fix(manifest, capsys):
     ("{records: r, plots: p, sweep: s.yaml, prepare: [--out, d], "
      "reports: [{file: f.md, block: b, view: lm}]}", "without --out"),
     ("{plots: p, reports: [{file: f.md, block: b, view: lm}]}", "studies.s.records: expected"),
+    ("{records: r, plots: p, select: '*.s1', reports: [{file: f.md, block: b, view: lm}]}",
+     "studies.s.select: expected a list of run-name globs"),
+    ("{records: r, plots: p, sweep: s.yaml, select: ['*.s1'], "
+     "reports: [{file: f.md, block: b, view: lm}]}", "studies.s.select: a study that reads some"),
 ])
 def test_a_wrong_manifest_is_refused_by_key(tmp_path, entry, message):
     path = tmp_path / "studies.yaml"
     path.write_text(f"studies:\n  s: {entry}\n")
     with pytest.raises(ManifestError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_manifest(path)
+
+
+def test_a_selection_reads_the_records_its_globs_match():
+    """``select``: the records whose run name matches a glob, in name order; none matching is
+    an error that names the globs."""
+    folder = DOCS / "equal" / "records"
+    names = [r.name for r in records.load(folder, hypotheses=False,
+                                          select=["*.decoder.dot.s[12]", "*.none.dot.s3"])]
+    assert names == [f"bible.transformer_twwt.{cell}" for cell in
+                     ("decoder.dot.s1", "decoder.dot.s2", "none.dot.s3")]
+    with pytest.raises(FileNotFoundError, match=r"matching \*\.s9"):
+        records.load(folder, hypotheses=False, select=["*.s9"])
 
 
 def test_a_summary_names_studies_of_the_manifest(tmp_path):

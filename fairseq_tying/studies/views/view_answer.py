@@ -208,4 +208,4 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     if learning:
         lines.append("")
         lines += [f"`{key}`: {text}" if many else text for key, text in learning]
-    return "\n".join(lines) + "\n", None
+    return "\n".join(lines) + "\n", {str(sec.key): sec.summary for sec in sections}
