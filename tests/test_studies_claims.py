@@ -92,16 +92,17 @@ def test_seeds_that_are_significant_with_opposite_signs_disagree():
     assert why_not(mixed) == "seeds differ in sign"
 
 
-def test_the_interval_rule_is_the_t_test_and_holm_adjusts_it():
+def test_the_per_seed_rule_is_the_t_test_and_holm_adjusts_it():
     from scipy import stats
 
     diffs = [-0.5, -0.6, -0.55]
     p = t_test_p(diffs)
     assert p == pytest.approx(stats.ttest_1samp(diffs, 0).pvalue)
     diff = SeedDifference(stat=Stat(tuple(diffs), np.mean(diffs), 0.1), p=p, seeds=(1, 2, 3))
-    assert verdicts.interval(diff) == "supported"
-    assert verdicts.interval(replace(diff, p_holm=0.2)) == "unresolved"
-    assert verdicts.interval(replace(diff, stat=replace(diff.stat, mean=0.5))) == "contradicted"
+    assert verdicts.lower(diff) == "supported" and counts(diff)
+    assert verdicts.lower(replace(diff, p_holm=0.2)) == "unresolved (not significant after Holm)"
+    up = Stat.of([0.5, 0.6, 0.55])
+    assert verdicts.lower(replace(diff, stat=up)) == "contradicted"
     assert t_test_p([0.0, 0.0, 0.0]) == 1.0 and t_test_p([0.3]) == 1.0
 
 
@@ -290,8 +291,8 @@ def test_an_undecided_claim_keeps_its_own_reason_while_learning():
     test = replace(comparison(0.5, 0.4, 0.6, p=0.2), learning=("none/dot", "three_way/dot"))
     assert bootstrap(test, "gain") == "unresolved (within the test set's noise)"
     diff = SeedDifference(stat=Stat.of([-1.0, -1.2, -0.9]), p=0.01, seeds=(1, 2, 3))
-    assert verdicts.interval(diff) == "supported"
-    assert verdicts.interval(replace(diff, learning=("decoder × dot",))) == \
+    assert verdicts.lower(diff) == "supported"
+    assert verdicts.lower(replace(diff, learning=("decoder × dot",))) == \
         "unresolved (still learning at the budget: decoder × dot)"
 
 
