@@ -424,6 +424,36 @@ def test_the_short_answer_says_each_verdict_in_words():
     assert "\n- Decoder tying against untied (`dot`): **better**" in text
 
 
+def test_a_papers_figures_are_its_deltas_named_with_what_they_measure():
+    """Beside our Δs, each layer's paper gives its Δ over ``dot`` for the model's family, each
+    with the test set it was measured on, and the legend says what the paper measured and that
+    it is a direction, not a BLEU to reproduce: no column of a paper's BLEU. FixNorm's +1.1 is
+    named as Nguyen & Salazar's PreNorm + ScaleNorm + FixNorm, not as this ``fixnorm``."""
+    from fairseq_tying.core import output_layers
+    from fairseq_tying.studies.views.formatting import paper_figures, papers_legend
+    from fairseq_tying.studies.views.view_grid import tables
+
+    summary = summary_of(json.loads((DOCS / "converged" / "summary.json").read_text()))
+    text = tables(summary, "transformer_twwt")
+    head, table = text.split("**Our Δ beside the paper's Δ**")[1].split("\n\n")[:2]
+    assert "paper BLEU" not in text and "a direction to set beside ours" in head
+    assert output_layers.LIU_FIGURES in head and "docs/results.md, References" in head
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert cells[0][:2] == ["dot", "baseline"]
+    for row in cells[1:]:
+        (figure,) = output_layers.get(row[0]).paper_deltas["transformer"]
+        assert row[1] == str(figure) and row[1].endswith(" (IWSLT'14 Es→En)")
+    assert [str(f) for f in paper_figures("l2norm", "dynamicconv_twwt")] == \
+        ["+0.34 (IWSLT'14 De→En)", "+0.50 (WMT'16 En→De)"]
+    (fixnorm,) = paper_figures("fixnorm", "transformer_twwt")
+    assert paper_figures("fixnorm", "dynamicconv_twwt") == (fixnorm,)
+    assert str(fixnorm) == "+1.1 (PreNorm + ScaleNorm + FixNorm, mean of 5 low-resource pairs)"
+    legend = papers_legend(["fixnorm", "l2norm", "cosine"])
+    assert legend.count("Liu et al. (2020):") == 1 and "Nguyen & Salazar (2019): +1.1 is " \
+        "PreNorm + ScaleNorm + FixNorm together" in legend and "post-norm model" in legend
+    assert papers_legend(["softcap"]) == ""
+
+
 def test_a_partial_grid_tables_only_what_its_runs_compare():
     """Rows are the output layers with runs; the Δ against dot needs another layer, the Δ of
     tying an untied column and another, the paper's table three-way runs (the committed GPU
@@ -434,8 +464,8 @@ def test_a_partial_grid_tables_only_what_its_runs_compare():
     baselines = tables(summary_of(json.loads((gpu / "summary.json").read_text())))
     assert "| dot " in baselines and "| l2norm " not in baselines
     assert "Δ BLEU of tying against the untied model" in baselines
-    assert "Δ BLEU against `dot`" not in baselines and "Side by side" not in baselines
+    assert "Δ BLEU against `dot`" not in baselines and "beside the paper" not in baselines
     three_way = tables(summary_of(json.loads((gpu / "patience3" / "summary.json").read_text())))
-    assert "Δ BLEU against `dot`" in three_way and "Side by side" in three_way
+    assert "Δ BLEU against `dot`" in three_way and "beside the paper" in three_way
     assert "Δ BLEU of tying against the untied model" not in three_way
     assert all(f"| {layer} " in three_way for layer in ("l2norm", "sqnorm", "distance", "cosine"))

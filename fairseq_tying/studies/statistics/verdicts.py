@@ -36,6 +36,12 @@ that failed to be significant supports nothing. The claim is contradicted by a d
 counts (BLEU moved, "better" or "worse") where equivalence is not shown, and unresolved
 otherwise, with the interval that leaves the margin.
 
+A *paper's* claim (the views' tables with a source column) is tested here on another corpus,
+model, budget and often metric than the paper's, so a counted difference against it does not
+refute the paper: ``on_paper`` reads "contradicted (…)" as "not replicated here (…)", with the
+direction ("worse" for a claim of a gain). The rules' own words stay for the claims a study
+makes of its own data (the answer's).
+
 Resolution: B resamples give p ≥ 1/(B + 1), and Holm multiplies the smallest of m p-values by
 m, so no adjusted p falls below m/(B + 1). ``resamples(m)`` chooses B ≥ RESOLUTION·m/ALPHA
 (1, 2 or 5 × 10^k), so that this bound is at most ALPHA/RESOLUTION; a study's report states B
@@ -100,6 +106,10 @@ RULE = rule("the paired bootstrap pooled over them (two-sided: p = (#{b : |Δ_b 
             "|Δ|} + 1)/(B + 1) over B resamples Δ_b)")
 SEED_RULE = rule("the two-sided t-test of their per-seed differences")  # ``lower``
 COVERAGE = f"{100 * (1 - 2 * ALPHA):g} %"  # the interval of the equivalence test (TOST)
+CONTRADICTED, NOT_REPLICATED = "contradicted", "not replicated here"
+PAPER_RULE = (f"a paper's claim that a difference which counts goes against reads "
+              f"\"{NOT_REPLICATED}\", not {CONTRADICTED}: its corpus, model and budget are not "
+              "the paper's")
 
 
 def learning_rule(window: int, threshold: float) -> str:
@@ -351,3 +361,19 @@ def lower(diff: SeedDifference) -> str:
     if counts(diff):
         return _still_learning(diff, "supported" if diff.stat.mean < 0 else "contradicted")
     return f"unresolved ({why_not(diff)})"
+
+
+def on_paper(verdict: str, test: Bootstrap) -> str:
+    """A paper's claim's verdict: "contradicted (better)" reads "not replicated here (better)",
+    a claim of a gain's "contradicted" "not replicated here (worse)" (``PAPER_RULE``); every
+    other verdict as it is."""
+    if outcome(verdict) != CONTRADICTED:
+        return verdict
+    reason = verdict[len(CONTRADICTED):]
+    return NOT_REPLICATED + (reason if reason else f" ({_direction(test)})")
+
+
+def paper_outcome(word: str) -> str:
+    """``outcome`` of a paper's claim: "contradicted" reads "not replicated here"."""
+    return NOT_REPLICATED if word == CONTRADICTED else word
+
