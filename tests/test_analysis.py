@@ -167,6 +167,7 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
                                      f"{table}<!-- analysis:end -->\nafter\n")
     for png in ("norms_vs_frequency.png", "similarity.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _check_pair_scores(out, untied, table)
 
     # a second analysis goes to its own block and leaves the first alone
     before = report_md.read_text()
@@ -177,6 +178,35 @@ def test_analysis_reports_every_role_with_gensims_numbers(simlex_run, tmp_path):
     assert "| untied | decoder output |" in second
     assert report_md.read_text() == (before + f"<!-- trained:begin -->\n{second}"
                                      "<!-- trained:end -->\n")
+
+
+def _check_pair_scores(out: Path, untied: dict, table: str) -> None:
+    """pair_scores.json holds each pair's cosine, whose ρ with the ratings is gensim's; the
+    untied model's matrices are compared by the paired bootstrap on them, and --table-from
+    gives the same table from the files alone."""
+    from fairseq_tying.analysis.intervals import paired_bootstrap
+
+    scores = json.loads((out / "pair_scores.json").read_text())
+    ratings = np.array(scores["ratings"]["SimLex-999"])
+    assert list(ratings) == [s for *_, s in _simlex()[0]]
+    cosines = scores["cosines"][1]  # the untied model's three matrices
+    assert len(cosines) == 3
+    for matrix, by_name in zip(untied["matrices"], cosines, strict=True):
+        assert "cosines" not in matrix["similarity"]["SimLex-999"]  # kept out of analysis.json
+        c = by_name["SimLex-999"]
+        scored = [k for k, v in enumerate(c) if v is not None]
+        assert len(scored) == matrix["similarity"]["SimLex-999"]["pairs_scored"]
+        assert spearmanr(ratings[scored], np.take(c, scored))[0] == pytest.approx(
+            matrix["similarity"]["SimLex-999"]["spearman"], abs=1e-12)
+    enc, out_c = (np.array(cosines[i]["SimLex-999"], dtype=float) for i in (0, 2))
+    both = ~np.isnan(enc) & ~np.isnan(out_c)
+    d = paired_bootstrap(ratings[both], out_c[both], enc[both])
+    assert (f"| none·dot | decoder output − encoder input | {d.estimate:+.3f} [{d.low:+.2f}, "
+            f"{d.high:+.2f}], p ") in table
+    assert "paired bootstrap" in table and "no paired test" not in table
+    (out / "analysis.md").unlink()
+    run_module("fairseq_tying.analysis", "--table-from", out)
+    assert (out / "analysis.md").read_text() == table
 
 
 @pytest.mark.slow
@@ -283,3 +313,15 @@ def test_a_learned_vector_is_reported_by_name(joined_bin):
                             "max": pytest.approx(0.5), "initial_mean": 0.25,
                             "initial_min": 0.25, "initial_max": 0.25}}
     assert learned_summary("sz", found["sz"]) == "sz mean 0.3, 0.1 to 0.5 (from 0.25)"
+
+
+def test_table_from_takes_a_folder_with_an_analysis_and_nothing_else(tmp_path, capsys):
+    from fairseq_tying import analysis
+
+    for argv, message in ((["--table-from", str(tmp_path)], "no analysis.json there"),
+                          (["--table-from", str(tmp_path), "ckpt.pt"], "give no checkpoints"),
+                          ([], "give the checkpoints and --out")):
+        with pytest.raises(SystemExit):
+            analysis.main(argv)
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "analysis.md").exists()

@@ -82,6 +82,13 @@ def test_the_budget_is_the_latest_stop_of_every_cells_pilot(tmp_path, data, caps
     assert launch_main(["new-sweep", "--data", str(data), "--out", str(pilot_yaml), "--pilot",
                         "--output-dir", str(pilot_dir), "--no-estimate", *cells]) == 0
     runs = load_sweep(pilot_yaml, check_data=False).runs
+    # a block added by hand (a tag: another cell, e.g. with the z-loss) sets no budget here,
+    # finished or not
+    text = pilot_yaml.read_text()
+    block = [line for line in text.splitlines() if "output_layer: [dot]" in line][0]
+    pilot_yaml.write_text(text.replace(block, block + "\n" + block.replace(
+        "priority: 1}", "tag: zloss, flags: {z_loss: 0.0001}, priority: 9}")))
+    assert any(r.identity.tag == "zloss" for r in load_sweep(pilot_yaml, check_data=False).runs)
     _finish(runs[0].run_dir, 9)
     assert _new(tmp_path, data, "--budget-from", str(pilot_yaml), *cells) == 2
     err = capsys.readouterr().err

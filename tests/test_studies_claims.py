@@ -93,16 +93,17 @@ def test_seeds_that_are_significant_with_opposite_signs_disagree():
     assert why_not(mixed) == "seeds differ in sign"
 
 
-def test_the_interval_rule_is_the_t_test_and_holm_adjusts_it():
+def test_the_per_seed_rule_is_the_t_test_and_holm_adjusts_it():
     from scipy import stats
 
     diffs = [-0.5, -0.6, -0.55]
     p = t_test_p(diffs)
     assert p == pytest.approx(stats.ttest_1samp(diffs, 0).pvalue)
     diff = SeedDifference(stat=Stat(tuple(diffs), np.mean(diffs), 0.1), p=p, seeds=(1, 2, 3))
-    assert verdicts.interval(diff) == "supported"
-    assert verdicts.interval(replace(diff, p_holm=0.2)) == "unresolved"
-    assert verdicts.interval(replace(diff, stat=replace(diff.stat, mean=0.5))) == "contradicted"
+    assert verdicts.lower(diff) == "supported" and counts(diff)
+    assert verdicts.lower(replace(diff, p_holm=0.2)) == "unresolved (not significant after Holm)"
+    up = Stat.of([0.5, 0.6, 0.55])
+    assert verdicts.lower(replace(diff, stat=up)) == "contradicted"
     assert t_test_p([0.0, 0.0, 0.0]) == 1.0 and t_test_p([0.3]) == 1.0
 
 
@@ -146,13 +147,64 @@ def test_the_table_lists_only_the_claims_the_study_has_cells_for():
                                     vs_dot=comparison(0.5, 0.4, 0.6, p=0.01))}
     lines = claims_table(summary).splitlines()[2:]
     assert len(lines) == 2
-    # BLEU moved by more than the margin: "keeps BLEU" is contradicted, the other way round
-    assert "three-way tying keeps BLEU" in lines[0] and "contradicted (better)" in lines[0]
+    # BLEU moved by more than the margin: Press & Wolf's "keeps BLEU" is not replicated on
+    # this corpus and model, the other way round (the rule's "contradicted (better)")
+    assert "three-way tying keeps BLEU" in lines[0] and "not replicated here (better)" in lines[0]
     assert "+1.87 (p = 0.001; [0.001, 0.001, 0.001])" in lines[0]  # no family adjusted here
     # one seed of l2norm against three of dot: the Δ's two means are over seed 1 alone
     assert "`l2norm` beats `dot` (three-way tying)" in lines[1]
     assert "-0.30 (seed 1: 29.60 − 29.90; p = 0.090" in lines[1]
     assert claims_table({"none/dot": _cell("none", "dot", {1: 28.0})}) is None
+
+
+@pytest.mark.parametrize("deltas, expects, rule, paper", [
+    ((-0.5, -0.4, -0.6), "gain", "contradicted", "not replicated here (worse)"),
+    ((1.9, 1.5, 2.2), "unchanged", "contradicted (better)", "not replicated here (better)"),
+    ((-1.9, -1.5, -2.2), "unchanged", "contradicted (worse)", "not replicated here (worse)"),
+    ((0.5, 0.4, 0.6), "gain", "supported", "supported"),
+    ((0.5, -0.1, 0.6), "gain", "unresolved (seeds disagree)", "unresolved (seeds disagree)"),
+])
+def test_a_paper_claim_against_a_counted_difference_is_not_replicated_here(deltas, expects,
+                                                                           rule, paper):
+    """The rule's words are the verdict on a hypothesis about this data; a paper's claim
+    measured on another corpus and model that a counted difference goes against reads "not
+    replicated here", with the direction the difference took."""
+    test = comparison(*deltas, p=0.001 if expects == "unchanged" else 0.01)
+    assert bootstrap(test, expects) == rule
+    assert verdicts.on_paper(rule, test) == paper
+    assert verdicts.paper_outcome(verdicts.outcome(rule)) == verdicts.outcome(paper)
+
+
+def _against(delta: float, p: float) -> dict[str, Cell]:
+    """A study whose three-way ``dot`` is ``delta`` BLEU above untied on each of 3 seeds, and
+    whose ``l2norm`` is as far below ``dot`` (bootstrap p = ``p``)."""
+    base = {1: 28.0, 2: 28.1, 3: 28.2}
+    up = {s: b + delta for s, b in base.items()}
+    return {"none/dot": _cell("none", "dot", base, 2_000_000),
+            "three_way/dot": _cell("three_way", "dot", up, 1_000_000,
+                                   vs_untied=comparison(delta, delta, delta, p=p)),
+            "three_way/l2norm": _cell("three_way", "l2norm", base, 1_000_000,
+                                      vs_dot=comparison(-delta, -delta, -delta, p=p))}
+
+
+def test_the_papers_claims_read_not_replicated_and_the_answer_keeps_the_rules_words():
+    """The same counted differences: in the papers' claims table (a source column) Press &
+    Wolf's "keeps BLEU" and Liu et al.'s gain read "not replicated here" and no verdict says
+    "contradicted"; the answer, whose claims are hypotheses on this data, keeps the rule's
+    words; the legend says why."""
+    summary = _against(1.5, 0.001)
+    table = claims_table(summary)
+    verdict = {row[0]: row[-1] for row in (
+        [c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:])}
+    assert verdict == {"three-way tying keeps BLEU (`dot`)": "not replicated here (better)",
+                       "`l2norm` beats `dot` (three-way tying)": "not replicated here (worse)"}
+    assert "contradicted" not in table
+    rows = {(row[0], row[1]): row[-1] for row in view_answer.rows(summary)}
+    assert rows[("three_way", "`dot`")] == "contradicted (better)"
+    assert rows[("three_way", "`l2norm`")] == "contradicted"
+    legend = formatting.legend(*specs.family_of([summary]), papers=True)
+    assert verdicts.PAPER_RULE in legend
+    assert verdicts.PAPER_RULE not in formatting.legend(*specs.family_of([summary]))
 
 
 def test_the_stop_correlation_needs_three_runs_at_different_epochs():
@@ -340,8 +392,8 @@ def test_an_undecided_claim_keeps_its_own_reason_while_learning():
     test = replace(comparison(0.5, 0.4, 0.6, p=0.2), learning=("none/dot", "three_way/dot"))
     assert bootstrap(test, "gain") == "unresolved (within the test set's noise)"
     diff = SeedDifference(stat=Stat.of([-1.0, -1.2, -0.9]), p=0.01, seeds=(1, 2, 3))
-    assert verdicts.interval(diff) == "supported"
-    assert verdicts.interval(replace(diff, learning=("decoder × dot",))) == \
+    assert verdicts.lower(diff) == "supported"
+    assert verdicts.lower(replace(diff, learning=("decoder × dot",))) == \
         "unresolved (still learning at the budget: decoder × dot)"
 
 

@@ -47,8 +47,8 @@ def manifest(monkeypatch):
 
 
 def test_every_study_has_its_records_sweep_and_marked_blocks(manifest):
-    assert set(manifest.studies) == {"converged", "equal", "one_epoch", "converged_gpu",
-                                     "converged_gpu_patience3", "lm"}
+    assert set(manifest.studies) == {"converged", "equal", "equal_primary", "one_epoch",
+                                     "converged_gpu", "converged_gpu_patience3", "lm"}
     targets = [t for s in manifest.studies.values() for t in s.reports]
     targets += [s.target for s in manifest.summaries]
     for t in targets:
@@ -57,7 +57,7 @@ def test_every_study_has_its_records_sweep_and_marked_blocks(manifest):
         assert text.count(begin) == text.count(end) == 1, t
     for study in manifest.studies.values():
         if study.sweep is None:  # frozen: a report of the records there are
-            assert any(study.records.glob("*.json")) and not study.prepare
+            assert expected_runs(study) and not study.prepare
             continue
         assert "${" not in study.sweep.read_text()  # no environment variables to set
         sweep = load_sweep(study.sweep, check_data=False)
@@ -65,6 +65,7 @@ def test_every_study_has_its_records_sweep_and_marked_blocks(manifest):
         recorded_names = {p.stem for p in study.records.glob("*.json")}
         assert recorded_names <= {r.name for r in sweep.runs}  # each record is a run of it
     assert expected_runs(manifest.study("equal")) == 50  # E1-E3 (27) and F1-F5 (23)
+    assert expected_runs(manifest.study("equal_primary")) == 27  # E1-E3 alone
     assert expected_runs(manifest.study("converged_gpu_patience3")) == 7
 
 
@@ -162,12 +163,28 @@ def test_study_command_errors_name_the_fix(manifest, capsys):
     ("{records: r, plots: p, sweep: s.yaml, prepare: [--out, d], "
      "reports: [{file: f.md, block: b, view: lm}]}", "without --out"),
     ("{plots: p, reports: [{file: f.md, block: b, view: lm}]}", "studies.s.records: expected"),
+    ("{records: r, plots: p, select: '*.s1', reports: [{file: f.md, block: b, view: lm}]}",
+     "studies.s.select: expected a list of run-name globs"),
+    ("{records: r, plots: p, sweep: s.yaml, select: ['*.s1'], "
+     "reports: [{file: f.md, block: b, view: lm}]}", "studies.s.select: a study that reads some"),
 ])
 def test_a_wrong_manifest_is_refused_by_key(tmp_path, entry, message):
     path = tmp_path / "studies.yaml"
     path.write_text(f"studies:\n  s: {entry}\n")
     with pytest.raises(ManifestError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_manifest(path)
+
+
+def test_a_selection_reads_the_records_its_globs_match():
+    """``select``: the records whose run name matches a glob, in name order; none matching is
+    an error that names the globs."""
+    folder = DOCS / "equal" / "records"
+    names = [r.name for r in records.load(folder, hypotheses=False,
+                                          select=["*.decoder.dot.s[12]", "*.none.dot.s3"])]
+    assert names == [f"bible.transformer_twwt.{cell}" for cell in
+                     ("decoder.dot.s1", "decoder.dot.s2", "none.dot.s3")]
+    with pytest.raises(FileNotFoundError, match=r"matching \*\.s9"):
+        records.load(folder, hypotheses=False, select=["*.s9"])
 
 
 def test_a_summary_names_studies_of_the_manifest(tmp_path):
@@ -407,6 +424,36 @@ def test_the_short_answer_says_each_verdict_in_words():
     assert "\n- Decoder tying against untied (`dot`): **better**" in text
 
 
+def test_a_papers_figures_are_its_deltas_named_with_what_they_measure():
+    """Beside our Δs, each layer's paper gives its Δ over ``dot`` for the model's family, each
+    with the test set it was measured on, and the legend says what the paper measured and that
+    it is a direction, not a BLEU to reproduce: no column of a paper's BLEU. FixNorm's +1.1 is
+    named as Nguyen & Salazar's PreNorm + ScaleNorm + FixNorm, not as this ``fixnorm``."""
+    from fairseq_tying.core import output_layers
+    from fairseq_tying.studies.views.formatting import paper_figures, papers_legend
+    from fairseq_tying.studies.views.view_grid import tables
+
+    summary = summary_of(json.loads((DOCS / "converged" / "summary.json").read_text()))
+    text = tables(summary, "transformer_twwt")
+    head, table = text.split("**Our Δ beside the paper's Δ**")[1].split("\n\n")[:2]
+    assert "paper BLEU" not in text and "a direction to set beside ours" in head
+    assert output_layers.LIU_FIGURES in head and "docs/results.md, References" in head
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert cells[0][:2] == ["dot", "baseline"]
+    for row in cells[1:]:
+        (figure,) = output_layers.get(row[0]).paper_deltas["transformer"]
+        assert row[1] == str(figure) and row[1].endswith(" (IWSLT'14 Es→En)")
+    assert [str(f) for f in paper_figures("l2norm", "dynamicconv_twwt")] == \
+        ["+0.34 (IWSLT'14 De→En)", "+0.50 (WMT'16 En→De)"]
+    (fixnorm,) = paper_figures("fixnorm", "transformer_twwt")
+    assert paper_figures("fixnorm", "dynamicconv_twwt") == (fixnorm,)
+    assert str(fixnorm) == "+1.1 (PreNorm + ScaleNorm + FixNorm, mean of 5 low-resource pairs)"
+    legend = papers_legend(["fixnorm", "l2norm", "cosine"])
+    assert legend.count("Liu et al. (2020):") == 1 and "Nguyen & Salazar (2019): +1.1 is " \
+        "PreNorm + ScaleNorm + FixNorm together" in legend and "post-norm model" in legend
+    assert papers_legend(["softcap"]) == ""
+
+
 def test_a_partial_grid_tables_only_what_its_runs_compare():
     """Rows are the output layers with runs; the Δ against dot needs another layer, the Δ of
     tying an untied column and another, the paper's table three-way runs (the committed GPU
@@ -417,8 +464,8 @@ def test_a_partial_grid_tables_only_what_its_runs_compare():
     baselines = tables(summary_of(json.loads((gpu / "summary.json").read_text())))
     assert "| dot " in baselines and "| l2norm " not in baselines
     assert "Δ BLEU of tying against the untied model" in baselines
-    assert "Δ BLEU against `dot`" not in baselines and "Side by side" not in baselines
+    assert "Δ BLEU against `dot`" not in baselines and "beside the paper" not in baselines
     three_way = tables(summary_of(json.loads((gpu / "patience3" / "summary.json").read_text())))
-    assert "Δ BLEU against `dot`" in three_way and "Side by side" in three_way
+    assert "Δ BLEU against `dot`" in three_way and "beside the paper" in three_way
     assert "Δ BLEU of tying against the untied model" not in three_way
     assert all(f"| {layer} " in three_way for layer in ("l2norm", "sqnorm", "distance", "cosine"))

@@ -114,12 +114,13 @@ def _as_toy(record: Record) -> Record:
 
 
 def test_a_study_grid_has_its_row_and_claim(toy):
-    """The converged study's three-way ``dot`` and ``cosine`` records, ``cosine`` relabelled:
-    the toy's row in every grid of the translation view, its Δ against ``dot``, and its claim
-    with its citation; the paper's table keeps the paper's layers."""
+    """The converged study's three-way ``dot``, ``l2norm`` and ``cosine`` records, ``cosine``
+    relabelled: the toy's row in every grid of the translation view, its Δ against ``dot``, and
+    its claim with its citation; the papers' table keeps the layers with a paper's Δ."""
     recs = [r for r in records.load(REPO / "docs" / "converged" / "records")
-            if r.run.tying == "three_way" and r.run.output_layer in (BASELINE, "cosine")]
-    recs = [_as_toy(r) if r.run.output_layer != BASELINE else r for r in recs]
+            if r.run.tying == "three_way" and r.run.output_layer in (BASELINE, "l2norm",
+                                                                      "cosine")]
+    recs = [_as_toy(r) if r.run.output_layer == "cosine" else r for r in recs]
     text, summary = Renderer(recs, references(None), n_samples=50).block("translation")
     assert summary[f"three_way/{TOY_LAYER}"].test("vs_dot").n_seeds == 3
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
@@ -129,8 +130,8 @@ def test_a_study_grid_has_its_row_and_claim(toy):
     assert len(rows) == 7 and all(row[1] != "–" for row in rows)
     assert [f"`{TOY_LAYER}` beats `dot` (three-way tying)", "tests/toy_layer.py"] in \
         [c[:2] for c in cells]
-    paper = text.split("**Side by side with the paper**")[1].split("\n\n")[1]
-    assert TOY_LAYER not in paper and "cosine" in paper
+    paper = text.split("**Our Δ beside the paper's Δ**")[1].split("\n\n")[1]
+    assert TOY_LAYER not in paper and "| l2norm " in paper and "cosine" not in paper
 
 
 @pytest.mark.slow

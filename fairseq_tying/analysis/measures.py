@@ -78,14 +78,15 @@ class ModelReport:
 
 # --- inputs ---------------------------------------------------------------------------------
 
-def benchmark_pairs(name: str) -> tuple[str, list[tuple[str, str]]]:
-    """The path gensim ships for a benchmark and its word pairs."""
+def benchmark_pairs(name: str) -> tuple[str, list[tuple[str, str, float]]]:
+    """The path gensim ships for a benchmark and its word pairs with their human rating, in
+    the file's order (gensim's evaluate_word_pairs reads them alike)."""
     path = library("gensim.test.utils").datapath(BENCHMARKS[name])
     pairs = []
     for line in Path(path).read_text(encoding="utf8").splitlines():
         fields = line.split("\t")
         if not line.startswith("#") and len(fields) == 3:
-            pairs.append((fields[0], fields[1]))
+            pairs.append((fields[0], fields[1], float(fields[2])))
     return path, pairs
 
 
@@ -176,9 +177,10 @@ def word_vectors(pieces: dict[str, list[int]], matrix: np.ndarray,
 
 
 def similarity(vectors: dict[str, np.ndarray], dim: int, name: str) -> dict[str, Any]:
-    """gensim's evaluate_word_pairs on the benchmark, with the number of pairs it scored."""
+    """gensim's evaluate_word_pairs on the benchmark, with the number of pairs it scored and
+    each pair's cosine (None where not scored), which a paired test of two matrices needs."""
     path, pairs = benchmark_pairs(name)
-    scored = sum(a.lower() in vectors and b.lower() in vectors for a, b in pairs)
+    scored = sum(a.lower() in vectors and b.lower() in vectors for a, b, _ in pairs)
     result: dict[str, Any] = {"spearman": None, "pvalue": None, "pairs_scored": scored,
                               "pairs_total": len(pairs)}
     if scored < 3:
@@ -187,8 +189,11 @@ def similarity(vectors: dict[str, np.ndarray], dim: int, name: str) -> dict[str,
     kv.add_vectors(list(vectors), np.stack(list(vectors.values())))
     logging.getLogger("gensim").setLevel(logging.WARNING)
     _pearson, spearman, oov_percent = kv.evaluate_word_pairs(path, restrict_vocab=len(kv))
+    # gensim's own cosine of each pair it scored: its ρ is theirs with the ratings
+    cosines = [float(kv.similarity(a.lower(), b.lower()))
+               if a.lower() in vectors and b.lower() in vectors else None for a, b, _ in pairs]
     result.update(spearman=_number(spearman[0]), pvalue=_number(spearman[1]),
-                  pairs_scored=round(len(pairs) * (1 - oov_percent / 100)))
+                  pairs_scored=round(len(pairs) * (1 - oov_percent / 100)), cosines=cosines)
     return result
 
 
@@ -273,7 +278,8 @@ def analyse(path: str, label: str, dicts: dict[str, Side], sp, state: dict) -> M
     report = ModelReport(str(path), label, trained.arch, trained.tying, trained.output_layer,
                          int(history.get("num_updates", 0)))
     report.parameters = learned_parameters(state["model"], trained.output_layer)
-    words = {w.lower() for name in BENCHMARKS for pair in benchmark_pairs(name)[1] for w in pair}
+    words = {w.lower() for name in BENCHMARKS for *pair, _ in benchmark_pairs(name)[1]
+             for w in pair}
     for key, roles in matrices(state["model"]):
         matrix = state["model"][key].float().numpy()
         side = side_of(roles, dicts)

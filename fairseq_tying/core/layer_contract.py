@@ -87,10 +87,13 @@ class OutputLayer(ABC):
     # setting (softcap: final_logit_softcapping = c); None: no CTranslate2 decoder applies t
     ct2_transform: ClassVar[str | None] = None
     citation: ClassVar[str] = ""
-    # BLEU in Liu et al.'s Transformer on IWSLT'14 Es→En, the table that has every paper layer
-    paper_bleu: ClassVar[float | None] = None
-    # Δ BLEU over dot reported for a model family ("dynamicconv"; "*": any family)
+    # Δ BLEU over dot that the layer's paper reports, per model family ("transformer",
+    # "dynamicconv"; "*": any family): only differences, never the paper's BLEU itself, which
+    # was measured on another corpus with another model
     paper_deltas: ClassVar[Mapping[str, tuple[PaperDelta, ...]]] = {}
+    # what those Δs measure, in words: the paper, its models, corpora and tables, and how the
+    # paper's method differs from this layer (the legends beside the Δs print it)
+    paper_figures: ClassVar[str] = ""
 
     @abstractmethod
     def affine(self, weight: Tensor, **parameters: Tensor | float | None) -> Affine:

@@ -3,6 +3,7 @@ modules, its held-out-book split, and extraction of the committed copy.
 
     python -m fairseq_tying.data.bible regenerate --out DIR   # needs the Debian packages
     python -m fairseq_tying.data.bible extract --out DIR      # the committed corpus, plain text
+    python -m fairseq_tying.data.bible overlap --out FILE     # held-out verses repeated in train
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairseq_tying.common.atomic import building_dir, write_lines
+from fairseq_tying.common.atomic import building_dir, write_json, write_lines
+from fairseq_tying.data import overlap
 from fairseq_tying.data.align import Group, align_book, length_stats, length_z
 from fairseq_tying.data.osis import clean_osis, parse_imp
 from fairseq_tying.data.recase import undo_drop_caps, word_case_counts
@@ -33,7 +35,8 @@ APT_HINT = (
     "install them as root with: apt-get install --no-install-recommends "
     "sword-text-sparv sword-text-web libsword-utils (or scripts/install_system_packages.sh)"
 )
-# Held-out books (SWORD's English book names), so parallel passages cannot leak across splits.
+# Held-out books (SWORD's English book names): a verse is in one split only; a parallel passage
+# in another book can still repeat it (python -m fairseq_tying.data.bible overlap measures it).
 HELD_OUT = {
     "test": ("Ruth", "Ecclesiastes", "Jonah", "John", "James", "I John"),
     "valid": ("Esther", "Joel", "Habakkuk", "Philippians", "Hebrews", "I Peter"),
@@ -316,6 +319,27 @@ def extract(out: Path, corpus_dir: Path = CORPUS_DIR) -> dict[str, int]:
     return sizes
 
 
+OVERLAP_COMMAND = "python -m fairseq_tying.data.bible overlap --out docs/data/overlap.json"
+
+
+def overlap_report(corpus_dir: Path = CORPUS_DIR, top: int = 10) -> dict:
+    """Each held-out split's sentences against the training ones, per language: how many share
+    at least half (and 80 %) of their word 4-grams with one training sentence, and the ``top``
+    closest pairs (:mod:`.overlap`)."""
+    train_ids = read_split("train", "ids", corpus_dir)
+    report: dict = {"command": OVERLAP_COMMAND, "n": overlap.N, "method": overlap.METHOD,
+                    "splits": {split: {} for split in ("test", "valid")}}
+    for lang in ("en", "es"):  # the target side first: what the metrics score
+        train = read_split("train", lang, corpus_dir)
+        postings = overlap.index(train)
+        for split, by_lang in report["splits"].items():
+            heldout = read_split(split, lang, corpus_dir)
+            by_lang[lang] = overlap.summary(overlap.closest(heldout, postings),
+                                            read_split(split, "ids", corpus_dir), train_ids,
+                                            heldout, train, top)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fairseq_tying.data.bible", description=NAME)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -323,8 +347,15 @@ def main(argv: list[str] | None = None) -> int:
     reg.add_argument("--out", type=Path, required=True, help="directory to (re)write")
     ext = sub.add_parser("extract", help="write the committed corpus as plain text")
     ext.add_argument("--out", type=Path, required=True, help="directory for {split}.{es,en}")
+    ovl = sub.add_parser("overlap", help="the held-out sentences' closest training sentences "
+                                         "by shared word 4-grams, as JSON")
+    ovl.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    ovl.add_argument("--top", type=int, default=10, help="closest pairs listed per split and "
+                                                          "language (default 10)")
     args = parser.parse_args(argv)
     try:
+        if args.command == "overlap":
+            return _overlap(args.out, args.top)
         if args.command == "regenerate":
             corpus = regenerate(args.out)
             sizes = {s: len(corpus.pairs[s]) for s in SPLITS}
@@ -334,6 +365,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"{NAME} -> {args.out}: " + ", ".join(f"{s} {n:,} pairs" for s, n in sizes.items()))
+    return 0
+
+
+def _overlap(out: Path, top: int) -> int:
+    report = overlap_report(top=top)
+    write_json(out, report)
+    for split, langs in report["splits"].items():
+        for lang, r in langs.items():
+            counts = ", ".join(f">= {t}: {k}" for t, k in r["at_least"].items())
+            print(f"{split}.{lang}: {r['sentences']} sentences ({r['short']} of < "
+                  f"{overlap.N} words); sharing with one training sentence {counts}")
+    print(f"wrote {out}")
     return 0
 
 

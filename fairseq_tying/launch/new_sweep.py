@@ -263,13 +263,15 @@ def read_pilot(args: argparse.Namespace) -> None:
     cells = {(FAMILIES[f], t, BASELINE) for f in args.families for t in args.tying}
     cells |= {(FAMILIES[f], TIED, la) for f in args.families for la in args.output_layers
               if la != BASELINE}
-    piloted = {(r.identity.arch, r.identity.tying, r.identity.output_layer) for r in pilot.runs}
+    # a tagged run (a block added by hand, e.g. with --z-loss) is a cell of its own
+    plain = [r for r in pilot.runs if not r.identity.tag]
+    piloted = {(r.identity.arch, r.identity.tying, r.identity.output_layer) for r in plain}
     if missing := sorted(cells - piloted, key=str):
         raise NewSweepError(f"--budget-from {args.budget_from}: no pilot run of "
                             + ", ".join("/".join(c) for c in missing) + "; the budget is the "
                             "latest of every cell's plateau (write the pilot with the same "
                             "--tying, --output-layers and --families)")
-    stops = {r.name: stop_epoch(r) for r in pilot.runs
+    stops = {r.name: stop_epoch(r) for r in plain
              if (r.identity.arch, r.identity.tying, r.identity.output_layer) in cells}
     if unfinished := [name for name, epoch in stops.items() if epoch is None]:
         raise NewSweepError(f"--budget-from {args.budget_from}: not finished: "

@@ -70,6 +70,8 @@ class Study(StudyReport):
     # the arguments of python -m fairseq_tying.data.prepare but --out, as its options
     prepare: data_prepare.Prepare | None = setting(None, section=STUDY, kind="prepare")
     runs: Path | None = setting(None, section=STUDY, kind="path")  # None: the sweep's output_dir
+    # globs of run names: the records the study reads (none: all), e.g. a pre-registered family
+    select: tuple[str, ...] = setting((), section=STUDY, kind="globs")
 
 
 def _block(value: Any, key: str, meta: dict) -> str:
@@ -100,8 +102,15 @@ def _prepare(value: Any, key: str, meta: dict) -> data_prepare.Prepare:
         raise SweepError(f"{key}: {err}") from None
 
 
+def _globs(value: Any, key: str, meta: dict) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(g, str) and g
+                                                             for g in value):
+        raise SweepError(f"{key}: expected a list of run-name globs, e.g. ['*.s1', '*.s2']")
+    return tuple(value)
+
+
 MANIFEST_CHECKS = {**CHECKS, "block": _block, "view": _view, "targets": _targets,
-                   "prepare": _prepare}
+                   "prepare": _prepare, "globs": _globs}
 
 
 def _target(raw: Any, where: str) -> ReportTarget:
@@ -126,6 +135,9 @@ def _study(name: str, raw: Any) -> Study:
     study = Study(name, **read_section(raw, Study, where, STUDY, MANIFEST_CHECKS))
     if study.prepare and study.sweep is None:
         raise ManifestError(f"{where}.prepare: a study without a sweep trains nothing")
+    if study.select and study.sweep is not None:
+        raise ManifestError(f"{where}.select: a study that reads some of the records reads "
+                            "those another study's sweep trains; leave out its sweep")
     return study
 
 
@@ -164,7 +176,7 @@ def expected_runs(study: Study, sweep: Sweep | None = None) -> int:
     """How many runs the study has: its sweep's (``sweep``, loaded if not given); its
     records' when they are frozen."""
     if study.sweep is None:
-        return len(list(study.records.glob("*.json")))
+        return len(records.selected(study.records, study.select))
     return len((sweep or load_sweep(study.sweep, check_data=False)).runs)
 
 

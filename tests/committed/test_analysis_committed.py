@@ -1,9 +1,13 @@
-"""docs/embeddings.md's embedding analyses are what ``python -m fairseq_tying.analysis`` wrote:
-each block is its folder's analysis.md, and that table is what its analysis.json gives."""
+"""docs/embeddings.md's and docs/language_models.md's embedding analyses are what ``python -m
+fairseq_tying.analysis`` wrote: each block is its folder's analysis.md, that table is what its
+analysis.json gives (``--table-from``, byte for byte), and the intervals the prose quotes are
+the table's."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 
 import pytest
 
@@ -16,6 +20,10 @@ DOCS = REPO / "docs"
 ANALYSES = {"analysis_equal": DOCS / "analysis" / "equal",  # block: the tool's --out folder
             "analysis_equal_e3": DOCS / "analysis" / "equal_e3",
             "analysis_equal_fixnorm": DOCS / "analysis" / "equal_fixnorm"}
+# every analysis table of the docs: (report, block) -> its folder
+TABLES = {**{("embeddings.md", block): folder for block, folder in ANALYSES.items()},
+          ("embeddings.md", "analysis"): DOCS / "analysis",  # the one-epoch study's
+          ("language_models.md", "analysis"): DOCS / "lm" / "analysis"}
 CELLS = {"analysis_equal": {("three_way", layer, 1)
                             for layer in ("dot", "l2norm", "sqnorm", "distance", "cosine")},
          "analysis_equal_e3": {("none", "dot", 1), ("decoder", "dot", 1)},
@@ -31,19 +39,68 @@ def _block(name: str) -> str:
     return block_text((DOCS / "embeddings.md").read_text(), name)
 
 
-@pytest.mark.parametrize("block", ANALYSES)
-def test_the_block_is_the_analysis_table(block):
-    assert _block(block) == (ANALYSES[block] / "analysis.md").read_text()
+@pytest.mark.parametrize("report, block", TABLES)
+def test_the_block_is_the_analysis_table(report, block):
+    assert block_text((DOCS / report).read_text(), block) == \
+        (TABLES[report, block] / "analysis.md").read_text()
 
 
-@pytest.mark.parametrize("block", ANALYSES)
-def test_the_table_is_what_the_json_gives(block):
-    data = _analysis(block)
+@pytest.mark.parametrize("report, block", TABLES)
+def test_the_table_is_what_the_json_gives(report, block):
+    folder = TABLES[report, block]
+    data = json.loads((folder / "analysis.json").read_text())
     reports = [analysis.ModelReport(**{**m, "matrices": [analysis.MatrixReport(**x)
                                                         for x in m["matrices"]]})
                for m in data["models"]]
-    assert analysis.markdown(reports, data["word_vector"]) == \
-        (ANALYSES[block] / "analysis.md").read_text()
+    # no pair's cosine was kept with these: each difference is the bound, and the note says so
+    assert not (folder / analysis.PAIR_SCORES).exists()
+    table = analysis.markdown(reports, data["word_vector"])
+    assert table == (folder / "analysis.md").read_text()
+    assert ("no paired test" in table) == any(len(m["matrices"]) > 1 for m in data["models"])
+
+
+@pytest.mark.parametrize("report, block", TABLES)
+def test_table_from_rebuilds_the_table_and_the_block_byte_for_byte(report, block, tmp_path):
+    folder = tmp_path / "analysis"
+    folder.mkdir()
+    shutil.copy(TABLES[report, block] / "analysis.json", folder)
+    shutil.copy(DOCS / report, tmp_path / report)
+    (tmp_path / report).write_text(  # the block emptied: rebuilt from the JSON alone
+        (DOCS / report).read_text().replace(block_text((DOCS / report).read_text(), block), ""))
+    assert analysis.main(["--table-from", str(folder), "--report", str(tmp_path / report),
+                          "--block", block]) == 0
+    assert (folder / "analysis.md").read_text() == (TABLES[report, block] / "analysis.md"
+                                                    ).read_text()
+    assert (tmp_path / report).read_text() == (DOCS / report).read_text()
+
+
+def _cells(table: str) -> set[str]:
+    """Every ρ with its interval and every difference with its bound in a table, as printed."""
+    return set(re.findall(r"-?\d\.\d{3} \[-?\d\.\d\d, -?\d\.\d\d\]", table)) | set(
+        re.findall(r"[+-]\d\.\d{3} \[[+-]\d\.\d\d, [+-]\d\.\d\d\]", table))
+
+
+def _quoted(prose: str) -> set[str]:
+    return set(re.findall(r"[+-]?\d\.\d{3} \[[+-]?\d\.\d\d, [+-]?\d\.\d\d\]", prose))
+
+
+def _rhos(text: str) -> set[str]:
+    return {x.lstrip("+-") for x in re.findall(r"[+-]?\d\.\d{3}\b", text)}
+
+
+@pytest.mark.parametrize("report, section, blocks", [
+    ("embeddings.md", "# What the embeddings learned",
+     ["analysis_equal", "analysis_equal_e3", "analysis_equal_fixnorm", "analysis"]),
+    ("language_models.md", "## What the embeddings learned", ["analysis"])])
+def test_every_rho_and_interval_the_prose_quotes_is_in_a_table(report, section, blocks):
+    text = (DOCS / report).read_text()
+    tables = "".join(block_text(text, b) for b in blocks)
+    prose = text.split(section, 1)[1]
+    for b in blocks:
+        prose = prose.replace(block_text(text, b), "")
+    prose = " ".join(prose.split())  # a quote broken across lines
+    assert len(_quoted(prose)) >= 2 and _quoted(prose) <= _cells(tables)
+    assert len(_rhos(prose)) >= 6 and _rhos(prose) <= _rhos(tables)
 
 
 @pytest.mark.parametrize("block", ANALYSES)

@@ -33,6 +33,7 @@ BLOCKS = {  # study: (page, block, folder of its records and summary.json)
     "one_epoch": ("results_one_epoch.md", "study", DOCS / "study"),
     "converged": ("results_converged.md", "converged", DOCS / "converged"),
     "equal": ("results.md", "equal", DOCS / "equal"),
+    "equal_primary": ("results.md", "equal_primary", DOCS / "equal" / "primary"),
     "converged_gpu": ("results_gpu.md", "converged_gpu", GPU),
     "converged_gpu_patience3": ("results_gpu.md", "converged_gpu_patience3", GPU_PATIENCE3),
 }
@@ -333,6 +334,19 @@ def test_a_tying_claim_is_supported_by_equivalence_alone(page, block):
         assert f"equivalence p = {test['equivalence']['p']:.3f}" in row[6], row
         if verdict.startswith("contradicted"):
             assert test["p_holm"] < 0.05 and len({d > 0 for d in deltas}) == 1, row
+
+
+def test_the_primary_family_is_the_pre_registered_runs_alone():
+    """equal_primary reads E1-E3 (seeds 1-3 of the cells fixed before any run) and nothing
+    that F1-F5 added: no fixnorm, no DynamicConv layer but dot and l2norm, no seed 4 or 5."""
+    summary = json.loads((DOCS / "equal" / "primary" / "summary.json").read_text())
+    cells = {(model, label): cell["seeds"] for model, by_label in summary.items()
+             for label, cell in by_label.items()}
+    e1 = {("transformer_twwt", f"three_way/{la}") for la in LAYERS}
+    e2 = {("dynamicconv_twwt", f"three_way/{la}") for la in ("dot", "l2norm")}
+    e3 = {("transformer_twwt", f"{t}/dot") for t in ("none", "decoder")}
+    assert set(cells) == e1 | e2 | e3
+    assert all(seeds == [1, 2, 3] for seeds in cells.values())
 
 
 def test_the_equal_training_study_has_every_run_of_its_sweep():

@@ -18,7 +18,7 @@ from fairseq_tying.studies.commands import main
 from fairseq_tying.studies.records.record import Record
 from fairseq_tying.studies.records.records import read_stop
 from fairseq_tying.studies.statistics.cells import SeedDifference
-from fairseq_tying.studies.statistics.verdicts import interval
+from fairseq_tying.studies.statistics.verdicts import lower
 from tests.helpers import REPO, first_stop, launch, run_cli, run_folders
 
 STOP = {"patience": 1, "min_gain": 0.02, "min_epoch": 1, "max_epoch": 3}
@@ -124,7 +124,7 @@ def test_records_and_report(lm_runs, tmp_path):
     summary = json.loads((plots / "summary.json").read_text())
     tied = summary["decoder × dot"]
     assert tied["vs_untied_dot"]["verdict"] == \
-        interval(SeedDifference.from_dict(tied["vs_untied_dot"]))
+        lower(SeedDifference.from_dict(tied["vs_untied_dot"]))
     tied_l = summary["decoder × dot + tiedL (D = 8)"]
     ppl = {r.name: json.loads((r / "eval.json").read_text())["perplexity"]
            for r in run_folders(lm_runs)}

@@ -213,6 +213,36 @@ def test_the_equal_training_sweep_is_the_converged_study_with_a_fixed_budget():
     assert (equal.eval_args, equal.eval_also) == (converged.eval_args, converged.eval_also)
 
 
+LAYERS_CHECKED = ("three_way.dot", "three_way.l2norm")
+
+
+@pytest.mark.parametrize(("name", "lr", "data", "cells"), [
+    ("bible_quarter_lr_half", "0.0015", "work/quarter/data", LAYERS_CHECKED),
+    ("bible_quarter_lr_double", "0.006", "work/quarter/data", LAYERS_CHECKED),
+    ("bible_quarter_s2", "0.003", "work/quarter_s2/data", ("none.dot", *LAYERS_CHECKED)),
+])
+def test_the_quarters_checks_are_its_pilots_runs_but_lr_or_draw(name, lr, data, cells):
+    """The learning-rate check and the second draw of the quarter study: each run is the quarter
+    pilot's run of its cell, flag for flag but the learning rate (or the data) and the length,
+    seeds 1-3, each trained exactly 19 epochs (the latest plateau of the pilot's paper cells:
+    untied dot 12, three-way dot 15, l2norm 19, fixnorm 19), in output folders of their own."""
+    pilot = load_sweep(REPO / "slurm" / "bible_quarter_pilot.yaml", check_data=False)
+    sweep = load_sweep(REPO / "slurm" / f"{name}.yaml", check_data=False)
+    twin = {r.name.split(".", 2)[2].rsplit(".", 1)[0]: r for r in pilot.runs}
+    assert sorted({r.name.split(".", 2)[2].rsplit(".", 1)[0] for r in sweep.runs}) == \
+        sorted(cells)
+    assert len(sweep.runs) == 3 * len(cells)
+    for r in sweep.runs:
+        base = twin[r.name.split(".", 2)[2].rsplit(".", 1)[0]]
+        want = [a.replace(base.name, r.name) for a in without_length(base.identity.train_args)]
+        want[want.index("--seed") + 1] = str(r.identity.seed)
+        want[want.index("--lr") + 1] = lr
+        assert without_length(r.identity.train_args) == want, r.name
+        assert r.stopping["plateau"] is False and r.stopping["max_epoch"] == 19
+        assert r.data_dir.as_posix().endswith(data)
+    assert not sweep.output_dir.as_posix().endswith(("work/quarter/runs", "work/quarter/pilot"))
+
+
 def test_the_fp16_sweep_is_p1_of_the_converged_one_on_a_gpu():
     """slurm/bible_converged_fp16.yaml: the CPU study's P1 runs, flag for flag, with --fp16 in
     place of --cpu and one GPU a run; the plateau rule and the scoring are the CPU study's."""

@@ -223,12 +223,13 @@ def _lm_order(key: Key) -> tuple:
 
 
 def lm_family(sections: list[Section]) -> list[Section]:
-    """Holm over every comparison of the perplexity study, then each one's verdict."""
+    """Holm over every comparison of the perplexity study (each a claim that the cell's test
+    perplexity is lower than its baseline's), then each one's verdict (``verdicts.lower``)."""
     found = [((i, label, c.name), test) for i, sec in enumerate(sections)
              for label, cell in sec.summary.items() for c in LM.comparisons
              if (test := cell.test(c.name)) is not None]
     adjusted = verdicts.adjust([test for _, test in found])
-    return with_tests(sections, {where: replace(test, verdict=verdicts.interval(test))
+    return with_tests(sections, {where: replace(test, verdict=verdicts.lower(test))
                                  for (where, _), test in zip(found, adjusted, strict=True)})
 
 
@@ -236,7 +237,8 @@ LM = Spec(
     cell=lambda r: (r.run.tying, r.run.output_layer, r.run.tag or ""),
     label=lm_label,
     head=lambda key, records: LMHead(lm_label(key, records), key[0], key[1], key[2] or None),
-    values=("seeds", "test_ppl", "test_loss", "params", "test_ppl_best", "stop", "learning"),
+    values=("seeds", "test_ppl", "test_loss", "params", "test_ppl_best", "stop",
+            "valid_nll_common", "learning"),
     comparisons=(
         Comparison("vs_untied_dot", lambda key, cells: None if key == LM_BASELINE
                    else LM_BASELINE, seed_differences("test_ppl")),

@@ -15,9 +15,11 @@ fairseq's log, the plateau rule's files and the evaluations.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -195,14 +197,24 @@ def export(runs_root: str | os.PathLike, records_dir: str | os.PathLike,
     return written
 
 
-def load(records_dir: str | os.PathLike, allow_empty: bool = False, hypotheses: bool = True
-         ) -> list[Record]:
+def load(records_dir: str | os.PathLike, allow_empty: bool = False, hypotheses: bool = True,
+         select: Sequence[str] = ()) -> list[Record]:
     """Every record of a study with its hypotheses (a language model has none; none are read
-    without ``hypotheses``)."""
-    out = [Record.load(path, hypotheses) for path in sorted(Path(records_dir).glob("*.json"))]
+    without ``hypotheses``); with ``select``, those whose run name matches one of its globs."""
+    out = [Record.load(path, hypotheses) for path in selected(records_dir, select)]
     if not out and not allow_empty:
-        raise FileNotFoundError(f"{records_dir}: no study records (*.json)")
+        raise FileNotFoundError(f"{records_dir}: no study records (*.json)"
+                                + (f" matching {', '.join(select)}" if select else ""))
     return out
+
+
+def selected(records_dir: str | os.PathLike, select: Sequence[str] = ()) -> list[Path]:
+    """The record files in ``records_dir``: all, or those whose run name matches a glob of
+    ``select`` (e.g. a study's pre-registered runs among those added later)."""
+    paths = sorted(Path(records_dir).glob("*.json"))
+    if not select:
+        return paths
+    return [p for p in paths if any(fnmatch.fnmatchcase(p.stem, g) for g in select)]
 
 
 def load_evaluated(root: str | os.PathLike) -> list[Record]:

@@ -182,7 +182,7 @@ class Bootstrap:
 class SeedDifference:
     """A value's per-seed difference between two cells (``significance.seed_difference``): the
     differences' Stat over the shared seeds, the t-test's p, and in a family Holm's p and the
-    interval rule's verdict."""
+    per-seed rule's verdict (``verdicts.lower``)."""
 
     stat: Stat
     p: float

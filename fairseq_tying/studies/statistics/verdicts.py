@@ -1,4 +1,4 @@
-"""Every verdict rule of the across-run views, in one place (version 4).
+"""Every verdict rule of the across-run views, in one place (version 4: ``VERSION``).
 
 ``bootstrap``: a difference in BLEU between two cells (a paired bootstrap pooled over the seeds
 the two cells share, ``significance.compare``) *counts* when
@@ -36,15 +36,33 @@ that failed to be significant supports nothing. The claim is contradicted by a d
 counts (BLEU moved, "better" or "worse") where equivalence is not shown, and unresolved
 otherwise, with the interval that leaves the margin.
 
+A *paper's* claim (the views' tables with a source column) is tested here on another corpus,
+model, budget and often metric than the paper's, so a counted difference against it does not
+refute the paper: ``on_paper`` reads "contradicted (…)" as "not replicated here (…)", with the
+direction ("worse" for a claim of a gain). The rules' own words stay for the claims a study
+makes of its own data (the answer's).
+
 Resolution: B resamples give p ≥ 1/(B + 1), and Holm multiplies the smallest of m p-values by
 m, so no adjusted p falls below m/(B + 1). ``resamples(m)`` chooses B ≥ RESOLUTION·m/ALPHA
 (1, 2 or 5 × 10^k), so that this bound is at most ALPHA/RESOLUTION; a study's report states B
 and the bound (``resolution``).
 
-``interval``: a per-seed difference (``significance.seed_difference``, e.g. of test
-perplexity; its p from the one-sample t-test of the differences, Holm-adjusted over the study's
-family) is supported when the adjusted p < ALPHA and the mean lies below 0, contradicted when
-above 0, unresolved otherwise (or one seed gives no CI). With one claim it is the 95 % CI rule.
+``lower``: the same rule where a study keeps one value per run and no per-sentence scores
+(the perplexity study: each run's test perplexity, not its per-token log-probabilities), so
+that no bootstrap over test sentences can be drawn. A per-seed difference
+(``significance.seed_difference``) *counts* when
+
+    the cells share at least SEEDS seeds,
+    the two-sided one-sample t-test of the per-seed differences gives p < ALPHA after
+    Holm–Bonferroni over the study's family of tests (training variance only: the test set's
+    own variance is not tested), and
+    every seed's difference has the same sign.
+
+A claim that the value is *lower* than its base's (perplexity) is supported when the
+difference counts and is below 0, contradicted when it counts and is above 0, unresolved
+otherwise, naming the test that failed (``why_not``: too few seeds, "within the seeds'
+spread" for a raw p ≥ ALPHA, not significant after Holm, seeds differ in sign), and
+unresolved while a compared cell still learns at its budget, as above.
 
 ``significant``: a p rejects "no difference" (p < ALPHA), before or after Holm, and a seed's
 own paired bootstrap against its baseline seed does (``why_not``'s seeds that disagree).
@@ -73,15 +91,25 @@ MIN_SAMPLES = 1000  # the fewest resamples (sacrebleu's default), however small 
 
 GAIN, UNCHANGED = "gain", "unchanged"  # what a claim expects of its difference
 
-RULE = (f"a difference counts when the two cells share at least {SEEDS} seeds, the paired "
-        "bootstrap pooled over them (two-sided: p = (#{b : |Δ_b − mean Δ_b| ≥ |Δ|} + 1)/(B + 1) "
-        f"over B resamples Δ_b) gives p < {ALPHA} after Holm–Bonferroni over the study's "
-        "tests, and every seed's difference has the same sign; a claim between cells still "
-        "learning at their budget is unresolved")
-INTERVAL_RULE = ("supported / contradicted / unresolved (lower perplexity): the t-test of the "
-                 f"per-seed differences gives p < {ALPHA} after Holm–Bonferroni over the "
-                 "study's comparisons with the mean below 0 / above 0 / otherwise")
+VERSION = 4  # of the rules below; docs/results.md's "Verdicts" says what each version changed
+
+
+def rule(test: str) -> str:
+    """The legend's sentence on when a difference counts, with ``test`` the test of it."""
+    return (f"a difference counts when the two cells share at least {SEEDS} seeds, {test} "
+            f"gives p < {ALPHA} after Holm–Bonferroni over the study's tests, and every seed's "
+            "difference has the same sign; a claim between cells still learning at their "
+            "budget is unresolved")
+
+
+RULE = rule("the paired bootstrap pooled over them (two-sided: p = (#{b : |Δ_b − mean Δ_b| ≥ "
+            "|Δ|} + 1)/(B + 1) over B resamples Δ_b)")
+SEED_RULE = rule("the two-sided t-test of their per-seed differences")  # ``lower``
 COVERAGE = f"{100 * (1 - 2 * ALPHA):g} %"  # the interval of the equivalence test (TOST)
+CONTRADICTED, NOT_REPLICATED = "contradicted", "not replicated here"
+PAPER_RULE = (f"a paper's claim that a difference which counts goes against reads "
+              f"\"{NOT_REPLICATED}\", not {CONTRADICTED}: its corpus, model and budget are not "
+              "the paper's")
 
 
 def learning_rule(window: int, threshold: float) -> str:
@@ -154,8 +182,19 @@ def adjusted_p(test: Bootstrap | Equivalence | SeedDifference) -> float:
     return test.p if test.p_holm is None else test.p_holm
 
 
-def _same_sign(test: Bootstrap) -> bool:
-    deltas = list(test.per_seed_delta.values())
+def _deltas(test: Bootstrap | SeedDifference) -> list[float]:
+    """Each seed's difference."""
+    if isinstance(test, Bootstrap):
+        return list(test.per_seed_delta.values())
+    return list(test.stat.values)
+
+
+def _n_seeds(test: Bootstrap | SeedDifference) -> int:
+    return test.n_seeds if isinstance(test, Bootstrap) else len(test.seeds)
+
+
+def _same_sign(test: Bootstrap | SeedDifference) -> bool:
+    deltas = _deltas(test)
     return all(d > 0 for d in deltas) or all(d < 0 for d in deltas)
 
 
@@ -165,9 +204,10 @@ def seeds_disagree(test: Bootstrap) -> bool:
     return len(signs) == 2
 
 
-def counts(test: Bootstrap) -> bool:
-    """Whether a ``compare`` result's difference counts under the bootstrap rule."""
-    return (test.n_seeds >= SEEDS and significant(adjusted_p(test)) and _same_sign(test))
+def counts(test: Bootstrap | SeedDifference) -> bool:
+    """Whether a difference counts: a ``compare`` result's under the bootstrap rule, a
+    per-seed difference's under ``lower``'s (its t-test in the bootstrap's place)."""
+    return _n_seeds(test) >= SEEDS and significant(adjusted_p(test)) and _same_sign(test)
 
 
 def at_floor(test: Bootstrap) -> bool:
@@ -181,15 +221,18 @@ def too_few_resamples(test: Bootstrap) -> bool:
     return at_floor(test) and not significant(adjusted_p(test))
 
 
-def why_not(test: Bootstrap) -> str:
+def why_not(test: Bootstrap | SeedDifference) -> str:
     """Which test a difference that does not count failed (``counts`` is False)."""
-    if test.n_seeds < SEEDS:
-        return f"{test.n_seeds} of {SEEDS} seeds"
-    if seeds_disagree(test):
+    if (n := _n_seeds(test)) < SEEDS:
+        return f"{n} of {SEEDS} seeds"
+    if isinstance(test, SeedDifference):
+        if not significant(test.p):
+            return "within the seeds' spread"
+    elif seeds_disagree(test):
         return "seeds disagree"
-    if not significant(test.p):
+    elif not significant(test.p):
         return "within the test set's noise"
-    if too_few_resamples(test):
+    elif too_few_resamples(test):
         return f"too few resamples: Holm ≥ {test.family or 1}/{test.n_samples + 1}"
     if not significant(adjusted_p(test)):
         return "not significant after Holm"
@@ -283,9 +326,8 @@ def finding(test: Bootstrap | SeedDifference) -> str:
         shown = counts(test)
         delta = test.delta
     else:
-        values, delta = test.stat.values, test.stat.mean
-        shown = significant(adjusted_p(test)) and (all(v > 0 for v in values)
-                                                    or all(v < 0 for v in values))
+        delta = test.stat.mean
+        shown = significant(adjusted_p(test)) and _same_sign(test)
     return ("better" if delta > 0 else "worse") if shown else "none"
 
 
@@ -319,9 +361,27 @@ def outcome(verdict: str) -> str:
     return verdict.split(" (")[0]
 
 
-def interval(diff: SeedDifference) -> str:
-    """The interval rule's verdict on "lower than the base" (the Stat of the differences with
-    the t-test's ``p``, Holm-adjusted where ``adjust`` saw its family)."""
-    if diff.stat.ci95 is None or not significant(adjusted_p(diff)):
-        return "unresolved"
-    return _still_learning(diff, "supported" if diff.stat.mean < 0 else "contradicted")
+def lower(diff: SeedDifference) -> str:
+    """The verdict on a claim that a cell's value is lower than its base's (test perplexity),
+    from the per-seed differences (``SEED_RULE``, Holm-adjusted where ``adjust`` saw their
+    family): supported when the difference counts below 0, contradicted above 0, else
+    unresolved with the test that failed; not decided while a compared cell still learns."""
+    if counts(diff):
+        return _still_learning(diff, "supported" if diff.stat.mean < 0 else "contradicted")
+    return f"unresolved ({why_not(diff)})"
+
+
+def on_paper(verdict: str, test: Bootstrap) -> str:
+    """A paper's claim's verdict: "contradicted (better)" reads "not replicated here (better)",
+    a claim of a gain's "contradicted" "not replicated here (worse)" (``PAPER_RULE``); every
+    other verdict as it is."""
+    if outcome(verdict) != CONTRADICTED:
+        return verdict
+    reason = verdict[len(CONTRADICTED):]
+    return NOT_REPLICATED + (reason if reason else f" ({_direction(test)})")
+
+
+def paper_outcome(word: str) -> str:
+    """``outcome`` of a paper's claim: "contradicted" reads "not replicated here"."""
+    return NOT_REPLICATED if word == CONTRADICTED else word
+

@@ -6,9 +6,12 @@ view imports another); the papers' figures they print beside ours are the output
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
+from fairseq_tying.core import output_layers
+from fairseq_tying.core.output_layers import PaperDelta
 from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import (
     Bootstrap,
@@ -19,6 +22,7 @@ from fairseq_tying.studies.statistics.cells import (
     Stat,
     Summary,
 )
+from fairseq_tying.studies.statistics.stats import POWER, detectable
 from fairseq_tying.studies.statistics.verdicts import ALPHA
 
 
@@ -127,21 +131,60 @@ def format_delta(test: Bootstrap, per_seed: bool = True, note: str = "") -> str:
     return f"{format_seed_delta(test)} ({lead}{tests})"
 
 
-def legend(tests: list[Bootstrap], margins: set[float], learning: Learning | None = None
-           ) -> str:
+def power_text(deltas: Sequence[float]) -> str:
+    """``3 seeds (sd 0.57) detect |Δ| ≥ 1.86 with 80 % power``: from the spread of a claim's
+    per-seed differences, the smallest true difference the two-sided t-test over them shows 8
+    times in 10 at α = ALPHA (before Holm, ``stats.detectable``); "" for fewer than two."""
+    if len(deltas) < 2:
+        return ""
+    sd = float(np.std(deltas, ddof=1))
+    return (f"{len(deltas)} seeds (sd {sd:.2f}) detect |Δ| ≥ "
+            f"{detectable(sd, len(deltas), ALPHA):.2f} with {100 * POWER:g} % power")
+
+
+def legend(tests: list[Bootstrap], margins: set[float], learning: Learning | None = None,
+           papers: bool = False) -> str:
     """The verdicts' legend: the bootstrap rule, the convergence check with the numbers of
     ``learning`` (a cell's; none: no sentence), the equivalence rule with its ``margins`` (of
-    the claims that BLEU is unchanged; none: no such sentence) and the bootstrap's resolution
-    over the family of ``tests``."""
+    the claims that BLEU is unchanged; none: no such sentence), with ``papers`` how a paper's
+    claim reads (``verdicts.PAPER_RULE``), and the bootstrap's resolution over the family of
+    ``tests``."""
     parts = [verdicts.RULE]
     if learning is not None:
         parts.append(verdicts.learning_rule(learning.window, learning.threshold))
     parts += [verdicts.equivalence_rule(m) for m in sorted(margins)]
+    if papers:
+        parts.append(verdicts.PAPER_RULE)
     family = [t for t in tests if t.n_samples is not None]
     if family:
         m = len(family) if family[0].family is None else family[0].family
         parts.append(verdicts.resolution(family[0].n_samples, m))
     return "; ".join(parts)
+
+
+def paper_claim(source: str) -> bool:
+    """Whether a claim's ``source`` is a paper (its verdict then reads ``verdicts.on_paper``)."""
+    return source not in ("", "–")
+
+
+def paper_figures(layer: str, arch: str) -> tuple[PaperDelta, ...]:
+    """The Δs over ``dot`` that ``layer``'s paper reports for the family of ``arch``
+    (DynamicConv or the Transformer), else for any family; () without any."""
+    la = output_layers.get(layer)
+    family = "dynamicconv" if "dynamicconv" in arch else "transformer"
+    return la.paper_deltas.get(family) or la.paper_deltas.get("*", ())
+
+
+def papers_legend(layers: list[str]) -> str:
+    """What the papers' Δs of ``layers`` are (each paper's ``paper_figures``, once), and how to
+    read them beside ours; "" when none has any."""
+    said = list(dict.fromkeys(f for la in layers if (f := output_layers.get(la).paper_figures)))
+    if not said:
+        return ""
+    return ("paper Δ: the Δ BLEU over `dot` a layer's paper reports on its own corpus and "
+            "model, a direction to set beside ours and not a number this corpus and model "
+            "should reproduce (the papers and their tables: docs/results.md, References); "
+            + "; ".join(said))
 
 
 def holm_changes(changes: list[tuple[str, str, str]]) -> str:

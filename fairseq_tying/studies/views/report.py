@@ -127,13 +127,15 @@ class Renderer:
 def build(records_dir: str | os.PathLike, targets: Sequence[Target],
           plots_dir: str | os.PathLike, refs: Sequence[str] | None,
           runs: str | os.PathLike | None = None, n_samples: int | None = None,
-          expected: int | None = None, row_norms: bool = True) -> dict[str, Any]:
+          expected: int | None = None, row_norms: bool = True,
+          select: Sequence[str] = ()) -> dict[str, Any]:
     """Export the records of newly evaluated runs (``runs``), then rebuild every target's block
     and, with the first target's view, ``summary.json`` and the plots, from the records alone.
     A target's view ``auto`` is ``lm`` or ``translation`` by the records' task. Without an
-    ``expected`` number of runs, a study needs at least one record."""
+    ``expected`` number of runs, a study needs at least one record; ``select``: only the records
+    whose run name matches one of its globs."""
     exported = records.export(runs, records_dir, row_norms) if runs else []
-    recs = records.load(records_dir, allow_empty=expected is not None)
+    recs = records.load(records_dir, allow_empty=expected is not None, select=select)
     targets = [replace(t, view=auto_view(recs, records_dir)) if t.view == "auto" else t
                for t in targets]
     renderer = Renderer(recs, refs, n_samples, expected)
@@ -184,6 +186,7 @@ class StudyReport:
     plots: Path
     reports: tuple[Target, ...]
     references: Path | None = None
+    select: tuple[str, ...] = ()  # globs of run names: the records it reads (empty: all)
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,8 @@ def summary_source(summary: Summary) -> str | None:
     """The first study of ``summary.sources`` whose records answer the summary's question
     (``does_it_help``: every cell of the answer with all its seeds; other views: any record);
     when none does yet, the first with records."""
-    with_records = {study.name: records.load(study.records, allow_empty=True, hypotheses=False)
+    with_records = {study.name: records.load(study.records, allow_empty=True, hypotheses=False,
+                                             select=study.select)
                     for study in summary.sources}
     for name, found in with_records.items():
         if found and (summary.target.view != "does_it_help" or view_answer.answers(found)):
@@ -232,7 +236,7 @@ def rebuild(study: StudyReport, expected: int | None, summaries: Sequence[Summar
     that folder instead of in place."""
     done = build(study.records, [replace(t, file=_moved(t.file, out)) for t in study.reports],
                  _moved(study.plots, out), references(study.references), runs, n_samples,
-                 expected, row_norms)
+                 expected, row_norms, study.select)
     renderer, written = done.pop("renderer"), done["written"]
     for s in summaries:
         if study.name in (src.name for src in s.sources) and summary_source(s) == study.name:

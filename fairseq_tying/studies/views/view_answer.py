@@ -17,11 +17,12 @@ from fairseq_tying.studies.engine.engine import Section
 from fairseq_tying.studies.records.record import Record
 from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Bootstrap, Cell, Summary
-from fairseq_tying.studies.statistics.stats import POWER, detectable, seeds_for_equivalence
+from fairseq_tying.studies.statistics.stats import POWER, seeds_for_equivalence
 from fairseq_tying.studies.views.formatting import (
     format_seed_delta,
     format_tests,
     legend,
+    power_text,
     seeds_label,
     shared_means,
     still_learning,
@@ -117,12 +118,11 @@ def power(test: Bootstrap) -> str:
     deltas = list(test.per_seed_delta.values())
     if len(deltas) < 2:
         return ""
-    sd = float(np.std(deltas, ddof=1))
-    need = seeds_for_equivalence(sd, verdicts.MARGIN, verdicts.ALPHA)
+    need = seeds_for_equivalence(float(np.std(deltas, ddof=1)), verdicts.MARGIN,
+                                 verdicts.ALPHA)
     seeds = "more than 100" if need is None else str(need)
-    return (f"{len(deltas)} seeds (sd {sd:.2f}) detect |Δ| ≥ "
-            f"{detectable(sd, len(deltas), verdicts.ALPHA):.2f} with {100 * POWER:g} % power, "
-            f"equivalence within ±{verdicts.MARGIN:g} needs {seeds} seeds")
+    return (f"{power_text(deltas)}, equivalence within ±{verdicts.MARGIN:g} needs {seeds} "
+            "seeds")
 
 
 def answers(records: list[Record]) -> bool:
@@ -209,4 +209,4 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     if learning:
         lines.append("")
         lines += [f"`{key}`: {text}" if many else text for key, text in learning]
-    return "\n".join(lines) + "\n", None
+    return "\n".join(lines) + "\n", {str(sec.key): sec.summary for sec in sections}

@@ -1,9 +1,10 @@
 """The equal-training study's tables and plot (``specs.GRID`` cells, every run trained the same
 number of epochs): BLEU per cell with each seed, the Δs that decide the papers' claims at equal
 training with the verdict rule (tying against untied; each normalized layer against ``dot``, for
-each architecture, beside the papers' figures: ``OutputLayer.paper_deltas`` for DynamicConv and
-for layers of another paper, else the Δ of ``OutputLayer.paper_bleu``), and the validation NLL
-per epoch."""
+each architecture, beside the Δ its paper reports for the architecture's family:
+``OutputLayer.paper_deltas``, with what they measure in the legend, ``paper_figures``; a
+counted difference against a paper reads "not replicated here", ``verdicts.on_paper``), and the
+validation NLL per epoch."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ from fairseq_tying.studies.views.formatting import (
     format_stat,
     holm_changes,
     legend,
+    paper_claim,
+    paper_figures,
+    papers_legend,
     seeds_label,
     shared_means,
 )
@@ -76,22 +80,16 @@ def bleu_table(sections: list[Section]) -> str:
 
 
 def _paper(arch: str, layer: str) -> str:
-    """The papers' Δ over dot for this layer and model family: the figures the layer's paper
-    gives for the family (or for any), else the difference of the Transformer BLEU of Liu et
-    al.'s table, else "–"."""
-    la = output_layers.get(layer)
-    family = "dynamicconv" if "dynamicconv" in arch else "transformer"
-    if figures := la.paper_deltas.get(family) or la.paper_deltas.get("*"):
-        return ", ".join(map(str, figures))
-    if la.paper_bleu is None:
-        return "–"
-    return f"{la.paper_bleu - output_layers.get(BASELINE).paper_bleu:+.2f}"
+    """The paper's Δs over dot for this layer and model family, each with where it was
+    measured; "–" without any."""
+    return ", ".join(map(str, paper_figures(layer, arch))) or "–"
 
 
 def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[str, str, str]]]:
     """Rows of the Δ table: tying against untied (``dot``), each normalized layer against
     ``dot`` with three-way tying, per architecture; those whose two cells have runs. Beside
-    them the verdicts Holm–Bonferroni changed (``formatting.holm_changes``)."""
+    them the verdicts Holm–Bonferroni changed (``formatting.holm_changes``). A claim with a
+    paper's source reads its verdict ``verdicts.on_paper``."""
     rows, changes = [], []
     for s in sections:
         found = [(f"{t.replace('_', '-')} tying vs untied (`{BASELINE}`)", test, PRESS_WOLF, "–",
@@ -103,11 +101,25 @@ def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[st
                   if (test := _test(s.summary, f"three_way/{la}", "vs_dot")) is not None]
         for what, test, source, paper, expects in found:
             note = shared_means(test, *_pair(s.summary, test))
+            verdict = verdicts.bootstrap(test, expects)
+            if paper_claim(source):
+                verdict = verdicts.on_paper(verdict, test)
             rows.append([what, f"`{s.key}`", source, paper, format_delta(test, note=note),
-                         verdicts.bootstrap(test, expects)])
+                         verdict])
             if changed := specs.changed_by_holm(test, expects):
+                if paper_claim(source):
+                    changed = tuple(map(verdicts.paper_outcome, changed))
                 changes.append((f"{what}, `{s.key}`", *changed))
     return rows, changes
+
+
+def _papers(sections: list[Section]) -> str:
+    """The legend's sentence on the paper Δ column: what the paper Δs of the compared layers
+    are (``formatting.papers_legend``); "" when none has one."""
+    layers = [la for la in specs.normalized() for s in sections
+              if _test(s.summary, f"three_way/{la}", "vs_dot") is not None
+              and paper_figures(la, str(s.key))]
+    return f"{text[0].upper()}{text[1:]}. " if (text := papers_legend(layers)) else ""
 
 
 def per_document(sections: list[Section]) -> str:
@@ -160,11 +172,12 @@ def render(sections: list[Section]) -> tuple[str, Any]:
                   "the two means over the shared ones first); p of the paired bootstrap over "
                   "test sentences, pooled over the seeds, raw and Holm-adjusted over the "
                   "study's tests; per-seed p in brackets; for a tying claim the equivalence "
-                  "test's p. The papers' Δ: Liu et al.'s Transformer on IWSLT'14 Es→En and "
-                  "DynamicConv on IWSLT'14 De→En and WMT'16 En→De; Nguyen & Salazar's FixNorm "
-                  "with ScaleNorm, the mean over five low-resource pairs. Verdict: "
-                  + legend(*specs.family_of(s.summary for s in sections)) + ".\n",
-                  markdown_table(["comparison", "model", "source", "paper Δ", "Δ BLEU",
+                  "test's p. "
+                  + _papers(sections) + "Verdict: "
+                  + legend(*specs.family_of(s.summary for s in sections), papers=True)
+                  + ".\n",
+                  markdown_table(["comparison", "model", "source",
+                                  "paper Δ (the paper's corpus and model)", "Δ BLEU",
                                   "verdict"], rows)]
         if changes:
             parts += ["", holm_changes(changes)]

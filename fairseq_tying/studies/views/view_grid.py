@@ -1,6 +1,8 @@
 """The translation studies' tables and plots (``specs.GRID``): a grid of output layers × tying
-modes per value, the paired Δs, the parameters, the paper side by side and the claims, one set
-per architecture (the main one first, the others under their own heading)."""
+modes per value, the paired Δs, the parameters, our Δs beside the papers' (their Δs only, with
+what they measure; never a paper's BLEU, which is another corpus's and model's) and the papers'
+claims (a counted difference against one reads "not replicated here"), one set per
+architecture (the main one first, the others under their own heading)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from fairseq_tying.evaluation.norms import plot_norm_histograms
 from fairseq_tying.studies import FOR_WHAT
 from fairseq_tying.studies.engine import specs
 from fairseq_tying.studies.engine.engine import Cells, Section, band
+from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Cell, Summary
 from fairseq_tying.studies.views.formatting import (
     epochs_text,
@@ -29,6 +32,9 @@ from fairseq_tying.studies.views.formatting import (
     format_stat,
     holm_changes,
     legend,
+    paper_claim,
+    paper_figures,
+    papers_legend,
     shared_means,
 )
 from fairseq_tying.studies.views.plots import (
@@ -71,22 +77,25 @@ def stop_correlation(summary: Summary) -> tuple[float, float, int] | None:
 
 
 def claims_table(summary: Summary) -> str | None:
-    """The claims whose cells the study has, as a markdown table (None when it has none)."""
+    """The claims whose cells the study has, as a markdown table (None when it has none); a
+    paper's claim reads its verdict ``verdicts.on_paper``."""
     claims = specs.claims_of(summary)
     if not claims:
         return None
-    rows = [[c.text, c.source, _delta(summary, summary[c.cell], c.test, False), verdict]
+    rows = [[c.text, c.source, _delta(summary, summary[c.cell], c.test, False),
+             verdicts.on_paper(verdict, test) if paper_claim(c.source) else verdict]
             for c, test, verdict in claims]
-    changes = [(c.text, *changed) for c, test, _ in claims
-               if (changed := specs.changed_by_holm(test, c.expects))]
+    changes = [(c.text, *(map(verdicts.paper_outcome, changed) if paper_claim(c.source)
+                          else changed))
+               for c, test, _ in claims if (changed := specs.changed_by_holm(test, c.expects))]
     return markdown_table(["claim", "source", "Δ BLEU", "verdict"], rows) + (
         f"\n\n{holm_changes(changes)}" if changes else "")
 
 
-def tables(summary: Summary) -> str:
+def tables(summary: Summary, arch: str = "") -> str:
     """The study's tables: a row per output layer and a column per tying mode that has runs;
-    a Δ table only where it has a pair to compare, the paper's beside ours only where three-way
-    tying has runs."""
+    a Δ table only where it has a pair to compare, the papers' Δs (for the family of ``arch``)
+    beside ours only where three-way tying has runs of a layer with one."""
     tyings = [t for t in TYINGS if any(cell_of(summary, t, la) for la in LAYERS)]
     layers = [la for la in LAYERS if any(cell_of(summary, t, la) for t in tyings)]
     seeds = sorted({s for c in summary.values() for s in c.seeds})
@@ -131,12 +140,13 @@ def tables(summary: Summary) -> str:
                   "epochs\n",
                   grid(lambda c: format_stat(c.valid_nll_common.stat, 3))]
     parts += ["\n**Parameters** (fairseq's count of the trained model)\n", params_table(summary)]
-    if THREE_WAY.name in tyings:
-        parts += ["\n**Side by side with the paper** (Transformer, IWSLT'14 Es→En; ours: "
-                  "three-way tying on the Bible, mean over seeds)\n", paper_table(summary)]
+    if THREE_WAY.name in tyings and (papers := paper_table(summary, arch)):
+        table, layers_with = papers
+        parts += ["\n**Our Δ beside the paper's Δ** (ours: three-way tying on the Bible, mean "
+                  f"over seeds; {papers_legend(layers_with)})\n", table]
     if table := claims_table(summary):
-        parts += [f"\n**The papers' claims**: {legend(*specs.family_of([summary]))} (Δ and p "
-                  "as above)\n", table]
+        parts += [f"\n**The papers' claims**: {legend(*specs.family_of([summary]), papers=True)}"
+                  " (Δ and p as above)\n", table]
     return "\n".join(parts)
 
 
@@ -155,30 +165,34 @@ def params_table(summary: Summary) -> str:
     return markdown_table(["tying", "parameters", "of untied"], rows)
 
 
-def paper_table(summary: Summary) -> str:
-    """Our three-way cells beside the BLEU of Liu et al.'s Transformer on IWSLT'14 Es→En
-    (``OutputLayer.paper_bleu``), for every layer that has one."""
+def paper_table(summary: Summary, arch: str = "") -> tuple[str, list[str]] | None:
+    """Our three-way cells beside the Δ over ``dot`` that each layer's paper reports for the
+    family of ``arch`` (``formatting.paper_figures``), for the layers with one and a three-way
+    run, ``dot`` first as the baseline; with those layers. None without any such layer."""
+    layers = [la for la in LAYERS if la != BASELINE and paper_figures(la, arch)
+              and cell_of(summary, THREE_WAY.name, la)]
+    if not layers:
+        return None
     rows = []
-    base = LAYERS[BASELINE].paper_bleu
-    for la in (name for name, layer in LAYERS.items() if layer.paper_bleu is not None):
+    for la in (BASELINE, *layers):
         c = cell_of(summary, THREE_WAY.name, la)
-        paper = LAYERS[la].paper_bleu
         ours = format_stat(c.stat("bleu")) if c else "–"
         if la == BASELINE:
-            ours_delta = "baseline"
-        elif c and c.test("vs_dot") is not None:
-            ours_delta = _delta(summary, c, "vs_dot", False, per_seed=False)
+            paper = ours_delta = "baseline"
         else:
-            ours_delta = "–"
-        rows.append([la, f"{paper:.2f}", "baseline" if la == BASELINE else f"{paper - base:+.2f}",
-                     ours, ours_delta])
-    return markdown_table(["output layer", "paper BLEU", "paper Δ", "our BLEU", "our Δ"], rows)
+            paper = ", ".join(map(str, paper_figures(la, arch)))
+            ours_delta = ("–" if c.test("vs_dot") is None
+                          else _delta(summary, c, "vs_dot", False, per_seed=False))
+        rows.append([la, paper, ours, ours_delta])
+    return markdown_table(["output layer", "paper Δ (the paper's corpus and model)",
+                           "our BLEU", "our Δ"], rows), layers
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
     """The block's text and ``summary.json`` (one architecture's summary, else one per
     architecture) of a translation study's sections."""
-    texts = [tables(s.summary) if i == 0 else f"### `{s.key}`\n\n{tables(s.summary)}"
+    texts = [tables(s.summary, str(s.key)) if i == 0
+             else f"### `{s.key}`\n\n{tables(s.summary, str(s.key))}"
              for i, s in enumerate(sections)]
     summary = sections[0].summary if len(sections) == 1 else {s.key: s.summary for s in sections}
     return "\n\n".join(texts), summary
