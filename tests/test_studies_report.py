@@ -18,6 +18,7 @@ from fairseq_tying.common.blocks import block_text, markers, replace_block
 from fairseq_tying.data import bible
 from fairseq_tying.launch.__main__ import main as launch
 from fairseq_tying.launch.studies import ManifestError, expected_runs, load_manifest
+from fairseq_tying.studies.engine import specs
 from fairseq_tying.studies.engine.engine import Section
 from fairseq_tying.studies.records import records
 from fairseq_tying.studies.records.record import Record
@@ -469,3 +470,41 @@ def test_a_partial_grid_tables_only_what_its_runs_compare():
     assert "Δ BLEU against `dot`" in three_way and "beside the paper" in three_way
     assert "Δ BLEU of tying against the untied model" not in three_way
     assert all(f"| {layer} " in three_way for layer in ("l2norm", "sqnorm", "distance", "cosine"))
+
+
+def _tagged(record: Record, tag: str) -> Record:
+    """A three-way record relabelled as the three-way ``dot`` run of a tagged block (a sweep's
+    hand-added block, e.g. with the z-loss), its scores and hypotheses its own."""
+    layer = record.run.output_layer
+    run = replace(record.run, output_layer="dot", tag=tag,
+                  name=record.name.replace(f".{layer}.", f".dot.{tag}."))
+    return replace(record, run=run, stats_cache={})
+
+
+def test_a_tagged_block_is_a_cell_of_its_own_against_dot(tmp_path):
+    """The quarter's fixnorm records relabelled as three-way dot with a tag: they make a cell
+    "dot+zloss" beside dot, never mixed into it; its claim against dot is fixnorm's comparison
+    (same Δ and p), a claim of no paper, and the table and the Δ table show it last."""
+    recs = records.load(DOCS / "quarter" / "records")
+    fixnorm = [r for r in recs if r.run.output_layer == "fixnorm"]
+    rest = [r for r in recs if r.run.output_layer != "fixnorm"]
+    plain_text, plain_summary = Renderer(recs, references(None), n_samples=200).block("equal")
+    text, summary = Renderer(rest + [_tagged(r, "zloss") for r in fixnorm], references(None),
+                             n_samples=200).block("equal")
+    cells, before = summary["transformer_twwt"], plain_summary["transformer_twwt"]
+    assert "three_way/dot+zloss" in cells and "three_way/fixnorm" not in cells
+    assert cells["three_way/dot"].stat("bleu").values == before["three_way/dot"].stat("bleu").values
+    assert cells["three_way/dot+zloss"].stat("bleu").values == \
+        before["three_way/fixnorm"].stat("bleu").values
+    tagged, untagged = (cells["three_way/dot+zloss"].test("vs_dot"),
+                        before["three_way/fixnorm"].test("vs_dot"))
+    assert tagged.delta == pytest.approx(untagged.delta)
+    claims = {c.cell: c for c in specs.study_claims(cells)}
+    assert claims["three_way/dot+zloss"].source == "" and \
+        claims["three_way/dot+zloss"].expects == verdicts.GAIN
+    row = [line for line in text.splitlines() if line.startswith("| `dot+zloss` vs `dot`")]
+    assert len(row) == 1 and [c.strip() for c in row[0].split("|")][3:5] == ["–", "–"]
+    short, _ = Renderer(rest + [_tagged(r, "zloss") for r in fixnorm], references(None),
+                        n_samples=200).block("does_it_help")
+    table = [line for line in short.splitlines() if line.startswith("| three_way |")]
+    assert table[-1].startswith("| three_way | `dot+zloss` |")

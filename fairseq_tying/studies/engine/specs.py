@@ -47,6 +47,22 @@ from fairseq_tying.studies.statistics.cells import (
 
 # a claim's comparison under the protocol's other choices: its name plus one of these
 ALSO = {"_chrf": "chrF", "_best": "the best checkpoint"}
+# a tagged grid block (added by hand to a sweep, e.g. `dot` with the z-loss) is a cell of its
+# own, never mixed into its layer's: "dot+zloss", compared with the same tying's `dot`
+TAG = "+"
+
+
+def grid_layer(record: Record) -> str:
+    """A run's output layer as its cell names it: the layer, and its block's tag if any."""
+    run = record.run
+    return f"{run.output_layer}{TAG}{run.tag}" if run.tag else run.output_layer
+
+
+def layer_order(layer: str) -> tuple:
+    """Where a cell's layer sorts: the registry's order, tagged cells after every plain one."""
+    names = output_layers.names()
+    base = layer.split(TAG)[0]
+    return (TAG in layer, names.index(base) if base in names else len(names), layer)
 
 
 def _vs_dot(key: Key, cells: Collection[Key]) -> Key | None:
@@ -91,7 +107,7 @@ def claim_family_size(sections: list[Cells]) -> int:
     baselines = {"vs_dot": _vs_dot, "vs_untied": _vs_untied}
     m = 0
     for cells in sections:
-        for c in study_claims():
+        for c in study_claims("/".join(k) for k in cells):
             key = tuple(c.cell.split("/"))
             base = baselines[c.test](key, cells.keys())
             shared = len(set(cells.get(key, {})) & set(cells.get(base, {})))
@@ -100,7 +116,7 @@ def claim_family_size(sections: list[Cells]) -> int:
 
 
 GRID = Spec(
-    cell=lambda r: (r.run.tying, r.run.output_layer),
+    cell=lambda r: (r.run.tying, grid_layer(r)),
     label=lambda key, records: f"{key[0]}/{key[1]}",
     head=lambda key, records: GridHead(*key),
     values=("seeds", "bleu", "chrf", "valid_nll", "params", "stop", "bleu_best",
@@ -140,20 +156,25 @@ def normalized() -> list[str]:
     return [la for la in output_layers.names() if la != BASELINE]
 
 
-def study_claims() -> list[Claim]:
+def study_claims(cells: Iterable[str] = ()) -> list[Claim]:
     """Tying keeps BLEU (with ``dot``); each normalized layer beats ``dot`` on a shared matrix
-    (its paper's claim: ``OutputLayer.citation``)."""
+    (its paper's claim: ``OutputLayer.citation``); and each tagged cell among ``cells`` (their
+    "tying/layer" labels) beats its tying's ``dot``, a claim of no paper."""
     tying = [Claim(f"{tying_mode(t).label} tying keeps BLEU (`{BASELINE}`)", PRESS_WOLF,
                    f"{t}/{BASELINE}", "vs_untied", verdicts.UNCHANGED) for t in SHARED]
     layers = [Claim(f"`{la}` beats `{BASELINE}` ({tying_mode(t).label} tying)",
                     output_layers.get(la).citation, f"{t}/{la}", "vs_dot",
                     verdicts.GAIN) for t in SHARED for la in normalized()]
-    return tying + layers
+    tagged = [Claim(f"`{la}` beats `{BASELINE}` ({tying_mode(t).label} tying)", "",
+                    f"{t}/{la}", "vs_dot", verdicts.GAIN)
+              for t, la in sorted((tuple(c.split("/")) for c in set(cells) if TAG in c),
+                                  key=lambda k: layer_order(k[1])) if t in SHARED]
+    return tying + layers + tagged
 
 
 def claims_tests(summary: Summary) -> list[tuple[Claim, Bootstrap]]:
     """The study's claims whose comparison the summary has, each with that comparison."""
-    return [(c, test) for c in study_claims()
+    return [(c, test) for c in study_claims(summary)
             if c.cell in summary and (test := summary[c.cell].test(c.test)) is not None]
 
 
@@ -161,7 +182,8 @@ def claims_between(keys: Collection[Key]) -> list[Claim]:
     """The study's claims whose cell and the cell it is compared with are both among ``keys``
     (``(tying, output layer)`` pairs, e.g. one architecture's cells of a sweep's grid)."""
     baselines = {"vs_dot": _vs_dot, "vs_untied": _vs_untied}
-    return [c for c in study_claims() if (key := tuple(c.cell.split("/"))) in keys
+    return [c for c in study_claims("/".join(k) for k in keys)
+            if (key := tuple(c.cell.split("/"))) in keys
             and baselines[c.test](key, keys) in keys]
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import THREE_WAY
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE, PAPER_LAYERS
@@ -33,7 +32,7 @@ def _order(cell: Cell) -> tuple:
     """The untied and tied ``dot`` cells first (by tying), then the normalized layers."""
     head = cell.head
     return (head.output_layer != BASELINE, TYINGS.index(head.tying),
-            output_layers.names().index(head.output_layer))
+            specs.layer_order(head.output_layer))
 
 
 def _baseline(summary: Summary) -> str:
@@ -46,7 +45,7 @@ def _baseline(summary: Summary) -> str:
 
 def _claimed(summary: Summary) -> list[tuple[Cell, specs.Claim | None]]:
     """The baseline cell (claim None) and every cell that has a claim, in the table's order."""
-    claims = {c.cell: c for c in specs.study_claims()}
+    claims = {c.cell: c for c in specs.study_claims(summary)}
     out = []
     for cell in sorted(summary.values(), key=_order):
         key = f"{cell.head.tying}/{cell.head.output_layer}"
@@ -132,7 +131,7 @@ def answers(records: list[Record]) -> bool:
     cell, is not the front page's answer; cells with more seeds, the headline's, use them)."""
     seeds: dict[tuple[str, str, str], set[int]] = {}
     for r in records:
-        seeds.setdefault((r.run.arch, r.run.tying, r.run.output_layer), set()).add(r.run.seed)
+        seeds.setdefault((r.run.arch, r.run.tying, specs.grid_layer(r)), set()).add(r.run.seed)
     if not seeds:
         return False
     needed = {(t, BASELINE) for t in TYINGS} | {(THREE_WAY.name, layer) for layer in PAPER_LAYERS}

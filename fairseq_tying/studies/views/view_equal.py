@@ -40,9 +40,8 @@ from fairseq_tying.studies.views.plots import plot_bands
 
 def _cells(summary: Summary) -> list[Cell]:
     """The cells in the grid's order: tying, then output layer."""
-    layers = output_layers.names()
     return sorted(summary.values(), key=lambda c: (TYINGS.index(c.head.tying),
-                                                   layers.index(c.head.output_layer)))
+                                                   specs.layer_order(c.head.output_layer)))
 
 
 def _budget(sections: list[Section]) -> str:
@@ -99,6 +98,10 @@ def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[st
                    output_layers.get(la).citation or "–", _paper(str(s.key), la),
                    verdicts.GAIN) for la in specs.normalized()
                   if (test := _test(s.summary, f"three_way/{la}", "vs_dot")) is not None]
+        found += [(f"`{c.cell.split('/')[1]}` vs `{BASELINE}` (three-way tying)", test, "–", "–",
+                   verdicts.GAIN) for c in specs.study_claims(s.summary)
+                  if specs.TAG in c.cell and c.cell.startswith(f"{THREE_WAY.name}/")
+                  and (test := _test(s.summary, c.cell, "vs_dot")) is not None]
         for what, test, source, paper, expects in found:
             note = shared_means(test, *_pair(s.summary, test))
             verdict = verdicts.bootstrap(test, expects)
@@ -223,8 +226,7 @@ def _delta_band(runs: dict, baseline: dict) -> tuple[list, list, list, list] | N
 
 
 def _with_epochs(cells: Cells) -> list[tuple[str, str]]:
-    layers = output_layers.names()
-    keys = sorted(cells, key=lambda k: (TYINGS.index(k[0]), layers.index(k[1])))
+    keys = sorted(cells, key=lambda k: (TYINGS.index(k[0]), specs.layer_order(k[1])))
     return [k for k in keys
             if all(r.train.valid_epochs is not None for r in cells[k].values())]
 
