@@ -314,3 +314,41 @@ def test_it_says_what_its_seeds_can_show_from_the_committed_study(tmp_path, data
     effect = TTestPower().solve_power(nobs=3, alpha=0.05, power=0.8) * TYPICAL_SD
     assert "What 3 seeds can show" in out and f"a Δ of ±{effect:.2f} BLEU or more" in out
     assert f"equivalence within ±0.5 needs {seeds_for_equivalence(TYPICAL_SD, 0.5)} seeds" in out
+
+
+def test_the_z_loss_block_is_a_cell_of_its_own(tmp_path, data, capsys):
+    """--z-loss λ adds three-way dot trained with the z-loss, tagged zloss: its runs are the
+    plain dot runs' commands plus --z-loss λ; its pilot sets the budget with the others', and
+    a pilot without it is refused by name."""
+    cells = ["--tying", "none", "three_way", "--output-layers", "dot"]
+    assert _new(tmp_path, data, "--epochs", "9", "--z-loss", "0", *cells) == 2
+    assert "--z-loss 0: λ is positive" in capsys.readouterr().err
+    assert _new(tmp_path, data, "--epochs", "9", "--z-loss", "1e-4", *cells) == 0
+    runs = {r.name: r for r in load_sweep(tmp_path / "s.yaml", check_data=False).runs}
+    tagged = [r for r in runs.values() if r.identity.tag == "zloss"]
+    assert len(tagged) == 3 and {r.identity.output_layer for r in tagged} == {"dot"}
+    for r in tagged:
+        plain = runs[r.name.replace(".dot.zloss.", ".dot.")].identity.train_args
+        plain = [a.replace(".dot.", ".dot.zloss.") for a in plain]
+        assert sorted(r.identity.train_args) == sorted([*plain, "--z-loss", "0.0001"])
+    pilot_yaml, pilot_dir = tmp_path / "pilot.yaml", tmp_path / "pilot_runs"
+    assert launch_main(["new-sweep", "--data", str(data), "--out", str(pilot_yaml), "--pilot",
+                        "--output-dir", str(pilot_dir), "--no-estimate", "--z-loss", "1e-4",
+                        *cells]) == 0
+    pilots = load_sweep(pilot_yaml, check_data=False).runs
+    assert [r.identity.tag for r in pilots] == [None, None, "zloss"]
+    for run, epoch in zip(pilots, (9, 11, 16), strict=True):
+        _finish(run.run_dir, epoch)
+    assert _new(tmp_path, data, "--budget-from", str(pilot_yaml), "--force", "--z-loss",
+                "1e-4", *cells) == 0
+    assert {r.stopping["max_epoch"] for r in load_sweep(tmp_path / "s.yaml",
+                                                         check_data=False).runs} == {16}
+    assert _new(tmp_path, data, "--budget-from", str(pilot_yaml), "--force", *cells) == 0
+    assert {r.stopping["max_epoch"] for r in load_sweep(tmp_path / "s.yaml",
+                                                         check_data=False).runs} == {11}
+    plain_pilot = tmp_path / "plain_pilot.yaml"
+    assert launch_main(["new-sweep", "--data", str(data), "--out", str(plain_pilot), "--pilot",
+                        "--output-dir", str(pilot_dir), "--no-estimate", *cells]) == 0
+    assert _new(tmp_path, data, "--budget-from", str(plain_pilot), "--force", "--z-loss",
+                "1e-4", *cells) == 2
+    assert "no pilot run of transformer_twwt/three_way/dot+zloss" in capsys.readouterr().err

@@ -9,14 +9,15 @@ trains exactly ``--epochs`` epochs (no early stopping), keeps its last ``--avera
 checkpoints and is scored on the data dir's test set as their average (beam 5), the
 best-validation checkpoint beside it; logs are JSON, which the answer (``python -m
 fairseq_tying.studies answer``) reads. Its grid, per family: the tying table with ``dot``
-(each of ``--tying``), then three-way tying with every other ``--output-layers``; ``--seeds``
-of each. ``--pilot`` writes the first seed of every cell of that grid, each trained until its
-validation NLL flattens (the plateau rule, at most ``--max-epochs``): a tied model may still learn
-when the untied one has flattened, so the budget is the latest of their stop epochs, not the
-baseline's. ``--budget-from PILOT.yaml`` reads that budget from the finished pilot and lets the
-pilot's runs go on from their checkpoints (``continue_from:``; the learning-rate schedule does
-not depend on the budget). The file is plain
-YAML with comments: edit it before launching.
+(each of ``--tying``), then three-way tying with every other ``--output-layers``, and with
+``--z-loss λ`` three-way ``dot`` trained with PaLM's z-loss (a block tagged ``zloss``: a cell of
+its own, "dot+zloss" in the answer); ``--seeds`` of each. ``--pilot`` writes the first seed
+of every cell of that grid, each trained until its validation NLL flattens (the plateau rule,
+at most ``--max-epochs``): a tied model may still learn when the untied one has flattened, so
+the budget is the latest of their stop epochs, not the baseline's. ``--budget-from PILOT.yaml``
+reads that budget from the finished pilot and lets the pilot's runs go on from their
+checkpoints (``continue_from:``; the learning-rate schedule does not depend on the budget).
+The file is plain YAML with comments: edit it before launching.
 
 The model is a ``--model`` preset (``tiny``: a smoke test of the whole path;
 ``small``: the studies'; ``iwslt``), each of its sizes overridden by ``--embed-dim``,
@@ -65,10 +66,13 @@ class NewSweepError(ValueError):
     """A bad option of new-sweep; the message names the flag and the fix."""
 
 
+Z_LOSS_TAG = "zloss"  # the tag of the --z-loss block: its cell is "dot+zloss"
+
+
 def grid_blocks(families: list[str], tyings: list[str], layers: list[str],
-                seeds: list[int]) -> list[dict]:
-    """The grid: per family, the tying table with ``dot`` and three-way tying with each other
-    layer, in that priority order."""
+                seeds: list[int], z_loss: float | None = None) -> list[dict]:
+    """The grid: per family, the tying table with ``dot``, three-way tying with each other
+    layer and, with ``z_loss``, three-way ``dot`` with the z-loss, in that priority order."""
     blocks = []
     for family in families:
         arch = FAMILIES[family]
@@ -77,6 +81,9 @@ def grid_blocks(families: list[str], tyings: list[str], layers: list[str],
         others = [la for la in layers if la != BASELINE]
         if others:
             blocks.append({"arch": arch, "tying": [TIED], "output_layer": others})
+        if z_loss is not None:
+            blocks.append({"arch": arch, "tying": [TIED], "output_layer": [BASELINE],
+                           "tag": Z_LOSS_TAG, "flags": f"{{z_loss: {z_loss:g}}}"})
     return [dict(b, seed=seeds) for b in blocks]
 
 
@@ -112,7 +119,7 @@ def render(args: argparse.Namespace, prep: dict) -> str:
     model = model_of(args)
     dataset = args.dataset
     blocks = grid_blocks(args.families, args.tying, args.output_layers,
-                         args.seeds[:1] if args.pilot else args.seeds)
+                         args.seeds[:1] if args.pilot else args.seeds, args.z_loss)
     continued = ""
     if args.pilot:
         stopping = (f"stopping:                 # the pilot: until the validation NLL flattens\n"
@@ -133,7 +140,8 @@ def render(args: argparse.Namespace, prep: dict) -> str:
     grid = "\n".join(
         f"  - {{dataset: [{dataset}], arch: [{b['arch']}], tying: {_flow(b['tying'])}, "
         f"output_layer: {_flow(b['output_layer'])}, seed: {_flow(b['seed'])}, "
-        f"priority: {i + 1}}}" for i, b in enumerate(blocks))
+        + "".join(f"{k}: {b[k]}, " for k in ("tag", "flags") if k in b)
+        + f"priority: {i + 1}}}" for i, b in enumerate(blocks))
     gpus = args.gpus
     resources = (f"  nodes: 1\n  gpus_per_node: {gpus}\n  tasks_per_node: {gpus}\n"
                  f"  cpus_per_task: 8\n  mem_gb: 32\n  time: \"24:00:00\"\n") if gpus else \
@@ -230,6 +238,8 @@ def check(args: argparse.Namespace) -> None:
                             "--epochs E (a budget of your own)")
     if args.lr is not None and not args.lr > 0:
         raise NewSweepError(f"--lr {args.lr}: a learning rate is positive")
+    if args.z_loss is not None and not args.z_loss > 0:
+        raise NewSweepError(f"--z-loss {args.z_loss:g}: λ is positive (PaLM's: 1e-4)")
     check_model(args)
     if args.workers is not None and args.workers < 1:
         raise NewSweepError(f"--workers {args.workers}: at least 1")
@@ -253,6 +263,13 @@ def check(args: argparse.Namespace) -> None:
         raise NewSweepError(f"--out {args.out} exists; give another file or --force")
 
 
+def _cell(run: Run) -> tuple[str, str, str]:
+    """A pilot run's cell: family, tying and output layer (with its tag, e.g. "dot+zloss")."""
+    ident = run.identity
+    layer = f"{ident.output_layer}+{ident.tag}" if ident.tag else ident.output_layer
+    return ident.arch, ident.tying, layer
+
+
 def read_pilot(args: argparse.Namespace) -> None:
     """Set ``args.epochs`` to the latest stop epoch of the pilot ``args.budget_from`` (every
     run finished, one for each cell of this sweep), and the pilot's runs to continue from."""
@@ -263,16 +280,17 @@ def read_pilot(args: argparse.Namespace) -> None:
     cells = {(FAMILIES[f], t, BASELINE) for f in args.families for t in args.tying}
     cells |= {(FAMILIES[f], TIED, la) for f in args.families for la in args.output_layers
               if la != BASELINE}
-    # a tagged run (a block added by hand, e.g. with --z-loss) is a cell of its own
-    plain = [r for r in pilot.runs if not r.identity.tag]
-    piloted = {(r.identity.arch, r.identity.tying, r.identity.output_layer) for r in plain}
+    if args.z_loss is not None:
+        cells |= {(FAMILIES[f], TIED, f"{BASELINE}+{Z_LOSS_TAG}") for f in args.families}
+    # a tagged run is a cell of its own (--z-loss's, or a block added by hand: no cell here)
+    plain = [r for r in pilot.runs if not r.identity.tag or r.identity.tag == Z_LOSS_TAG]
+    piloted = {_cell(r) for r in plain}
     if missing := sorted(cells - piloted, key=str):
         raise NewSweepError(f"--budget-from {args.budget_from}: no pilot run of "
                             + ", ".join("/".join(c) for c in missing) + "; the budget is the "
                             "latest of every cell's plateau (write the pilot with the same "
                             "--tying, --output-layers and --families)")
-    stops = {r.name: stop_epoch(r) for r in plain
-             if (r.identity.arch, r.identity.tying, r.identity.output_layer) in cells}
+    stops = {r.name: stop_epoch(r) for r in plain if _cell(r) in cells}
     if unfinished := [name for name, epoch in stops.items() if epoch is None]:
         raise NewSweepError(f"--budget-from {args.budget_from}: not finished: "
                             + ", ".join(unfinished) + f"; train it first: python -m "
@@ -313,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-layers", nargs="+", choices=OUTPUT_LAYERS,
                    default=list(OUTPUT_LAYERS), help=f"compared under {TIED} tying")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--z-loss", type=float, metavar="λ",
+                   help="also three-way dot trained with the z-loss λ·(log Z)² (PaLM: 1e-4), "
+                   f"a block tagged {Z_LOSS_TAG}, answered against dot")
     p.add_argument("--average-last", type=int, default=5,
                    help="epoch checkpoints averaged into the scored model (default 5)")
     p.add_argument("--model", choices=list(MODELS), default="small",
