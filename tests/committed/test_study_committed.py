@@ -33,7 +33,7 @@ BLOCKS = {  # study: (page, block, folder of its records and summary.json)
     "one_epoch": ("results_one_epoch.md", "study", DOCS / "study"),
     "converged": ("results_converged.md", "converged", DOCS / "converged"),
     "equal": ("results.md", "equal", DOCS / "equal"),
-    "equal_primary": ("results.md", "equal_primary", DOCS / "equal" / "primary"),
+    "equal_primary": ("results.md", "answer", DOCS / "equal" / "primary"),
     "converged_gpu": ("results_gpu.md", "converged_gpu", GPU),
     "converged_gpu_patience3": ("results_gpu.md", "converged_gpu_patience3", GPU_PATIENCE3),
 }
@@ -256,7 +256,7 @@ def test_no_answer_row_calls_seeds_that_disagree_the_test_sets_noise(page, block
     """Each verdict of the answer table against the paired tests of summary.json, re-derived
     here by hand: "within the test set's noise" only where the pooled p ≥ 0.05 and no two seeds
     are significant on their own with opposite signs; "seeds disagree" exactly where they are."""
-    summary = json.loads((DOCS / "equal" / "summary.json").read_text())
+    summary = json.loads((DOCS / "equal" / "primary" / "summary.json").read_text())
     begin, end = markers(block)
     text = page.read_text()
     rows = [line.split(" | ") for line in text[text.index(begin):text.index(end)].splitlines()
@@ -288,7 +288,7 @@ def test_no_answer_row_sets_a_mean_beside_a_delta_over_other_seeds(page, block):
     mean and its baseline row's mean (up to their rounding) when both cells have exactly the
     Δ's seeds, else of the two means over the shared seeds that follow it, recomputed here
     from each seed's BLEU."""
-    summary = json.loads((DOCS / "equal" / "summary.json").read_text())
+    summary = json.loads((DOCS / "equal" / "primary" / "summary.json").read_text())
     rows = _answer_rows(page, block)
     means = {(row[0], f"{row[1]}/{row[2].strip('`')}"): float(row[4].split()[0]) for row in rows}
     for row in rows:
@@ -320,7 +320,7 @@ def test_a_tying_claim_is_supported_by_equivalence_alone(page, block):
     90 % interval (Student t, recomputed here) lies inside ±0.5 and Holm keeps the equivalence
     test, contradicted only by a difference that counts, never supported by a non-significant
     difference."""
-    summary = json.loads((DOCS / "equal" / "summary.json").read_text())
+    summary = json.loads((DOCS / "equal" / "primary" / "summary.json").read_text())
     rows = [r for r in _answer_rows(page, block) if "untied" in r[5]]
     assert len(rows) == 2
     for row in rows:
