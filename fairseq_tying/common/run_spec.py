@@ -31,6 +31,10 @@ from fairseq_tying.common.typed import checked
 
 _SEED_PART = re.compile(r"\.s(\d+)$")  # the last part of a run's name (Identity.named)
 
+# a tagged grid block (added by hand to a sweep, e.g. `dot` with the z-loss) is a cell of its
+# own, never mixed into its layer's: "dot+zloss"
+CELL_TAG = "+"
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -56,6 +60,10 @@ class Identity:
     def to_dict(self) -> dict[str, Any]:
         """The identity as JSON (``eval.json``'s ``run``): its fields, None left out."""
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def cell_layer(self) -> str | None:
+        """The output layer as a study's cell names it: with its grid block's tag, if any."""
+        return f"{self.output_layer}{CELL_TAG}{self.tag}" if self.tag else self.output_layer
 
     def label(self) -> str:
         """``method``, else ``arch:tying:output_layer``."""

@@ -266,8 +266,7 @@ def check(args: argparse.Namespace) -> None:
 def _cell(run: Run) -> tuple[str, str, str]:
     """A pilot run's cell: family, tying and output layer (with its tag, e.g. "dot+zloss")."""
     ident = run.identity
-    layer = f"{ident.output_layer}+{ident.tag}" if ident.tag else ident.output_layer
-    return ident.arch, ident.tying, layer
+    return ident.arch, ident.tying, ident.cell_layer()
 
 
 def read_pilot(args: argparse.Namespace) -> None:

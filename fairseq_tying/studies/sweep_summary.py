@@ -50,9 +50,7 @@ def no_comparison(sweep: Sweep) -> str | None:
     """Why the sweep's grid makes none of the answer's comparisons; None if it makes one."""
     cells: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for run in sweep.runs:
-        layer = run.identity.output_layer
-        cells[run.identity.arch].add((run.identity.tying, f"{layer}{specs.TAG}{run.identity.tag}"
-                                      if run.identity.tag else layer))
+        cells[run.identity.arch].add((run.identity.tying, run.identity.cell_layer()))
     if any(specs.claims_between(keys) for keys in cells.values()):
         return None
     return ("its grid makes none of the answer's comparisons: each tying mode with `dot` "

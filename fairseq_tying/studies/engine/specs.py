@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 
-from fairseq_tying.common.run_spec import flag_value
+from fairseq_tying.common.run_spec import CELL_TAG, flag_value
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import DECODER, THREE_WAY, UNTIED, tying_mode
 from fairseq_tying.core.output_layers import BASELINE
@@ -47,22 +47,17 @@ from fairseq_tying.studies.statistics.cells import (
 
 # a claim's comparison under the protocol's other choices: its name plus one of these
 ALSO = {"_chrf": "chrF", "_best": "the best checkpoint"}
-# a tagged grid block (added by hand to a sweep, e.g. `dot` with the z-loss) is a cell of its
-# own, never mixed into its layer's: "dot+zloss", compared with the same tying's `dot`
-TAG = "+"
-
-
 def grid_layer(record: Record) -> str:
-    """A run's output layer as its cell names it: the layer, and its block's tag if any."""
-    run = record.run
-    return f"{run.output_layer}{TAG}{run.tag}" if run.tag else run.output_layer
+    """A run's output layer as its cell names it (a tagged cell, "dot+zloss", is compared with
+    the same tying's `dot`)."""
+    return record.run.cell_layer()
 
 
 def layer_order(layer: str) -> tuple:
     """Where a cell's layer sorts: the registry's order, tagged cells after every plain one."""
     names = output_layers.names()
-    base = layer.split(TAG)[0]
-    return (TAG in layer, names.index(base) if base in names else len(names), layer)
+    base = layer.split(CELL_TAG)[0]
+    return (CELL_TAG in layer, names.index(base) if base in names else len(names), layer)
 
 
 def _vs_dot(key: Key, cells: Collection[Key]) -> Key | None:
@@ -167,7 +162,7 @@ def study_claims(cells: Iterable[str] = ()) -> list[Claim]:
                     verdicts.GAIN) for t in SHARED for la in normalized()]
     tagged = [Claim(f"`{la}` beats `{BASELINE}` ({tying_mode(t).label} tying)", "",
                     f"{t}/{la}", "vs_dot", verdicts.GAIN)
-              for t, la in sorted((tuple(c.split("/")) for c in set(cells) if TAG in c),
+              for t, la in sorted((tuple(c.split("/")) for c in set(cells) if CELL_TAG in c),
                                   key=lambda k: layer_order(k[1])) if t in SHARED]
     return tying + layers + tagged
 

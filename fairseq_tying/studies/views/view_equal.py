@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fairseq_tying.common.run_spec import CELL_TAG
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import THREE_WAY, UNTIED
@@ -100,7 +101,7 @@ def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[st
                   if (test := _test(s.summary, f"three_way/{la}", "vs_dot")) is not None]
         found += [(f"`{c.cell.split('/')[1]}` vs `{BASELINE}` (three-way tying)", test, "–", "–",
                    verdicts.GAIN) for c in specs.study_claims(s.summary)
-                  if specs.TAG in c.cell and c.cell.startswith(f"{THREE_WAY.name}/")
+                  if CELL_TAG in c.cell and c.cell.startswith(f"{THREE_WAY.name}/")
                   and (test := _test(s.summary, c.cell, "vs_dot")) is not None]
         for what, test, source, paper, expects in found:
             note = shared_means(test, *_pair(s.summary, test))
