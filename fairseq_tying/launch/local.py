@@ -4,6 +4,7 @@ SIGTERM."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -219,6 +221,38 @@ def stoppable() -> Iterator[None]:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@contextmanager
+def jobs_stderr(path: Path) -> Iterator[None]:
+    """The local jobs' controllers write their stderr to ``path``, the launcher still to the
+    terminal. A controller inherits the launcher's stderr, and Ctrl-C (sent to the whole
+    process group) or a cancelled job ends it with a KeyboardInterrupt traceback, which would
+    follow the launcher's one-line message; its tasks write to their own logs anyway."""
+    if _fileno(sys.stderr) != 2:  # a captured stderr (pytest), a closed one
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    terminal, launcher = os.dup(2), sys.stderr
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 2)  # what processes started from now on inherit
+    sys.stderr = os.fdopen(terminal, "w", buffering=1, encoding=launcher.encoding,
+                           errors=launcher.errors)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(terminal, 2)
+        sys.stderr.close()
+        sys.stderr = launcher
+
+
+def _fileno(stream: Any) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def _follow(futures: dict[Future, Run], pool: ThreadPoolExecutor, bar: tqdm,
             forecast: Forecast) -> None:
     """Wait for the runs, redrawing the bar every REFRESH_S with the epoch of each running run
@@ -267,7 +301,7 @@ def run_local(plan: Plan, workers: int = 1, recorded_stops: Iterable[int] = (),
     bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} runs [{elapsed}{postfix}]" \
         if forecast.rule else None
     jobs = LocalJobs()
-    with stoppable(), \
+    with jobs_stderr(sweep.output_dir / ".submitit" / "controllers.log"), stoppable(), \
             tqdm(total=len(order), initial=len(finished), unit="run", desc=sweep.name,
                  file=sys.stderr, dynamic_ncols=True, smoothing=0, bar_format=bar_format
                  ) as bar, ThreadPoolExecutor(max_workers=workers) as pool:

@@ -171,6 +171,9 @@ def test_stopping_the_local_launcher_stops_its_jobs(tiny_data, tmp_path, sig, ba
     why = "Ctrl-C" if sig == "SIGINT" else sig
     assert f"stopped by {why}; the jobs of {run_dir.name} were stopped with it" in stderr
     assert "resumes each unfinished run from its last checkpoint" in stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    # where the cancelled job's controller wrote its KeyboardInterrupt instead
+    assert "KeyboardInterrupt" in (out / ".submitit" / "controllers.log").read_text()
     assert gone, "a job of the stopped launcher was still running"
     assert stopping < 15, f"{stopping:.0f} s to stop: submitit's wait for a cancelled job's result"
     with pytest.raises(ProcessLookupError):
