@@ -20,6 +20,7 @@ from tests.helpers import SIZES, launch, run_module
 pytestmark = pytest.mark.slow
 
 SEEDS = ("1", "2", "3")
+DOC_B = 15  # the test pairs of the user's second document (test.docs)
 
 
 def write_raw(folder: Path) -> Path:
@@ -36,6 +37,8 @@ def write_raw(folder: Path) -> Path:
                                                     for s in ids))
         (folder / f"{split}.es").write_text("".join(" ".join(tgt[i] for i in s) + "\n"
                                                     for s in ids))
+    n_a = SIZES["test"] - DOC_B
+    (folder / "test.docs").write_text("doc-a\n" * n_a + "doc-b\n" * DOC_B)
     return folder
 
 
@@ -80,6 +83,9 @@ def test_the_answer_has_verdicts_for_the_users_runs(answered):
     assert len(list((out / "records").glob("*.json"))) == 6
     assert "chrF" in text and "M |" in text  # chrF and the parameter count beside BLEU
     assert "Left out" not in text
+    # each claim's Δ on each of the user's test documents (test.docs)
+    by_doc = text[text.index("by test document"):]
+    assert f"doc-a ({SIZES['test'] - DOC_B})" in by_doc and f"doc-b ({DOC_B})" in by_doc
 
 
 def _copy_runs(answered, tmp_path: Path) -> tuple[Path, Path]:

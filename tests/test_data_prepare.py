@@ -252,3 +252,48 @@ def test_lines_break_at_newline_alone(tmp_path):
     data = build.read_corpus(str(tmp_path), ("es", "en"), None)
     assert data[("train", "es")] == ["uno\x85dos\u2028", "tres\x1cx cuatro"]
     assert data[("train", "en")] == ["one", "two"]
+
+
+def _small_corpus(root: Path, n_test: int = 6) -> Path:
+    """A de->en corpus folder of numbered sentences, ``n_test`` test pairs."""
+    root.mkdir()
+    for split, n in (("train", 60), ("valid", 4), ("test", n_test)):
+        for lang in ("de", "en"):
+            (root / f"{split}.{lang}").write_text(
+                "".join(f"{lang} satz {i % 7} wort {i % 5}\n" for i in range(n)))
+    return root
+
+
+def _corpus_args(corpus: Path, out: Path) -> list[str]:
+    return ["--corpus", str(corpus), "--src", "de", "--tgt", "en", "--vocab-size", "30",
+            "--out", str(out)]
+
+
+@pytest.mark.slow
+def test_the_test_documents_go_beside_the_references(tmp_path, capsys):
+    """A corpus's test.docs becomes raw/test.TGT.docs, where the answer reads each test pair's
+    document; another test.docs prepares the data dir again (with --force)."""
+    corpus = _small_corpus(tmp_path / "c")
+    names = ["letters", "letters", "news", "news", "news", "talks"]
+    (corpus / "test.docs").write_text("".join(f"{n}\n" for n in names))
+    out = tmp_path / "d"
+    assert prepare.main(_corpus_args(corpus, out)) == 0
+    assert (out / "raw" / "test.en.docs").read_text().splitlines() == names
+    (corpus / "test.docs").write_text("".join(f"{n}\n" for n in reversed(names)))
+    assert prepare.main(_corpus_args(corpus, out)) == 2
+    assert f"--out {out} exists" in capsys.readouterr().err
+    assert prepare.main([*_corpus_args(corpus, out), "--force"]) == 0
+    assert (out / "raw" / "test.en.docs").read_text().splitlines() == names[::-1]
+
+
+@pytest.mark.parametrize("lines, message", [
+    ("a\nb\n", "has 2 lines for 6 test pairs"),
+    ("a\nb\n\nc\nd\ne\n", "line 3 is empty"),
+])
+def test_bad_test_documents_are_refused_by_name(tmp_path, capsys, lines, message):
+    corpus = _small_corpus(tmp_path / "c")
+    (corpus / "test.docs").write_text(lines)
+    assert prepare.main(_corpus_args(corpus, tmp_path / "d")) == 2
+    err = capsys.readouterr().err
+    assert str(corpus / "test.docs") in err and message in err
+    assert not (tmp_path / "d").exists()

@@ -11,6 +11,10 @@ PLUGIN_DIR = str(Path(__file__).resolve().parents[1])
 # fairseq's --task of the language models (the translation models': "translation")
 LM_TASK = "language_modeling"
 
+# A test set's documents, beside its references (REFS + this): one name per test sentence, from
+# which the answer gives each claim's Δ on each document alone.
+DOCS_SUFFIX = ".docs"
+
 # Files of a run folder that several tools read or write.
 RUN_JSON = "run.json"  # the launcher's settings of the run (name, method, seed, data_dir, ...)
 VALID_HISTORY = "valid_history.json"  # per-epoch validations under the plateau rule

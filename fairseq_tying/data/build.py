@@ -2,7 +2,8 @@
 and the rerun check, for a translation pair (:func:`prepare_pair`) and, through
 :mod:`fairseq_tying.data.lm`, for a language model.
 
-``D/raw/{split}.{lang}`` holds the plain text (the BLEU references), ``D/subword/`` the
+``D/raw/{split}.{lang}`` holds the plain text (the BLEU references; ``D/raw/test.TGT.docs`` the
+test pairs' documents, from the corpus's ``test.docs``), ``D/subword/`` the
 segmented text, ``D/spm.model`` or ``D/bpe.codes`` the subword model, ``D/bin/`` the binarized
 data and ``D/prep.json`` what was done. The directory is built aside and renamed into place
 when complete. The command line is :mod:`fairseq_tying.data.prepare`'s.
@@ -11,6 +12,7 @@ when complete. The command line is :mod:`fairseq_tying.data.prepare`'s.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -26,11 +28,13 @@ from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 from tqdm import tqdm
 
+from fairseq_tying.common import DOCS_SUFFIX
 from fairseq_tying.common.atomic import building_dir, read_lines, write_lines
 from fairseq_tying.common.moses import moses_tokenize
 from fairseq_tying.data import bible
 
 SPLITS = ("train", "valid", "test")
+TEST_DOCS = "test.docs"  # a corpus directory's document of each test pair, one name per line
 SUBWORDS = ("sentencepiece", "subword_nmt")
 # (work dir, {(split, lang): lines}, langs, args) -> the same lines in subword units
 Segmenter = Callable[[Path, dict, tuple, argparse.Namespace], dict]
@@ -67,6 +71,26 @@ def read_corpus(corpus: str, langs: tuple[str, ...], train_limit: int | None,
         for lang in langs:
             data[("train", lang)] = [data[("train", lang)][i] for i in keep]
     return data
+
+
+def test_documents(corpus: str, langs: tuple[str, ...], n_test: int) -> list[str] | None:
+    """The document of each test pair, from the corpus directory's ``test.docs`` (None when it
+    has none): the answer gives each claim's Δ on each document alone."""
+    path = Path(corpus) / TEST_DOCS
+    if corpus == "bible" or not path.is_file():
+        return None
+    if len(langs) == 1:
+        raise PrepareError(f"{path}: test documents are for a translation pair's answer; a "
+                           "language model's has none: move the file out of --corpus")
+    names = read_lines(path)
+    if len(names) != n_test:
+        raise PrepareError(f"{path} has {len(names)} lines for {n_test} test pairs: give the "
+                           "document of each test pair, one name per line, or remove it")
+    blank = next((i for i, name in enumerate(names, 1) if not name.strip()), None)
+    if blank is not None:
+        raise PrepareError(f"{path}: line {blank} is empty; name the document of each test "
+                           "pair")
+    return names
 
 
 def sample_indices(n: int, fraction: float, seed: int) -> list[int]:
@@ -215,7 +239,13 @@ def prep_record(args) -> dict:
         "train_limit": args.train_limit,
         "train_fraction": args.train_fraction,
         "sample_seed": args.sample_seed if args.train_fraction is not None else None,
+        "test_docs": _digest(Path(args.corpus) / TEST_DOCS) if args.corpus != "bible" else None,
     }
+
+
+def _digest(path: Path) -> str | None:
+    """A file's sha256 (None if absent): a data dir is prepared again when it changes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
 def is_prepared(out: Path, record: dict, langs: tuple[str, ...]) -> bool:
@@ -247,6 +277,9 @@ def build_data_dir(args, record: dict, langs: tuple[str, ...], segmenter: Segmen
             (work / folder).mkdir()
             for (s, lang), lines in texts.items():
                 write_lines(work / folder / f"{s}.{lang}", lines)
+        docs = test_documents(args.corpus, langs, len(data[("test", langs[0])]))
+        if docs is not None:
+            write_lines(work / "raw" / f"test.{langs[-1]}{DOCS_SUFFIX}", docs)
         dictionary = preprocess(work / "subword", work / "bin", langs, n_words)
         counted = "pairs" if len(langs) == 2 else "sentences"
         record[counted] = {s: len(data[(s, langs[0])]) for s in SPLITS}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fairseq_tying.common import DOCS_SUFFIX
 from fairseq_tying.common.atomic import read_lines, write_json
 from fairseq_tying.common.blocks import replace_block
 from fairseq_tying.data.bible import books, read_split
@@ -161,8 +162,9 @@ def bible_documents(refs: Sequence[str] | None) -> list[str] | None:
 
 
 def documents(refs_path: Path) -> list[str] | None:
-    """A user's test documents: ``REFS.docs`` beside the references, one name per line."""
-    path = Path(f"{refs_path}.docs")
+    """A user's test documents: ``REFS.docs`` beside the references, one name per line (what
+    ``data.prepare`` copies from the corpus's ``test.docs``)."""
+    path = Path(f"{refs_path}{DOCS_SUFFIX}")
     return read_lines(path) if path.is_file() else None
 
 
