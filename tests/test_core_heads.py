@@ -262,7 +262,7 @@ def test_a_negative_z_loss_is_refused(joined_bin):
         _criterion_step(joined_bin, "--z-loss", "-1", chunked=True)
 
 
-# --- registration: the contract or a refusal naming the method --------------------------------
+# --- registration: the contract or a refusal naming the member --------------------------------
 
 
 def _register(name: str, body: dict):
@@ -273,20 +273,60 @@ def _affine(self, weight, **_):
     return weight, None
 
 
-@pytest.mark.parametrize("method", ["scores", "output_matrix_and_bias", "setting_values"])
-def test_a_layer_overriding_what_no_consumer_calls_is_refused_naming_it(method):
-    body = {"affine": _affine, method: lambda self, *a, **k: None}
-    with pytest.raises(ValueError, match=rf"output layer 'bad' \(Layer_bad\) overrides {method}, "
-                                         "which the model, the losses and the exports do not call"):
-        _register("bad", body)
+def _refused(member: str, kind: str, body: dict, bases: tuple = (OutputLayer,)) -> None:
+    """Registering ``body`` is refused naming the layer, ``member`` and its ``kind``; nothing
+    is registered."""
+    with pytest.raises(ValueError, match=rf"output layer 'bad' \(Layer_bad\) overrides {member} "
+                                         rf"\({kind}\), a member of OutputLayer that no layer may "
+                                         "change: the model, the losses and the exports compute"):
+        register_output_layer("bad")(type("Layer_bad", bases, {"affine": _affine, **body}))
     assert "bad" not in output_layers.OUTPUT_LAYERS
 
 
-def test_affine_is_abstract_and_a_transform_needs_its_derivative():
-    with pytest.raises(ValueError, match=r"'bad' \(Layer_bad\) must implement affine"):
-        _register("bad", {})
-    with pytest.raises(ValueError, match="must override transform and derivative together"):
-        _register("bad", {"affine": _affine, "transform": lambda self, s, **_: s * 2})
+@pytest.mark.parametrize("method", ["scores", "output_matrix_and_bias", "setting_values"])
+def test_a_layer_overriding_what_no_consumer_calls_is_refused_naming_it(method):
+    _refused(method, "function", {method: lambda self, *a, **k: None})
+
+
+def _doubled(self, scores, **_):
+    return 2 * scores
+
+
+def _two(self, scores, **_):
+    return torch.full_like(scores, 2.0)
+
+
+@pytest.mark.parametrize("transforms", [property(lambda self: False), False],
+                         ids=["property", "value"])
+def test_a_layer_hiding_its_transform_from_the_consumers_is_refused(transforms):
+    """transforms False beside a real t: the model, the chunked loss and the exports would
+    skip t (they ask ``transforms``) while ``OutputLayer.scores`` applies it."""
+    body = {"affine": _affine, "transform": _doubled, "derivative": _two}
+    assert type("Honest", (OutputLayer,), body)().transforms  # without the override
+    hiding = type("Hiding", (OutputLayer,), {**body, "transforms": transforms})()
+    h, w = torch.randn(3, 4), torch.randn(5, 4)
+    assert not hiding.transforms and torch.equal(hiding.scores(h, w), 2 * (h @ w.T))
+    _refused("transforms", type(transforms).__name__, {**body, "transforms": transforms})
+
+
+@pytest.mark.parametrize("kind, value", [
+    ("function", lambda self, given: {}),
+    ("staticmethod", staticmethod(lambda given: {})),
+    ("classmethod", classmethod(lambda cls, given: {})),
+])
+def test_a_layer_overriding_a_private_member_is_refused_naming_it(kind, value):
+    _refused("_learned", kind, {"_learned": value})
+
+
+def test_a_member_overridden_by_a_mixin_before_output_layer_is_refused_naming_it():
+    mixin = type("Mixin", (), {"setting_values": lambda self, given=None: {}})
+    _refused("setting_values", "function of Mixin", {}, bases=(mixin, OutputLayer))
+
+
+def test_a_declared_constant_given_as_a_property_is_refused():
+    with pytest.raises(ValueError, match=r"'bad' \(Layer_bad\) sets unit_inputs to a property: "
+                                         "it declares a constant of the layer"):
+        _register("bad", {"affine": _affine, "unit_inputs": property(lambda self: True)})
     assert "bad" not in output_layers.OUTPUT_LAYERS
 
 
