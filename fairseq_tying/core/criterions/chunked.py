@@ -125,9 +125,14 @@ def _add_products(g: Tensor, h: Tensor, w_out: Tensor, grad_h_rows: Tensor | Non
         grad_w.add_(_mm32(g.t(), h), alpha=1 / HALF_SCALE)
 
 
+def fused_computes(transform: Transform | None, z_loss: float) -> bool:
+    """Whether fused.py's kernel computes this loss: affine scores (no t), no z-loss."""
+    return transform is None and not z_loss
+
+
 def _fused(hidden: Tensor, transform: Transform | None, z_loss: float) -> bool:
-    # fused.py's kernel computes affine scores without z-loss: the others take the eager path
-    return transform is None and not z_loss and fused.wanted(hidden)
+    # the others take the eager path, whatever FAIRSEQ_TYING_FUSED_LOSS says
+    return fused_computes(transform, z_loss) and fused.wanted(hidden)
 
 
 def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, epsilon: float,
