@@ -3,8 +3,8 @@ interpreter on CPU tensors (``TRITON_INTERPRET=1``, ``FAIRSEQ_TYING_FUSED_LOSS=1
 nll, accuracy and gradients of fairseq's criterion and of the eager chunked path, for every
 output layer, tying mode and flag, fp32, fp16 and bf16, ε = 0 and 0.1, padding rows and chunks
 whose last one is shorter, V not a multiple of 16 (rows padded); half precision without
-underflow; autocast; the chunks' floor of rows; the probe of the half products; Triton missing:
-the eager path."""
+underflow; autocast; the chunks' floor of rows; the probe of the half products; Triton missing,
+a transform t or the z-loss: the eager path."""
 
 from __future__ import annotations
 
@@ -343,6 +343,28 @@ def test_the_switch(interpreted):
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):  # chunked.py's call site
         linear_label_smoothed_nll_loss(cpu, torch.ones(5, 4), None, torch.zeros(3).long(), 0, 1)
     assert fused.HALF_SCALE == chunked.HALF_SCALE
+
+
+@pytest.mark.parametrize(("output_layer", "z_loss", "kernel"), [
+    ("dot", 0.0, True), ("ngpt", 0.0, True),  # ngpt: affine in ĥ = h/‖h‖, no t
+    ("softcap", 0.0, False), ("dot", 0.01, False), ("ngpt", 0.01, False), ("softcap", 0.01, False),
+])
+def test_a_transform_or_the_z_loss_takes_the_eager_path(interpreted, joined_bin, output_layer,
+                                                        z_loss, kernel):
+    """The kernel computes affine scores without z-loss: with FAIRSEQ_TYING_FUSED_LOSS=1, a
+    layer with a transform t (softcap) and --z-loss > 0 are declined, and the criterion's loss
+    is then fairseq's (a cap of 0.5: t far from the identity, which the kernel would skip)."""
+    model, criterion, sample = _setup(joined_bin, "transformer_twwt", "--output-layer",
+                                      output_layer, "--softcap", "0.5", "--z-loss", str(z_loss),
+                                      *TRANSLATION)
+    transform = criterion.transform(model.decoder.scorer)
+    assert chunked.fused_computes(transform, criterion.z_loss) == kernel
+    # No GPU can exist here: Triton's interpreter (TRITON_INTERPRET=1) makes fused.wanted take
+    # CPU tensors as it takes CUDA ones, so what declines is the layer or the z-loss alone.
+    features = torch.empty(3, 16)
+    assert fused.wanted(features)
+    assert chunked._fused(features, transform, criterion.z_loss) == kernel
+    assert_same_as_fairseqs(model, criterion, sample)
 
 
 def test_chunk_rows_follow_a_budget_of_half_scores():

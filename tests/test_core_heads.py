@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fairseq import options, tasks
+from fairseq.logging import metrics
 from fairseq.sequence_scorer import SequenceScorer
 
 from fairseq_tying.core import output_layers
@@ -22,6 +23,7 @@ from fairseq_tying.core.output_layers import OutputLayer, register_output_layer
 from fairseq_tying.export import ExportError, stock_arch
 from tests.helpers import (
     PLUGIN_DIR,
+    TINY_LM,
     TINY_MODEL,
     TOY_TRANSFORM,
     TOY_TRANSFORM_FILE,
@@ -257,12 +259,70 @@ def test_z_loss_is_the_same_with_and_without_the_chunked_loss(joined_bin, output
     assert "z_loss" not in without_log
 
 
+def _lm_step(data, *flags: str, chunked: bool):
+    """(model, sample, loss, sample size, logging output, the metrics logged from it) of one
+    step of a tiny language model under cross_entropy_tying."""
+    import fairseq_tying  # noqa: F401
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--user-dir", PLUGIN_DIR, "--task", "language_modeling", "--sample-break-mode",
+        "eos", "--arch", "transformer_lm_tied", *TINY_LM, "--dropout", "0",
+        "--criterion", "cross_entropy_tying", "--chunked-loss" if chunked else "--no-chunked-loss",
+        "--chunked-loss-mb", "0.002", *flags])
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    torch.manual_seed(0)
+    model, criterion = task.build_model(args), task.build_criterion(args)
+    dataset = task.dataset("train")
+    sample = dataset.collater([dataset[i] for i in range(6)])
+    loss, sample_size, log = criterion(model, sample)
+    with metrics.aggregate(new_root=True) as logged:
+        type(criterion).reduce_metrics([log])
+        meters = {k: float(logged.get_smoothed_value(k) if k == "ppl" else logged[k].avg)
+                  for k in logged}  # unrounded, but ppl: fairseq's, to 2 decimals
+    return model, sample, loss.detach(), sample_size, log, meters
+
+
+@pytest.mark.parametrize("sentence_avg", [False, True], ids=["per-token", "sentence-avg"])
+def test_cross_entropy_tying_logs_the_nll_apart_from_the_z_loss(lm_bin, sentence_avg):
+    """fairseq's cross_entropy derives nll_loss and ppl from its loss: with --z-loss they are
+    the cross-entropy alone (base 2, per token), z_loss is λ·(log Z)² per sample_size (base
+    2), and the loss optimized is their sum, with and without the chunked loss."""
+    flags = ("--z-loss", "0.01", *(["--sentence-avg"] if sentence_avg else []))
+    model, sample, want, size, _, want_log = _lm_step(lm_bin, *flags, chunked=False)
+    _, _, got, _, _, got_log = _lm_step(lm_bin, *flags, chunked=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    assert got_log.keys() == want_log.keys() == {"loss", "nll_loss", "ppl", "z_loss"}
+    for key in ("loss", "nll_loss", "z_loss"):
+        assert got_log[key] == pytest.approx(want_log[key], rel=1e-5), key
+    with torch.no_grad():
+        scores = model(**sample["net_input"])[0].double()
+    keep = sample["target"].ne(PAD)
+    nll = -scores.log_softmax(-1).gather(-1, sample["target"][..., None]).squeeze(-1)[keep]
+    z_term = 0.01 * torch.logsumexp(scores, -1)[keep] ** 2
+    assert size == (sample["target"].size(0) if sentence_avg else keep.sum().item())
+    torch.testing.assert_close(want.double(), nll.sum() + z_term.sum(), rtol=1e-5, atol=0)
+    for log in (want_log, got_log):
+        assert log["nll_loss"] == pytest.approx(nll.mean().item() / math.log(2), rel=1e-5)
+        assert log["z_loss"] == pytest.approx(z_term.sum().item() / size / math.log(2), rel=1e-5)
+        assert log["loss"] == pytest.approx((nll.sum() + z_term.sum()).item() / size
+                                            / math.log(2), rel=1e-5)
+        assert log["ppl"] == round(2 ** log["nll_loss"], 2)
+    if not sentence_avg:  # loss and nll_loss per token: the loss is the nll plus the term
+        assert want_log["loss"] == pytest.approx(want_log["nll_loss"] + want_log["z_loss"])
+    # without the z-loss, fairseq's own logs: no nll_loss beside a per-token loss
+    for chunked in (False, True):
+        log, meters = _lm_step(lm_bin, "--z-loss", "0", chunked=chunked)[-2:]
+        assert "nll_loss" not in log and "z_loss" not in log
+        assert meters["ppl"] == round(2 ** meters["loss"], 2)
+
+
 def test_a_negative_z_loss_is_refused(joined_bin):
     with pytest.raises(ValueError, match=r"--z-loss -1.0: give a weight λ ≥ 0 \(PaLM's is 1e-4\)"):
         _criterion_step(joined_bin, "--z-loss", "-1", chunked=True)
 
 
-# --- registration: the contract or a refusal naming the method --------------------------------
+# --- registration: the contract or a refusal naming the member --------------------------------
 
 
 def _register(name: str, body: dict):
@@ -273,20 +333,60 @@ def _affine(self, weight, **_):
     return weight, None
 
 
-@pytest.mark.parametrize("method", ["scores", "output_matrix_and_bias", "setting_values"])
-def test_a_layer_overriding_what_no_consumer_calls_is_refused_naming_it(method):
-    body = {"affine": _affine, method: lambda self, *a, **k: None}
-    with pytest.raises(ValueError, match=rf"output layer 'bad' \(Layer_bad\) overrides {method}, "
-                                         "which the model, the losses and the exports do not call"):
-        _register("bad", body)
+def _refused(member: str, kind: str, body: dict, bases: tuple = (OutputLayer,)) -> None:
+    """Registering ``body`` is refused naming the layer, ``member`` and its ``kind``; nothing
+    is registered."""
+    with pytest.raises(ValueError, match=rf"output layer 'bad' \(Layer_bad\) overrides {member} "
+                                         rf"\({kind}\), a member of OutputLayer that no layer may "
+                                         "change: the model, the losses and the exports compute"):
+        register_output_layer("bad")(type("Layer_bad", bases, {"affine": _affine, **body}))
     assert "bad" not in output_layers.OUTPUT_LAYERS
 
 
-def test_affine_is_abstract_and_a_transform_needs_its_derivative():
-    with pytest.raises(ValueError, match=r"'bad' \(Layer_bad\) must implement affine"):
-        _register("bad", {})
-    with pytest.raises(ValueError, match="must override transform and derivative together"):
-        _register("bad", {"affine": _affine, "transform": lambda self, s, **_: s * 2})
+@pytest.mark.parametrize("method", ["scores", "output_matrix_and_bias", "setting_values"])
+def test_a_layer_overriding_what_no_consumer_calls_is_refused_naming_it(method):
+    _refused(method, "function", {method: lambda self, *a, **k: None})
+
+
+def _doubled(self, scores, **_):
+    return 2 * scores
+
+
+def _two(self, scores, **_):
+    return torch.full_like(scores, 2.0)
+
+
+@pytest.mark.parametrize("transforms", [property(lambda self: False), False],
+                         ids=["property", "value"])
+def test_a_layer_hiding_its_transform_from_the_consumers_is_refused(transforms):
+    """transforms False beside a real t: the model, the chunked loss and the exports would
+    skip t (they ask ``transforms``) while ``OutputLayer.scores`` applies it."""
+    body = {"affine": _affine, "transform": _doubled, "derivative": _two}
+    assert type("Honest", (OutputLayer,), body)().transforms  # without the override
+    hiding = type("Hiding", (OutputLayer,), {**body, "transforms": transforms})()
+    h, w = torch.randn(3, 4), torch.randn(5, 4)
+    assert not hiding.transforms and torch.equal(hiding.scores(h, w), 2 * (h @ w.T))
+    _refused("transforms", type(transforms).__name__, {**body, "transforms": transforms})
+
+
+@pytest.mark.parametrize("kind, value", [
+    ("function", lambda self, given: {}),
+    ("staticmethod", staticmethod(lambda given: {})),
+    ("classmethod", classmethod(lambda cls, given: {})),
+])
+def test_a_layer_overriding_a_private_member_is_refused_naming_it(kind, value):
+    _refused("_learned", kind, {"_learned": value})
+
+
+def test_a_member_overridden_by_a_mixin_before_output_layer_is_refused_naming_it():
+    mixin = type("Mixin", (), {"setting_values": lambda self, given=None: {}})
+    _refused("setting_values", "function of Mixin", {}, bases=(mixin, OutputLayer))
+
+
+def test_a_declared_constant_given_as_a_property_is_refused():
+    with pytest.raises(ValueError, match=r"'bad' \(Layer_bad\) sets unit_inputs to a property: "
+                                         "it declares a constant of the layer"):
+        _register("bad", {"affine": _affine, "unit_inputs": property(lambda self: True)})
     assert "bad" not in output_layers.OUTPUT_LAYERS
 
 

@@ -12,9 +12,11 @@ closed-form gradient; the identity by default). t reads the layer's ``settings``
 chosen by a flag: softcap's c), never its learned ``parameters``, which enter through ``affine``
 and ``scored_hidden`` only, so autograd carries their gradients wherever the scores are
 computed. ``check_contract`` (run by ``register_output_layer``) refuses a class that does not
-implement ``affine``, that overrides a method outside ``OVERRIDABLE`` (``scores`` included: no
-consumer calls it, each computes the contract's parts), or that has a transform without its
-derivative.
+implement ``affine``, that has a transform without its derivative, or that overrides any other
+member of ``OutputLayer`` than the methods of ``OVERRIDABLE`` and the values of ``DECLARED``:
+a method (``scores`` included: no consumer calls it, each computes the contract's parts), a
+property (``transforms``, by which the consumers decide whether to apply t), a value, a private
+member (``_learned``), in the class or in any class it inherits before ``OutputLayer``.
 """
 
 from __future__ import annotations
@@ -155,7 +157,17 @@ class OutputLayer(ABC):
 # what a layer may override: what the consumers call (a layer's own helpers are free)
 OVERRIDABLE = ("affine", "scored_hidden", "transform", "derivative", "initial_values",
                "cache_key")
+# what a layer may set as a value: the class attributes declared above (``name`` is set by
+# register_output_layer)
+DECLARED = tuple(OutputLayer.__annotations__)
 
+
+def base_members() -> frozenset[str]:
+    """OutputLayer's own members, private ones included; not the dunders and abc's
+    ``_abc_impl``, which Python puts in every class's dict."""
+    names = {*vars(OutputLayer), *DECLARED}
+    return frozenset(n for n in names
+                     if not (n.startswith("__") and n.endswith("__")) and n != "_abc_impl")
 
 
 def check_contract(name: str, cls: type[OutputLayer]) -> None:
@@ -164,14 +176,35 @@ def check_contract(name: str, cls: type[OutputLayer]) -> None:
     if getattr(cls, "__abstractmethods__", None):
         raise ValueError(f"{where} must implement {', '.join(sorted(cls.__abstractmethods__))}: "
                          "(W_out, b) from the tied matrix W")
-    for attr, value in vars(OutputLayer).items():
-        if attr.startswith("_") or attr in OVERRIDABLE or not callable(value):
-            continue
-        if getattr(cls, attr) is not value:
-            raise ValueError(
-                f"{where} overrides {attr}, which the model, the losses and the exports do not "
-                "call (they compute t(ĥ·W_outᵀ + b) from its parts): write the layer with "
-                f"{', '.join(OVERRIDABLE)}")
+    for owner, attr, value in _overrides(cls):
+        _check_override(where, attr, f"{type(value).__name__}" + (
+            "" if owner is cls else f" of {owner.__name__}"), value)
     if (cls.transform is OutputLayer.transform) != (cls.derivative is OutputLayer.derivative):
         raise ValueError(f"{where} must override transform and derivative together: the chunked "
                          "loss multiplies its gradient by t′")
+
+
+def _overrides(cls: type) -> list[tuple[type, str, object]]:
+    """(class, member, value) of each of OutputLayer's members that a class before OutputLayer
+    in ``cls``'s MRO (``cls``, its bases, mixins) sets in its own dict."""
+    mro = cls.__mro__
+    members = base_members()
+    return [(owner, attr, value) for owner in mro[:mro.index(OutputLayer)]
+            for attr, value in vars(owner).items() if attr in members]
+
+
+def _check_override(where: str, attr: str, kind: str, value: object) -> None:
+    """Refuse an override of ``attr`` by ``value`` (``kind``: its type, and the class whose dict
+    holds it where that is not the layer's own) outside OVERRIDABLE and DECLARED."""
+    if attr in DECLARED:
+        if hasattr(value, "__get__"):  # a property, a method: computed at each read
+            raise ValueError(f"{where} sets {attr} to a {kind}: it declares a constant of the "
+                             "layer, which registration and the consumers read as such; "
+                             "assign the value itself")
+        return
+    if attr not in OVERRIDABLE:
+        raise ValueError(
+            f"{where} overrides {attr} ({kind}), a member of OutputLayer that no layer may "
+            "change: the model, the losses and the exports compute t(ĥ·W_outᵀ + b) from its "
+            f"parts; write the layer with {', '.join(OVERRIDABLE)} and the class attributes, "
+            "and give a helper of its own a name OutputLayer lacks")

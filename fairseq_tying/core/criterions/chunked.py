@@ -125,9 +125,14 @@ def _add_products(g: Tensor, h: Tensor, w_out: Tensor, grad_h_rows: Tensor | Non
         grad_w.add_(_mm32(g.t(), h), alpha=1 / HALF_SCALE)
 
 
+def fused_computes(transform: Transform | None, z_loss: float) -> bool:
+    """Whether fused.py's kernel computes this loss: affine scores (no t), no z-loss."""
+    return transform is None and not z_loss
+
+
 def _fused(hidden: Tensor, transform: Transform | None, z_loss: float) -> bool:
-    # fused.py's kernel computes affine scores without z-loss: the others take the eager path
-    return transform is None and not z_loss and fused.wanted(hidden)
+    # the others take the eager path, whatever FAIRSEQ_TYING_FUSED_LOSS says
+    return fused_computes(transform, z_loss) and fused.wanted(hidden)
 
 
 def _chunks(hidden: Tensor, w_out: Tensor, bias: Tensor | None, target: Tensor, epsilon: float,
@@ -284,6 +289,15 @@ def chunked_by_default(device: torch.device, vocab: int) -> bool:
     return smallest is not None and vocab >= smallest
 
 
+def log_z_loss(logging_outputs: list[dict]) -> None:
+    """Logs z_loss, where the steps had one, in the loss's unit (base 2, per sample_size):
+    loss − z_loss is the cross-entropy."""
+    if any("z_loss" in log for log in logging_outputs):
+        total = sum(float(log.get("z_loss", 0)) for log in logging_outputs)
+        size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        metrics.log_scalar("z_loss", total / size / math.log(2), size, round=3)
+
+
 class ChunkedLoss:
     """``forward`` of a fairseq cross-entropy criterion that, chunked (``--chunked-loss``, or by
     default where ``chunked_by_default`` says so), scores the decoder's features with its
@@ -293,7 +307,9 @@ class ChunkedLoss:
     chunked_loss: bool | None = None  # None: chunked_by_default
     chunked_loss_mb = DEFAULT_MB
     z_loss = 0.0
-    logs_nll_loss = True  # fairseq's cross_entropy logs its loss only
+    # whether fairseq's criterion logs nll_loss: cross_entropy logs its loss only, and with the
+    # z-loss the plugin's logs nll_loss there too, the cross-entropy without λ·(log Z)²
+    logs_nll_loss = True
     eps = 0.0
     ignore_prefix_size = 0
     report_accuracy = False
@@ -322,10 +338,10 @@ class ChunkedLoss:
 
     def forward(self, model, sample, reduce=True):
         if not self.chunked(model):
-            self._z_term = None
+            self._z_term = self._nll = None
             loss, sample_size, logging_output = super().forward(model, sample, reduce)
-            if self.z_loss:  # added by compute_loss, which fairseq's forward calls
-                logging_output["z_loss"] = self._z_term
+            if self.z_loss:  # kept by compute_loss, which fairseq's forward calls
+                logging_output.update(z_loss=self._z_term, nll_loss=self._nll)
             return loss, sample_size, logging_output
         features, _ = model(**sample["net_input"], features_only=True)
         loss, nll_loss, z_term, n_correct, total = self.loss_from_features(model, features,
@@ -333,7 +349,7 @@ class ChunkedLoss:
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {"loss": loss.data, "ntokens": sample["ntokens"],
                           "nsentences": sample["target"].size(0), "sample_size": sample_size}
-        if self.logs_nll_loss:
+        if self.logs_nll_loss or self.z_loss:
             logging_output["nll_loss"] = nll_loss.data
         if self.z_loss:
             logging_output["z_loss"] = z_term.data.sum()
@@ -350,17 +366,13 @@ class ChunkedLoss:
         target = sample["target"][:, self.ignore_prefix_size:].reshape(-1)
         terms = z_loss_terms(scores.reshape(-1, scores.shape[-1]), target, self.padding_idx,
                              self.z_loss)
-        self._z_term = terms.data.sum()
+        self._z_term, self._nll = terms.data.sum(), nll_loss.data
         return loss + (terms.sum() if reduce else terms.view_as(loss)), nll_loss
 
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
-        if any("z_loss" in log for log in logging_outputs):
-            # in the loss's unit (base 2, per sample_size): loss − z_loss is the cross-entropy
-            total = sum(float(log.get("z_loss", 0)) for log in logging_outputs)
-            size = sum(log.get("sample_size", 0) for log in logging_outputs)
-            metrics.log_scalar("z_loss", total / size / math.log(2), size, round=3)
+        log_z_loss(logging_outputs)
 
     def transform(self, scorer) -> Transform | None:
         """(t, t′) of the scorer's layer with its settings; None for an affine layer."""
