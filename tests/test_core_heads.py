@@ -378,6 +378,16 @@ def test_a_layer_overriding_a_private_member_is_refused_naming_it(kind, value):
     _refused("_learned", kind, {"_learned": value})
 
 
+def _hiding_init(self):
+    self.transforms = False  # an instance attribute the class-level checks would not see
+
+
+@pytest.mark.parametrize("hook", ["__init__", "__getattr__", "__setattr__"])
+def test_a_layer_with_instance_state_is_refused_naming_the_hook(hook):
+    _refused(hook, "function", {hook: _hiding_init if hook == "__init__"
+                                else lambda self, *a: None})
+
+
 def test_a_member_overridden_by_a_mixin_before_output_layer_is_refused_naming_it():
     mixin = type("Mixin", (), {"setting_values": lambda self, given=None: {}})
     _refused("setting_values", "function of Mixin", {}, bases=(mixin, OutputLayer))

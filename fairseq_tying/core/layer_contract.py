@@ -16,7 +16,8 @@ implement ``affine``, that has a transform without its derivative, or that overr
 member of ``OutputLayer`` than the methods of ``OVERRIDABLE`` and the values of ``DECLARED``:
 a method (``scores`` included: no consumer calls it, each computes the contract's parts), a
 property (``transforms``, by which the consumers decide whether to apply t), a value, a private
-member (``_learned``), in the class or in any class it inherits before ``OutputLayer``.
+member (``_learned``), an instance hook (``__init__``: a layer has no state of its own), in the
+class or in any class it inherits before ``OutputLayer``.
 """
 
 from __future__ import annotations
@@ -162,12 +163,17 @@ OVERRIDABLE = ("affine", "scored_hidden", "transform", "derivative", "initial_va
 DECLARED = tuple(OutputLayer.__annotations__)
 
 
+# what would give a layer's instances a state of their own (an attribute set in __init__ would
+# hide `transform` from the consumers, which read the class): a layer has none
+INSTANCE_HOOKS = ("__init__", "__new__", "__getattr__", "__getattribute__", "__setattr__")
+
+
 def base_members() -> frozenset[str]:
-    """OutputLayer's own members, private ones included; not the dunders and abc's
-    ``_abc_impl``, which Python puts in every class's dict."""
+    """OutputLayer's own members, private ones included, and the instance hooks; not the other
+    dunders and abc's ``_abc_impl``, which Python puts in every class's dict."""
     names = {*vars(OutputLayer), *DECLARED}
-    return frozenset(n for n in names
-                     if not (n.startswith("__") and n.endswith("__")) and n != "_abc_impl")
+    return frozenset({*INSTANCE_HOOKS, *(n for n in names if n != "_abc_impl"
+                                          and not (n.startswith("__") and n.endswith("__")))})
 
 
 def check_contract(name: str, cls: type[OutputLayer]) -> None:
