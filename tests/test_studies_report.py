@@ -38,7 +38,8 @@ from tests.helpers import REPO
 
 DOCS = REPO / "docs"
 MANIFEST = REPO / "slurm" / "studies.yaml"
-FORBIDDEN = ("running", "in progress", "not yet")  # a block states records, not plans
+FORBIDDEN = ("running", "in progress", "not yet")
+DOCUMENTS = "**Δ BLEU by test document**"  # a block states records, not plans
 
 
 @pytest.fixture()
@@ -507,8 +508,15 @@ def test_a_tagged_block_is_a_cell_of_its_own_against_dot(tmp_path):
     claims = {c.cell: c for c in specs.study_claims(cells)}
     assert claims["three_way/dot+zloss"].source == "" and \
         claims["three_way/dot+zloss"].expects == verdicts.GAIN
-    row = [line for line in text.splitlines() if line.startswith("| `dot+zloss` vs `dot`")]
+    row = [line for line in text.splitlines()
+           if line.startswith("| `dot+zloss` vs `dot` (three-way tying)")]
     assert len(row) == 1 and [c.strip() for c in row[0].split("|")][3:5] == ["–", "–"]
+    # its Δ on each test book, as fixnorm's row of the untagged block
+    books = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[3:-1]]
+             for text_ in (text, plain_text) for line in text_.split(DOCUMENTS)[1].splitlines()
+             if line.startswith("| `")}
+    assert books["`dot+zloss` vs `dot`"] == books["`fixnorm` vs `dot`"]
+    assert len(books["`dot+zloss` vs `dot`"]) == 7  # all, then the six books
     short, _ = Renderer(rest + [_tagged(r, "zloss") for r in fixnorm], references(None),
                         n_samples=200).block("does_it_help")
     table = [line for line in short.splitlines() if line.startswith("| three_way |")]

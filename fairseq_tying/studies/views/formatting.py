@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.output_layers import PaperDelta
 from fairseq_tying.studies.statistics import verdicts
@@ -129,6 +130,37 @@ def format_delta(test: Bootstrap, per_seed: bool = True, note: str = "") -> str:
     if test.equivalence is not None:
         tests += f"; equivalence {format_ps(test.equivalence)}"
     return f"{format_seed_delta(test)} ({lead}{tests})"
+
+
+def document_name(name: str) -> str:
+    """``John``: a test document's name less its sentences (``John (879)``)."""
+    return name.rsplit(" (", 1)[0]
+
+
+def by_document(test: Bootstrap) -> str:
+    """``Ruth +0.69, Ecclesiastes +1.08, …``: a comparison's Δ on each test document's
+    sentences alone (``Bootstrap.per_document``); "" without documents."""
+    return ", ".join(f"{document_name(d)} {v:+.2f}" for d, v in test.per_document.items())
+
+
+DOCUMENTS_CAPTION = ("**Δ BLEU by test document**: each claim's Δ on one document's sentences "
+                     "alone (its corpus BLEU there, mean over the shared seeds), the document's "
+                     "sentences in brackets; a document that carries the overall Δ alone shows "
+                     "here.\n")
+
+
+def documents_table(header: Sequence[str], rows: Sequence[tuple[Sequence[str], Bootstrap]]
+                    ) -> str:
+    """The table of each comparison's Δ per test document beside its overall Δ: a row per
+    ``(its first cells under header, its test)`` whose test has documents; "" without any."""
+    found = [(cells, test) for cells, test in rows if test.per_document]
+    if not found:
+        return ""
+    docs = list(dict.fromkeys(d for _, test in found for d in test.per_document))
+    return markdown_table([*header, "all", *docs], [
+        [*cells, f"{test.delta:+.2f}", *(f"{test.per_document[d]:+.2f}"
+                                         if d in test.per_document else "–" for d in docs)]
+        for cells, test in found])
 
 
 def power_text(deltas: Sequence[float]) -> str:
