@@ -389,8 +389,9 @@ def _also(cell, name: str) -> str:
     sd = float(np.std(deltas, ddof=1))
     effect = TTestPower().solve_power(nobs=len(deltas), alpha=0.05, power=0.8)
     need = seeds_for_equivalence(sd, 0.5)
+    books = ", ".join(f"{d.split(' (')[0]} {v:+.2f}" for d, v in test.per_document.items())
     return (f"{robust}; {len(deltas)} seeds (sd {sd:.2f}) detect |Δ| ≥ {effect * sd:.2f} with "
-            f"80 % power, equivalence within ±0.5 needs {need} seeds")
+            f"80 % power, equivalence within ±0.5 needs {need} seeds; Δ by document: {books}")
 
 
 def test_the_short_answer_says_each_verdict_in_words():
@@ -429,6 +430,26 @@ def test_the_short_answer_says_each_verdict_in_words():
     assert text.endswith(f"- `D`, {words[-1]}\n") and f"- `T`, {words[0]}\n" in text
     text, _ = view_answer.render([Section("T", {}, cells)])
     assert "\n- Decoder tying against untied (`dot`): **better**" in text
+
+
+def test_the_short_answer_gives_each_claims_delta_on_each_test_book():
+    """Each claim's sentence ends with its Δ on each book of the Bible's test set: the same
+    records and seeds as its verdict, so the equal view's table of the same runs shows the
+    same numbers."""
+    renderer = Renderer(records.load(DOCS / "quarter" / "records"), references(None),
+                        n_samples=200)
+    short, _ = renderer.block("does_it_help")
+    table, _ = renderer.block("equal")
+    books = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[4:-1]]
+             for line in table.split(DOCUMENTS)[1].splitlines() if line.startswith("| ")}
+    claims = [line for line in short.splitlines() if line.startswith("- ")]
+    assert len(claims) == 3
+    for line, row in zip(claims, ("three-way tying vs untied", "`l2norm` vs `dot`",
+                                  "`fixnorm` vs `dot`"), strict=True):
+        found = line.split("; Δ by document: ")[1].rstrip(".").split(", ")
+        assert [f.split(" ")[0] for f in found] == ["Ruth", "Ecclesiastes", "Jonah", "John",
+                                                    "James", "I"]
+        assert [f.rsplit(" ", 1)[1] for f in found] == books[row]
 
 
 def test_a_papers_figures_are_its_deltas_named_with_what_they_measure():

@@ -1,6 +1,7 @@
 """The short answer (README's "Does it help?"): per cell of a translation study, its parameters,
 BLEU (mean and each seed), the Δ that decides its claim (with the two means over the seeds it
-pairs where a cell has others) and the verdict rules' word on it, under their legend."""
+pairs where a cell has others) and the verdict rules' word on it, under their legend; then each
+claim in words, with its Δ on each test document."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Bootstrap, Cell, Summary
 from fairseq_tying.studies.statistics.stats import POWER, seeds_for_equivalence
 from fairseq_tying.studies.views.formatting import (
+    by_document,
     format_seed_delta,
     format_tests,
     legend,
@@ -81,7 +83,8 @@ def in_words(summary: Summary) -> list[str]:
     plain words (``verdicts.in_words``), the difference and its evidence (for a claim that
     BLEU is unchanged, the equivalence test's interval against its margin; else why no
     difference was shown), for a tying mode the parameters it saves, whether the finding holds
-    on chrF and on the best checkpoint, and what its seeds can show."""
+    on chrF and on the best checkpoint, what its seeds can show, and its Δ on each test
+    document (``formatting.by_document``)."""
     out = []
     for cell, claim in _claimed(summary):
         if claim is None or (test := cell.test(claim.test)) is None:
@@ -104,7 +107,8 @@ def in_words(summary: Summary) -> list[str]:
             spare = f", with {(base.params[0] - cell.params[0]) / 1e6:.2f}M fewer parameters"
         others = {name: t for also, name in specs.ALSO.items()
                   if (t := cell.test(claim.test + also)) is not None}
-        after = [x for x in (verdicts.robustness(test, others), power(test)) if x]
+        docs = f"Δ by document: {by_document(test)}" if test.per_document else ""
+        after = [x for x in (verdicts.robustness(test, others), power(test), docs) if x]
         out.append(f"{what}: **{verdicts.in_words(test)}**, {test.delta:+.2f} BLEU "
                    f"({evidence}){spare}" + "".join(f"; {x}" for x in after) + ".")
     return out
@@ -184,7 +188,8 @@ def _legend(sections: list[Section]) -> str:
             "seeds can show, from the spread (sd) of their differences: the smallest |Δ| the "
             f"t-test over them detects with {100 * POWER:g} % power at α = {verdicts.ALPHA} "
             "(before Holm), and the seeds with which equivalence would hold as often were the "
-            "true Δ 0.\n")
+            "true Δ 0; where the test set has documents, the claim's Δ on each one's sentences "
+            "alone (its corpus BLEU there, mean over the same seeds).\n")
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
