@@ -298,8 +298,14 @@ def _still_learning(test: Bootstrap | SeedDifference, verdict: str) -> str:
     """``verdict``, or "unresolved (still learning at the budget: …)" where it would decide
     the claim while a compared cell still learns: a longer budget might reverse it."""
     if test.learning and outcome(verdict) in ("supported", "contradicted"):
-        return f"unresolved (still learning at the budget: {', '.join(test.learning)})"
+        return still_learning(test.learning)
     return verdict
+
+
+def still_learning(cells: Sequence[str]) -> str:
+    """``unresolved (still learning at the budget: CELLS)``: what a finding that a cell still
+    learning at its budget would decide reads instead."""
+    return f"unresolved (still learning at the budget: {', '.join(cells)})"
 
 
 def in_words(test: Bootstrap) -> str:
