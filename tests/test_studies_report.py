@@ -26,6 +26,7 @@ from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Bootstrap, plain, summary_of
 from fairseq_tying.studies.statistics.stats import seeds_for_equivalence
 from fairseq_tying.studies.views import view_answer, view_equal
+from fairseq_tying.studies.views.formatting import scope
 from fairseq_tying.studies.views.report import (
     Renderer,
     recorded,
@@ -542,3 +543,48 @@ def test_a_tagged_block_is_a_cell_of_its_own_against_dot(tmp_path):
                         n_samples=200).block("does_it_help")
     table = [line for line in short.splitlines() if line.startswith("| three_way |")]
     assert table[-1].startswith("| three_way | `dot+zloss` |")
+
+
+VERDICT_BLOCKS = [(REPO / "README.md", "does_it_help"), (DOCS / "results.md", "answer"),
+                  (DOCS / "results.md", "equal"), (DOCS / "results.md", "quarter"),
+                  (DOCS / "results_converged.md", "converged"),
+                  (DOCS / "results_one_epoch.md", "study"),
+                  (DOCS / "results_gpu.md", "converged_gpu"),
+                  (DOCS / "results_gpu.md", "converged_gpu_patience3"),
+                  (DOCS / "language_models.md", "lm")]
+BOOKS = "(Ruth 85, Ecclesiastes 222, Jonah 37, John 879, James 108, I John 103)"
+
+
+@pytest.mark.parametrize("page, block", VERDICT_BLOCKS)
+def test_every_verdict_block_states_its_scope_and_its_claims_by_document(page, block):
+    """Each committed block with verdicts says once what they are about (the data, the models,
+    the test set with its size and books, the seeds, the budget), and each claim's Δ on each
+    book of the Bible's test set; the perplexity study's records keep no per-sentence scores,
+    and its block says so instead."""
+    text = block_text(page.read_text(), block)
+    (scope,) = [line for line in text.splitlines() if line.startswith("Scope: ")]
+    if block == "lm":
+        assert "; 40,952 test tokens; seeds 1, 2, 3; " in scope
+        assert "\nΔ by test document: none, since the records keep each run's test perplexity" \
+            in text
+        return
+    assert f"; 1,434 test sentences {BOOKS}; seed" in scope
+    claims = [line for line in text.splitlines() if line.startswith("- ")]
+    assert all("; Δ by document: Ruth " in line for line in claims)
+    assert claims or DOCUMENTS in text
+
+
+def test_the_scope_states_the_test_sets_size_without_its_documents():
+    """Without documents (a user's test set with no ``.docs`` file) the scope still gives the
+    number of test sentences; runs stopped by the plateau rule give the span of their epochs
+    and why each stopped."""
+    cells = summary_of(json.loads((DOCS / "converged" / "summary.json").read_text()))
+    found = scope([Section("transformer_twwt", {}, cells)])
+    assert found.startswith("Scope: `bible`; `transformer_twwt`, 2+2 layers, D = 128, ")
+    assert found.endswith(f"; 1,434 test sentences {BOOKS}; seeds 1, 2, 3; 18–40 epochs "
+                          "(stops: 1 cap, 20 plateau), scored as the average of the last 5 "
+                          "epoch checkpoints. ")
+    bare = {label: replace(c, tests={n: replace(t, per_document={})
+                                     for n, t in c.tests.items() if isinstance(t, Bootstrap)})
+            for label, c in cells.items()}
+    assert "; 1,434 test sentences; seeds 1, 2, 3; " in scope([Section("t", {}, bare)])

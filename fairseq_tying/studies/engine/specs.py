@@ -115,7 +115,8 @@ GRID = Spec(
     label=lambda key, records: f"{key[0]}/{key[1]}",
     head=lambda key, records: GridHead(*key),
     values=("seeds", "bleu", "chrf", "valid_nll", "params", "stop", "bleu_best",
-            "valid_nll_common", "learning", "datasets", "shape", "averaged"),
+            "valid_nll_common", "learning", "datasets", "shape", "averaged", "sentences",
+            "updates"),
     comparisons=(Comparison("vs_dot", _vs_dot, paired_bootstrap("bleu")),
                  Comparison("vs_untied", _vs_untied, paired_bootstrap("bleu")),
                  # the protocol's other choices: chrF instead of BLEU, and the best-validation
@@ -255,7 +256,7 @@ LM = Spec(
     label=lm_label,
     head=lambda key, records: LMHead(lm_label(key, records), key[0], key[1], key[2] or None),
     values=("seeds", "test_ppl", "test_loss", "params", "test_ppl_best", "stop",
-            "valid_nll_common", "learning"),
+            "valid_nll_common", "learning", "datasets", "shape", "averaged", "tokens"),
     comparisons=(
         Comparison("vs_untied_dot", lambda key, cells: None if key == LM_BASELINE
                    else LM_BASELINE, seed_differences("test_ppl")),

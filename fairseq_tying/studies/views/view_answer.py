@@ -24,6 +24,7 @@ from fairseq_tying.studies.views.formatting import (
     format_tests,
     legend,
     power_text,
+    scope,
     seeds_label,
     shared_means,
     still_learning,
@@ -141,40 +142,6 @@ def answers(records: list[Record]) -> bool:
     needed = {(t, BASELINE) for t in TYINGS} | {(THREE_WAY.name, layer) for layer in PAPER_LAYERS}
     return any(all(len(seeds.get((arch, *cell), ())) >= verdicts.SEEDS for cell in needed)
                for arch in {a for a, _, _ in seeds})
-
-
-def scope(sections: list[Section]) -> str:
-    """What the verdicts are about, in one sentence, from the cells: the data, the models'
-    shape and size, the test set and its documents, the seeds, the budget and the scored
-    checkpoint."""
-    cells = [c for s in sections for c in s.summary.values()]
-
-    def fact(name: str) -> list:
-        return sorted({v for c in cells for v in c.values.get(name, ())})
-
-    parts = [", ".join(f"`{d}`" for d in fact("datasets"))] if fact("datasets") else []
-    for s in sections:
-        params = sorted({p for c in s.summary.values() for p in c.params})
-        low, high = f"{params[0] / 1e6:.2f}M", f"{params[-1] / 1e6:.2f}M"
-        shapes = [x for x in {v for c in s.summary.values() for v in c.values.get("shape", ())}
-                  if x]
-        parts.append(f"`{s.key}`" + "".join(f", {x}" for x in sorted(shapes))
-                     + f", {low if low == high else f'{low}–{high}'} parameters")
-    docs = next((list(t.per_document) for c in cells for t in c.tests.values()
-                 if getattr(t, "per_document", None)), [])
-    if docs:  # "John (879)" -> "John 879"
-        sizes = [int(d.rsplit("(", 1)[1].rstrip(")")) for d in docs]
-        parts.append(f"{sum(sizes):,} test sentences (" + ", ".join(
-            d.replace(" (", " ").rstrip(")") for d in docs) + ")")
-    parts.append(seeds_label(sorted({s for c in cells for s in c.seeds})))
-    stops = sorted({e for c in cells if c.stop for e in c.stop.epochs})
-    if stops:
-        budget = f"{stops[0]}" if len(stops) == 1 else f"{stops[0]}–{stops[-1]}"
-        averaged = fact("averaged")
-        parts.append(f"{budget} epochs" + (f", scored as the average of the last "
-                                           f"{averaged[-1]} epoch checkpoints"
-                                           if averaged and averaged[-1] > 1 else ""))
-    return "Scope: " + "; ".join(parts) + ". "
 
 
 def _legend(sections: list[Section]) -> str:

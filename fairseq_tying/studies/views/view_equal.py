@@ -34,6 +34,7 @@ from fairseq_tying.studies.views.formatting import (
     paper_claim,
     paper_figures,
     papers_legend,
+    scope,
     seeds_label,
     shared_means,
 )
@@ -171,9 +172,11 @@ def _pair(summary: Summary, test: Bootstrap) -> tuple[Cell, Cell]:
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
-    """The block's text and ``summary.json`` (one summary per architecture)."""
+    """The block's text (its scope first, ``formatting.scope``) and ``summary.json`` (one
+    summary per architecture)."""
     budget = _budget(sections)
-    parts = [f"Every run trained {budget}; its score is {_scored(sections)}. Mean ± 95 % "
+    parts = [scope(sections).rstrip() + "\n",
+             f"Every run trained {budget}; its score is {_scored(sections)}. Mean ± 95 % "
              "CI (Student t over seeds); validation NLL in base 2 per token after the last "
              "epoch.\n",
              f"**BLEU after {budget}** (sacrebleu, detokenized, test set)\n",
