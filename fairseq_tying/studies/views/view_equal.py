@@ -132,12 +132,13 @@ def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[st
             note = shared_means(test, *_pair(s.summary, test))
             verdict = verdicts.bootstrap(test, claim.expects, claim.margin)
             if paper_claim(source):
-                verdict = verdicts.on_paper(verdict, test)
+                verdict = verdicts.on_paper(verdict, test, claim.paper)
             rows.append([what, f"`{s.key}`", source, found.paper,
                          format_delta(test, note=note), verdict])
             if changed := specs.changed_by_holm(test, claim.expects):
                 if paper_claim(source):
-                    changed = tuple(map(verdicts.paper_outcome, changed))
+                    changed = tuple(verdicts.paper_outcome(w, test, claim.paper)
+                                    for w in changed)
                 changes.append((f"{what}, `{s.key}`", *changed))
     return rows, changes
 

@@ -87,10 +87,10 @@ def claims_table(summary: Summary) -> str | None:
     if not claims:
         return None
     rows = [[c.text, c.source, _delta(summary, summary[c.cell], c.test, False),
-             verdicts.on_paper(verdict, test) if paper_claim(c.source) else verdict]
+             verdicts.on_paper(verdict, test, c.paper) if paper_claim(c.source) else verdict]
             for c, test, verdict in claims]
-    changes = [(c.text, *(map(verdicts.paper_outcome, changed) if paper_claim(c.source)
-                          else changed))
+    changes = [(c.text, *([verdicts.paper_outcome(w, test, c.paper) for w in changed]
+                          if paper_claim(c.source) else changed))
                for c, test, _ in claims if (changed := specs.changed_by_holm(test, c.expects))]
     return markdown_table(["claim", "source", "Δ BLEU", "verdict"], rows) + (
         f"\n\n{holm_changes(changes)}" if changes else "")

@@ -180,21 +180,22 @@ def convergence(section: Section) -> str:
 
 
 def _in_words(diff: SeedDifference) -> str:
-    """Whether our comparison shows Press & Wolf's finding: "yes (supported)", or "not
-    replicated here" with the verdict (our model and corpus are not theirs, so a difference
-    against them contradicts nothing of theirs)."""
+    """Whether our comparison shows Press & Wolf's finding: "yes (supported)"; "not replicated
+    here" where a difference that counts goes against it (our model and corpus are not theirs,
+    so it contradicts nothing of theirs, ``verdicts.PAPER_RULE``); else the verdict, unresolved
+    with its reason."""
     outcome = verdicts.outcome(diff.verdict)
     if outcome == "supported":
         return "yes (supported)"
     if outcome == "contradicted":
-        return "not replicated here (tying raised it)"
-    return f"not replicated here: {diff.verdict}"
+        return f"{verdicts.NOT_REPLICATED} (tying raised it)"
+    return diff.verdict
 
 
 def finding(summary: Summary) -> str:
     """Press & Wolf's finding beside ours (decoder-tied vs untied, dot product)."""
     tied = summary.get(lm_label(LM_TIED, []))
-    ours, answer = "no paired runs", "not replicated here (no paired runs)"
+    ours, answer = "no paired runs", "unresolved (no paired runs)"
     if tied and (diff := tied.test("vs_untied_dot")) is not None:
         base = summary[lm_label(LM_BASELINE, [])].stat("test_ppl")
         ours = (f"{format_stat(base)} → {format_stat(tied.stat('test_ppl'))}; Δ "
