@@ -3,6 +3,8 @@ interval."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from scipy import stats
 
@@ -46,3 +48,34 @@ def test_only_comparisons_both_sets_make_are_rows():
     assert row[2] == "+1.27 (n=3)" and row[3] == "+3.07 (n=3)"
     assert "Beside full" in across.render(here, there, "full")
     assert across.render(here, _summary({}), "full") == ""
+
+
+def _learning(summaries: dict[str, Summary], label: str, *cells: str) -> dict[str, Summary]:
+    """The summaries with the comparison of ``label`` naming ``cells`` as still learning."""
+    (model,) = summaries
+    cell = summaries[model][label]
+    (name, test), = cell.tests.items()
+    return {model: {**summaries[model], label: cell.with_test(
+        name, replace(test, learning=cells))}}
+
+
+def test_a_change_between_cells_still_learning_is_unresolved():
+    """As the quarter's three-way dot against untied: a Δ that shrank, from a cell still
+    learning at its budget here (or on the other set), is neither smaller nor larger here: the
+    row says unresolved and which cell still learns where; a change the interval does not show
+    stays "no change shown"."""
+    there = _summary({"three_way/dot": [1.3, 1.4, 1.1], "three_way/l2norm": [0.5, 0.6, 0.4]})
+    here = _summary({"three_way/dot": [-0.3, -0.1, -0.2], "three_way/l2norm": [0.2, 0.9, -0.1]})
+    assert [row[-1] for row in across.rows(here, there)] == [across.SMALLER, across.NO_CHANGE]
+    learning = _learning(here, "three_way/dot", "three_way/dot")
+    learning = _learning(learning, "three_way/l2norm", "three_way/l2norm", "three_way/dot")
+    rows = across.rows(learning, there, "the full corpus")
+    assert rows[0][-1] == "unresolved (still learning at the budget: three_way/dot here)"
+    assert rows[0][-2] == across.rows(here, there)[0][-2]  # the same interval beside it
+    assert rows[1][-1] == across.NO_CHANGE
+    elsewhere = across.rows(here, _learning(there, "three_way/dot", "three_way/dot"),
+                            "the full corpus")
+    assert elsewhere[0][-1] == ("unresolved (still learning at the budget: three_way/dot in "
+                                "the full corpus)")
+    assert "unresolved where a compared cell still learns" in across.render(learning, there,
+                                                                            "full")

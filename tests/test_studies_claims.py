@@ -147,9 +147,9 @@ def test_the_table_lists_only_the_claims_the_study_has_cells_for():
                                     vs_dot=comparison(0.5, 0.4, 0.6, p=0.01))}
     lines = claims_table(summary).splitlines()[2:]
     assert len(lines) == 2
-    # BLEU moved by more than the margin: Press & Wolf's "keeps BLEU" is not replicated on
-    # this corpus and model, the other way round (the rule's "contradicted (better)")
-    assert "three-way tying keeps BLEU" in lines[0] and "not replicated here (better)" in lines[0]
+    # BLEU rose by more than the margin: the rule's "contradicted (better)" of "tying keeps
+    # BLEU", and a gain that does not go against Press & Wolf's claim of no harm
+    assert "three-way tying does not harm BLEU" in lines[0] and "supported (better)" in lines[0]
     assert "+1.87 (p = 0.001; [0.001, 0.001, 0.001])" in lines[0]  # no family adjusted here
     # one seed of l2norm against three of dot: the Δ's two means are over seed 1 alone
     assert "`l2norm` beats `dot` (three-way tying)" in lines[1]
@@ -172,7 +172,30 @@ def test_a_paper_claim_against_a_counted_difference_is_not_replicated_here(delta
     test = comparison(*deltas, p=0.001 if expects == "unchanged" else 0.01)
     assert bootstrap(test, expects) == rule
     assert verdicts.on_paper(rule, test) == paper
-    assert verdicts.paper_outcome(verdicts.outcome(rule)) == verdicts.outcome(paper)
+    assert verdicts.paper_outcome(verdicts.outcome(rule), test) == verdicts.outcome(paper)
+
+
+@pytest.mark.parametrize("deltas, p, rule, paper", [
+    ((1.9, 1.5, 2.2), 0.001, "contradicted (better)", "supported (better)"),
+    ((-1.9, -1.5, -2.2), 0.001, "contradicted (worse)", "not replicated here (worse)"),
+    ((0.1, -0.05, 0.05), 0.5, "supported (equivalent within ±0.5)",
+     "supported (equivalent within ±0.5)"),
+    ((-0.1, -0.5, -0.9), 0.2, "unresolved (90 % interval -1.17 to +0.17 exceeds ±0.5)",
+     "unresolved (90 % interval -1.17 to +0.17 exceeds ±0.5)"),
+])
+def test_a_papers_claim_of_no_harm_is_supported_by_a_counted_gain(deltas, p, rule, paper):
+    """Press & Wolf claim that tying does no harm, which the study tests as "BLEU unchanged":
+    equivalence supports both; a gain that counts contradicts "unchanged" but not "no harm",
+    so it reads "supported (better)"; a loss that counts is "not replicated here (worse)"; an
+    interval that leaves the margin below 0 decides nothing. Holm's changes read alike."""
+    test = comparison(*deltas, p=p)
+    assert bootstrap(test, verdicts.UNCHANGED) == rule
+    assert verdicts.on_paper(rule, test, verdicts.NO_HARM) == paper
+    assert verdicts.paper_outcome(verdicts.outcome(rule), test, verdicts.NO_HARM) == \
+        verdicts.outcome(paper)
+    (tying,) = [c for c in specs.study_claims() if c.cell == "three_way/dot"]
+    assert tying.source == specs.PRESS_WOLF and tying.paper == verdicts.NO_HARM
+    assert tying.expects == verdicts.UNCHANGED  # the study's own claim, the answer's
 
 
 def _against(delta: float, p: float) -> dict[str, Cell]:
@@ -188,16 +211,18 @@ def _against(delta: float, p: float) -> dict[str, Cell]:
 
 
 def test_the_papers_claims_read_not_replicated_and_the_answer_keeps_the_rules_words():
-    """The same counted differences: in the papers' claims table (a source column) Press &
-    Wolf's "keeps BLEU" and Liu et al.'s gain read "not replicated here" and no verdict says
-    "contradicted"; the answer, whose claims are hypotheses on this data, keeps the rule's
-    words; the legend says why."""
+    """The same counted differences: in the papers' claims table (a source column) Liu et al.'s
+    gain reads "not replicated here", Press & Wolf's "no harm" is supported by the gain, and no
+    verdict says "contradicted"; the answer, whose claims are hypotheses on this data, keeps
+    the rule's words; the legend says why."""
     summary = _against(1.5, 0.001)
     table = claims_table(summary)
     verdict = {row[0]: row[-1] for row in (
         [c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:])}
-    assert verdict == {"three-way tying keeps BLEU (`dot`)": "not replicated here (better)",
+    assert verdict == {"three-way tying does not harm BLEU (`dot`)": "supported (better)",
                        "`l2norm` beats `dot` (three-way tying)": "not replicated here (worse)"}
+    worse = claims_table(_against(-1.5, 0.001))
+    assert "| not replicated here (worse) |" in worse.splitlines()[2]  # tying cost BLEU
     assert "contradicted" not in table
     rows = {(row[0], row[1]): row[-1] for row in view_answer.rows(summary)}
     assert rows[("three_way", "`dot`")] == "contradicted (better)"

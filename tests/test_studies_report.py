@@ -26,6 +26,7 @@ from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Bootstrap, plain, summary_of
 from fairseq_tying.studies.statistics.stats import seeds_for_equivalence
 from fairseq_tying.studies.views import view_answer, view_equal
+from fairseq_tying.studies.views.formatting import scope
 from fairseq_tying.studies.views.report import (
     Renderer,
     recorded,
@@ -38,7 +39,8 @@ from tests.helpers import REPO
 
 DOCS = REPO / "docs"
 MANIFEST = REPO / "slurm" / "studies.yaml"
-FORBIDDEN = ("running", "in progress", "not yet")  # a block states records, not plans
+FORBIDDEN = ("running", "in progress", "not yet")
+DOCUMENTS = "**Δ BLEU by test document**"  # a block states records, not plans
 
 
 @pytest.fixture()
@@ -388,8 +390,9 @@ def _also(cell, name: str) -> str:
     sd = float(np.std(deltas, ddof=1))
     effect = TTestPower().solve_power(nobs=len(deltas), alpha=0.05, power=0.8)
     need = seeds_for_equivalence(sd, 0.5)
+    books = ", ".join(f"{d.split(' (')[0]} {v:+.2f}" for d, v in test.per_document.items())
     return (f"{robust}; {len(deltas)} seeds (sd {sd:.2f}) detect |Δ| ≥ {effect * sd:.2f} with "
-            f"80 % power, equivalence within ±0.5 needs {need} seeds")
+            f"80 % power, equivalence within ±0.5 needs {need} seeds; Δ by document: {books}")
 
 
 def test_the_short_answer_says_each_verdict_in_words():
@@ -428,6 +431,26 @@ def test_the_short_answer_says_each_verdict_in_words():
     assert text.endswith(f"- `D`, {words[-1]}\n") and f"- `T`, {words[0]}\n" in text
     text, _ = view_answer.render([Section("T", {}, cells)])
     assert "\n- Decoder tying against untied (`dot`): **better**" in text
+
+
+def test_the_short_answer_gives_each_claims_delta_on_each_test_book():
+    """Each claim's sentence ends with its Δ on each book of the Bible's test set: the same
+    records and seeds as its verdict, so the equal view's table of the same runs shows the
+    same numbers."""
+    renderer = Renderer(records.load(DOCS / "quarter" / "records"), references(None),
+                        n_samples=200)
+    short, _ = renderer.block("does_it_help")
+    table, _ = renderer.block("equal")
+    books = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[4:-1]]
+             for line in table.split(DOCUMENTS)[1].splitlines() if line.startswith("| ")}
+    claims = [line for line in short.splitlines() if line.startswith("- ")]
+    assert len(claims) == 3
+    for line, row in zip(claims, ("three-way tying vs untied", "`l2norm` vs `dot`",
+                                  "`fixnorm` vs `dot`"), strict=True):
+        found = line.split("; Δ by document: ")[1].rstrip(".").split(", ")
+        assert [f.split(" ")[0] for f in found] == ["Ruth", "Ecclesiastes", "Jonah", "John",
+                                                    "James", "I"]
+        assert [f.rsplit(" ", 1)[1] for f in found] == books[row]
 
 
 def test_a_papers_figures_are_its_deltas_named_with_what_they_measure():
@@ -507,9 +530,61 @@ def test_a_tagged_block_is_a_cell_of_its_own_against_dot(tmp_path):
     claims = {c.cell: c for c in specs.study_claims(cells)}
     assert claims["three_way/dot+zloss"].source == "" and \
         claims["three_way/dot+zloss"].expects == verdicts.GAIN
-    row = [line for line in text.splitlines() if line.startswith("| `dot+zloss` vs `dot`")]
+    row = [line for line in text.splitlines()
+           if line.startswith("| `dot+zloss` vs `dot` (three-way tying)")]
     assert len(row) == 1 and [c.strip() for c in row[0].split("|")][3:5] == ["–", "–"]
+    # its Δ on each test book, as fixnorm's row of the untagged block
+    books = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[3:-1]]
+             for text_ in (text, plain_text) for line in text_.split(DOCUMENTS)[1].splitlines()
+             if line.startswith("| `")}
+    assert books["`dot+zloss` vs `dot`"] == books["`fixnorm` vs `dot`"]
+    assert len(books["`dot+zloss` vs `dot`"]) == 7  # all, then the six books
     short, _ = Renderer(rest + [_tagged(r, "zloss") for r in fixnorm], references(None),
                         n_samples=200).block("does_it_help")
     table = [line for line in short.splitlines() if line.startswith("| three_way |")]
     assert table[-1].startswith("| three_way | `dot+zloss` |")
+
+
+VERDICT_BLOCKS = [(REPO / "README.md", "does_it_help"), (DOCS / "results.md", "answer"),
+                  (DOCS / "results.md", "equal"), (DOCS / "results.md", "quarter"),
+                  (DOCS / "results_converged.md", "converged"),
+                  (DOCS / "results_one_epoch.md", "study"),
+                  (DOCS / "results_gpu.md", "converged_gpu"),
+                  (DOCS / "results_gpu.md", "converged_gpu_patience3"),
+                  (DOCS / "language_models.md", "lm")]
+BOOKS = "(Ruth 85, Ecclesiastes 222, Jonah 37, John 879, James 108, I John 103)"
+
+
+@pytest.mark.parametrize("page, block", VERDICT_BLOCKS)
+def test_every_verdict_block_states_its_scope_and_its_claims_by_document(page, block):
+    """Each committed block with verdicts says once what they are about (the data, the models,
+    the test set with its size and books, the seeds, the budget), and each claim's Δ on each
+    book of the Bible's test set; the perplexity study's records keep no per-sentence scores,
+    and its block says so instead."""
+    text = block_text(page.read_text(), block)
+    (scope,) = [line for line in text.splitlines() if line.startswith("Scope: ")]
+    if block == "lm":
+        assert "; 40,952 test tokens; seeds 1, 2, 3; " in scope
+        assert "\nΔ by test document: none, since the records keep each run's test perplexity" \
+            in text
+        return
+    assert f"; 1,434 test sentences {BOOKS}; seed" in scope
+    claims = [line for line in text.splitlines() if line.startswith("- ")]
+    assert all("; Δ by document: Ruth " in line for line in claims)
+    assert claims or DOCUMENTS in text
+
+
+def test_the_scope_states_the_test_sets_size_without_its_documents():
+    """Without documents (a user's test set with no ``.docs`` file) the scope still gives the
+    number of test sentences; runs stopped by the plateau rule give the span of their epochs
+    and why each stopped."""
+    cells = summary_of(json.loads((DOCS / "converged" / "summary.json").read_text()))
+    found = scope([Section("transformer_twwt", {}, cells)])
+    assert found.startswith("Scope: `bible`; `transformer_twwt`, 2+2 layers, D = 128, ")
+    assert found.endswith(f"; 1,434 test sentences {BOOKS}; seeds 1, 2, 3; 18–40 epochs "
+                          "(stops: 1 cap, 20 plateau), scored as the average of the last 5 "
+                          "epoch checkpoints. ")
+    bare = {label: replace(c, tests={n: replace(t, per_document={})
+                                     for n, t in c.tests.items() if isinstance(t, Bootstrap)})
+            for label, c in cells.items()}
+    assert "; 1,434 test sentences; seeds 1, 2, 3; " in scope([Section("t", {}, bare)])

@@ -37,7 +37,8 @@ from fairseq_tying.evaluation.result import TranslationResult, read_result
 from fairseq_tying.studies.records import records
 from fairseq_tying.studies.statistics import across
 from fairseq_tying.studies.statistics.cells import summary_of
-from fairseq_tying.studies.views.report import Renderer, documents, references
+from fairseq_tying.studies.views.formatting import scope
+from fairseq_tying.studies.views.report import Renderer, documents, references, view_of
 from fairseq_tying.sweeps.config import Run, Sweep, load_sweep
 
 ANSWER = "answer.md"
@@ -215,6 +216,8 @@ def render(out: Path, refs: list[str], n_samples: int | None, expected: int,
     renderer = Renderer(records.load(out / "records"), refs, n_samples, expected, docs)
     tables, summary = renderer.block("equal")
     verdicts, _ = renderer.block("does_it_help", count=False)
+    # the verdicts' legend states the scope the tables' first line repeats
+    tables = tables.replace(scope(renderer.sections(view_of("equal"))).rstrip() + "\n\n", "", 1)
     plots = renderer.plots("equal", out, summary)
     parts = [verdicts.strip(), tables.strip()]
     if beside is not None:

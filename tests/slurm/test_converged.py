@@ -218,7 +218,9 @@ def test_equal_training_continues_plateau_runs_to_the_model_trained_from_epoch_1
                  str(tiny_data / "raw" / "test.en"), "--bootstrap-samples", "100",
                  "--block", "equal", "--view", "equal", "--expected-runs", "2"]) == 0
     text = report.read_text()
-    assert f"2 of 2 runs are recorded.\n\nEvery run trained {last} epochs;" in text
+    assert "2 of 2 runs are recorded.\n\nScope: `tiny`; " in text
+    assert f"{last} epochs, scored as the average of the last 3 epoch checkpoints.\n\nEvery " \
+        f"run trained {last} epochs;" in text
     row = next(line for line in text.splitlines() if line.startswith("| `l2norm` vs `dot`"))
     assert row.rstrip(" |").endswith("unresolved (1 of 3 seeds)")
     for rec in study_records.load(records):
@@ -255,8 +257,9 @@ def test_dynamicconv_runs_to_a_budget_are_recorded_and_compared_as_e2(tiny_data,
         assert len(rec.output_row_norms) > 0
     text = report.read_text()
     assert text.startswith("# Results\n\n<!-- equal:begin -->\n2 of 6 runs are recorded.\n\n"
-                           f"Every run trained {last} epochs; its score is the average of its "
-                           "last 3 epoch checkpoints.")
+                           "Scope: `tiny`; `dynamicconv_twwt`, ")
+    assert (f"\n\nEvery run trained {last} epochs; its score is the average of its last 3 "
+            "epoch checkpoints.") in text
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("| `")]
     assert [r[:3] for r in rows[:2]] == [["`dynamicconv_twwt`", "three_way", "dot"],

@@ -165,12 +165,17 @@ def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(named_s
     assert sorted(p.stem for p in (first / "records").glob("*.json")) == [
         "tiny.transformer_twwt.none.dot.s1", "tiny.transformer_twwt.three_way.dot.s1"]
     block = _block(first / "results.md", "tiny")
-    assert block.startswith("2 of 4 runs are recorded.\n\nSeeds: 1.")
+    assert block.startswith("2 of 4 runs are recorded.\n\nScope: `tiny`; ")
+    assert "\n\nSeeds: 1." in block
     assert (first / "results.md").read_text().endswith("\n\nWritten by hand.\n")
     answer = _block(first / "README.md", "answer")
     assert answer.startswith("From the `tiny` study's 2 records.\n\nScope: `tiny`; ")
-    scope = answer.split(". Δ: ")[0]  # the scope line: data, model, seeds, budget
-    assert scope.endswith("; `transformer_twwt`, 1+1 layers, D = 16, 0.01M parameters; seed 1")
+    scope = answer.split(". Δ: ")[0]  # the scope line: data, model, test set, seeds, budget
+    sentences = len((named_study / "data" / "raw" / "test.en").read_text().splitlines())
+    assert ("; `transformer_twwt`, 1+1 layers, D = 16, 0.01M parameters; "
+            f"{sentences:,} test sentences; seed 1") in scope
+    # the study's own block opens with the same scope
+    assert block.startswith(f"2 of 4 runs are recorded.\n\n{scope.split(chr(10))[-1]}.\n")
     assert "\n| tying |" in answer
     assert "| three_way | `dot` |" in answer and "| unresolved (1 of 3 seeds) |" in answer
     assert "\n- Three-way tying against untied (`dot`): **too few seeds (1 of 3)**, " \
@@ -187,8 +192,7 @@ def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(named_s
     assert all((second / "records" / n).read_bytes() == b for n, b in recorded.items())
     assert len(list((second / "records").glob("*.json"))) == 4
     report = (second / "results.md").read_text()
-    assert _block(second / "results.md", "tiny").startswith("4 of 4 runs are recorded.\n\n"
-                                                            "Seeds: 1, 2.")
+    assert "4 of 4 runs are recorded.\n\nScope: " in report and "\n\nSeeds: 1, 2." in report
     summary = (second / "summary.json").read_text()
     assert json.loads(summary)["three_way/dot"]["vs_untied"]["n_seeds"] == 2
 

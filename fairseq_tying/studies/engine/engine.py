@@ -124,11 +124,30 @@ def _valid_common(records: list[Record], ctx: Context) -> AtEpoch | None:
     return AtEpoch(ctx.common_epoch, Stat.of([valid_at(r, ctx.common_epoch) for r in records]))
 
 
-def _shape(args: list[str] | None) -> str:
-    """``2+2 layers, D = 128`` from a run's training flags ("" where they do not say)."""
+def _shape(record: Record) -> str:
+    """``2+2 layers, D = 128`` from a run's training flags, ``2 layers, D = 128`` for a
+    language model (a decoder alone); "" where they do not say."""
+    args = record.run.train_args
+    if record.is_lm:
+        layers, dim = flag_value(args, "--decoder-layers"), flag_value(args, "--decoder-embed-dim")
+        return f"{layers} layer{'s' * (layers != '1')}, D = {dim}" if layers and dim else ""
     layers, dim = flag_value(args, "--encoder-layers"), flag_value(args, "--encoder-embed-dim")
     return (f"{layers}+{flag_value(args, '--decoder-layers')} layers, D = {dim}"
             if layers and dim else "")
+
+
+def _sizes(values: list[int | None]) -> tuple[int, ...] | None:
+    """The distinct sizes of the runs' test sets (None where no run says)."""
+    return tuple(sorted({v for v in values if v is not None})) or None
+
+
+def _updates(records: list[Record], ctx: Context) -> tuple[int, ...] | None:
+    """The updates trained by runs not under a stopping rule (a fixed number of updates);
+    None for runs under one (their ``stop`` says) or without a training record."""
+    if any(r.train is None or r.train.stop is not None for r in records):
+        return None
+    return _sizes([int(u) if (u := r.train.valid.get("num_updates")) is not None else None
+                   for r in records])
 
 
 def _learning(records: list[Record], ctx: Context) -> Learning | None:
@@ -152,8 +171,13 @@ FACTS: dict[str, Callable[[list[Record], Context], Value | None]] = {
     "learning": _learning,
     # what the cell's runs are, for an answer's scope: their data, model shape, averaging
     "datasets": lambda records, ctx: tuple(sorted({r.run.dataset for r in records})),
-    "shape": lambda records, ctx: tuple(sorted({_shape(r.run.train_args) for r in records})),
+    "shape": lambda records, ctx: tuple(sorted({_shape(r) for r in records})),
     "averaged": lambda records, ctx: tuple(sorted({len(r.eval.averaged or ()) for r in records})),
+    # the test set's size: a translation's sentences, a language model's tokens
+    "sentences": lambda records, ctx: _sizes([getattr(r.eval, "n_sentences", None)
+                                              for r in records]),
+    "tokens": lambda records, ctx: _sizes([getattr(r.eval, "n_tokens", None) for r in records]),
+    "updates": _updates,
 }
 
 

@@ -10,7 +10,10 @@ this one (B) is Welch's difference of two means:
     95 % CI:  Δ ± t_{0.975, df}·s
 
 "larger here" when the interval lies above 0, "smaller here" when below, else "no change
-shown". Both sets need at least 2 seeds.
+shown". Both sets need at least 2 seeds. A claim's Δ between cells still learning at their
+budget (the comparison's ``learning``, on either set) might move with a longer budget, so its
+change is neither larger nor smaller: it reads "unresolved (still learning at the budget: …)",
+naming those cells and the set they are on (``verdicts.still_learning``), as a verdict would.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 from fairseq_tying.common.extras import require
 from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.studies import FOR_WHAT
+from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Bootstrap, Summary
 
 _st = require("scipy.stats", "analysis", FOR_WHAT)
@@ -62,8 +66,19 @@ def _comparisons(summaries: dict[str, Summary]) -> dict[tuple[str, str, str], Bo
             if isinstance(test, Bootstrap) and test.metric == "bleu"}
 
 
-def rows(here: dict[str, Summary], there: dict[str, Summary]) -> list[list[str]]:
-    """A row per comparison both summaries make (same model, cell and comparison)."""
+def verdict(diff: float, half: float, here: Bootstrap, there: Bootstrap, name: str) -> str:
+    """``word`` of the change, unless it is larger or smaller while a compared cell still
+    learns at its budget on either set (``here``'s comparison or ``there``'s, the set
+    ``name``): then unresolved, with those cells."""
+    found = word(diff, half)
+    learning = [f"{c} here" for c in here.learning] + [f"{c} in {name}" for c in there.learning]
+    return verdicts.still_learning(learning) if learning and found != NO_CHANGE else found
+
+
+def rows(here: dict[str, Summary], there: dict[str, Summary], name: str = "the other set"
+         ) -> list[list[str]]:
+    """A row per comparison both summaries make (same model, cell and comparison); ``name``:
+    the other set's."""
     out = []
     mine, theirs = _comparisons(here), _comparisons(there)
     for key in [k for k in mine if k in theirs]:
@@ -71,21 +86,24 @@ def rows(here: dict[str, Summary], there: dict[str, Summary]) -> list[list[str]]
         if len(a) < 2 or len(b) < 2:
             continue
         diff, half = welch(a, b)
-        model, cell, name = key
-        against = "untied" if name == "vs_untied" else "`dot`"
+        model, cell, comparison = key
+        against = "untied" if comparison == "vs_untied" else "`dot`"
         out.append([f"`{model}`", f"{cell.replace('/', ' × ')} vs {against}",
                     f"{sum(a) / len(a):+.2f} (n={len(a)})", f"{sum(b) / len(b):+.2f} (n={len(b)})",
-                    f"{diff:+.2f} ± {half:.2f}", word(diff, half)])
+                    f"{diff:+.2f} ± {half:.2f}",
+                    verdict(diff, half, mine[key], theirs[key], name)])
     return out
 
 
 def render(here: dict[str, Summary], there: dict[str, Summary], name: str) -> str:
     """The table of every shared comparison's Δ on both sets and its change."""
-    table = rows(here, there)
+    table = rows(here, there, name)
     if not table:
         return ""
     return (f"**Beside {name}**: each comparison's Δ BLEU (mean over seeds of the paired "
             f"difference) there and here, and its change here − there ± the 95 % Welch "
-            "interval over the two sets' seeds (independent runs).\n\n"
+            "interval over the two sets' seeds (independent runs): larger or smaller where the "
+            "interval excludes 0, unresolved where a compared cell still learns at its budget "
+            "on either set.\n\n"
             + markdown_table(["model", "comparison", f"Δ {name}", "Δ here", "change",
                               "verdict"], table))

@@ -250,7 +250,8 @@ Head = GridHead | LMHead | MethodHead
 # the facts a cell may report besides its metrics (engine.FACTS), as read from summary.json
 FACTS: dict[str, Any] = {"seeds": tuple, "params": tuple, "stop": Stops.from_dict,
                          "valid_nll_common": AtEpoch.from_dict, "learning": Learning.from_dict,
-                         "datasets": tuple, "shape": tuple, "averaged": tuple}
+                         "datasets": tuple, "shape": tuple, "averaged": tuple,
+                         "sentences": tuple, "tokens": tuple, "updates": tuple}
 Value = Stat | Stops | AtEpoch | Learning | tuple
 
 

@@ -39,8 +39,11 @@ otherwise, with the interval that leaves the margin.
 A *paper's* claim (the views' tables with a source column) is tested here on another corpus,
 model, budget and often metric than the paper's, so a counted difference against it does not
 refute the paper: ``on_paper`` reads "contradicted (…)" as "not replicated here (…)", with the
-direction ("worse" for a claim of a gain). The rules' own words stay for the claims a study
-makes of its own data (the answer's).
+direction ("worse" for a claim of a gain). A paper's claim of *no harm* (``NO_HARM``: Press &
+Wolf's tying "without harming" BLEU, tested as the study's claim that BLEU is unchanged) is
+supported by equivalence and by a gain that counts alike, "supported (better)", since a gain
+does not go against it; a loss that counts reads "not replicated here (worse)". The rules' own
+words stay for the claims a study makes of its own data (the answer's).
 
 Resolution: B resamples give p ≥ 1/(B + 1), and Holm multiplies the smallest of m p-values by
 m, so no adjusted p falls below m/(B + 1). ``resamples(m)`` chooses B ≥ RESOLUTION·m/ALPHA
@@ -90,6 +93,7 @@ RESOLUTION = 20  # B ≥ RESOLUTION·m/ALPHA: the smallest Holm-adjusted p is �
 MIN_SAMPLES = 1000  # the fewest resamples (sacrebleu's default), however small the family
 
 GAIN, UNCHANGED = "gain", "unchanged"  # what a claim expects of its difference
+NO_HARM = "no harm"  # a paper's claim that BLEU is not lower (``on_paper``)
 
 VERSION = 4  # of the rules below; docs/results.md's "Verdicts" says what each version changed
 
@@ -109,7 +113,9 @@ COVERAGE = f"{100 * (1 - 2 * ALPHA):g} %"  # the interval of the equivalence tes
 CONTRADICTED, NOT_REPLICATED = "contradicted", "not replicated here"
 PAPER_RULE = (f"a paper's claim that a difference which counts goes against reads "
               f"\"{NOT_REPLICATED}\", not {CONTRADICTED}: its corpus, model and budget are not "
-              "the paper's")
+              "the paper's; a paper's claim that tying does not harm BLEU is supported by "
+              "equivalence or by a gain that counts, and not replicated here by a loss that "
+              "counts")
 
 
 def learning_rule(window: int, threshold: float) -> str:
@@ -298,8 +304,14 @@ def _still_learning(test: Bootstrap | SeedDifference, verdict: str) -> str:
     """``verdict``, or "unresolved (still learning at the budget: …)" where it would decide
     the claim while a compared cell still learns: a longer budget might reverse it."""
     if test.learning and outcome(verdict) in ("supported", "contradicted"):
-        return f"unresolved (still learning at the budget: {', '.join(test.learning)})"
+        return still_learning(test.learning)
     return verdict
+
+
+def still_learning(cells: Sequence[str]) -> str:
+    """``unresolved (still learning at the budget: CELLS)``: what a finding that a cell still
+    learning at its budget would decide reads instead."""
+    return f"unresolved (still learning at the budget: {', '.join(cells)})"
 
 
 def in_words(test: Bootstrap) -> str:
@@ -371,17 +383,22 @@ def lower(diff: SeedDifference) -> str:
     return f"unresolved ({why_not(diff)})"
 
 
-def on_paper(verdict: str, test: Bootstrap) -> str:
+def on_paper(verdict: str, test: Bootstrap, claims: str = "") -> str:
     """A paper's claim's verdict: "contradicted (better)" reads "not replicated here (better)",
-    a claim of a gain's "contradicted" "not replicated here (worse)" (``PAPER_RULE``); every
-    other verdict as it is."""
+    a claim of a gain's "contradicted" "not replicated here (worse)" (``PAPER_RULE``); where the
+    paper ``claims`` no harm (``NO_HARM``), a counted gain, "contradicted (better)" by the
+    study's claim that BLEU is unchanged, reads "supported (better)"; every other verdict as it
+    is."""
     if outcome(verdict) != CONTRADICTED:
         return verdict
+    if claims == NO_HARM and test.delta > 0:
+        return f"supported ({_direction(test)})"
     reason = verdict[len(CONTRADICTED):]
     return NOT_REPLICATED + (reason if reason else f" ({_direction(test)})")
 
 
-def paper_outcome(word: str) -> str:
-    """``outcome`` of a paper's claim: "contradicted" reads "not replicated here"."""
-    return NOT_REPLICATED if word == CONTRADICTED else word
+def paper_outcome(word: str, test: Bootstrap, claims: str = "") -> str:
+    """``outcome`` of a paper's claim (``on_paper``): "contradicted" reads "not replicated
+    here", or "supported" for a gain against a claim of no harm."""
+    return outcome(on_paper(word, test, claims))
 

@@ -6,12 +6,15 @@ view imports another); the papers' figures they print beside ours are the output
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
+from fairseq_tying.common.tables import markdown_table
 from fairseq_tying.core import output_layers
 from fairseq_tying.core.output_layers import PaperDelta
+from fairseq_tying.studies.engine.engine import Section
 from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import (
     Bootstrap,
@@ -131,6 +134,37 @@ def format_delta(test: Bootstrap, per_seed: bool = True, note: str = "") -> str:
     return f"{format_seed_delta(test)} ({lead}{tests})"
 
 
+def document_name(name: str) -> str:
+    """``John``: a test document's name less its sentences (``John (879)``)."""
+    return name.rsplit(" (", 1)[0]
+
+
+def by_document(test: Bootstrap) -> str:
+    """``Ruth +0.69, Ecclesiastes +1.08, …``: a comparison's Δ on each test document's
+    sentences alone (``Bootstrap.per_document``); "" without documents."""
+    return ", ".join(f"{document_name(d)} {v:+.2f}" for d, v in test.per_document.items())
+
+
+DOCUMENTS_CAPTION = ("**Δ BLEU by test document**: each claim's Δ on one document's sentences "
+                     "alone (its corpus BLEU there, mean over the shared seeds), the document's "
+                     "sentences in brackets; a document that carries the overall Δ alone shows "
+                     "here.\n")
+
+
+def documents_table(header: Sequence[str], rows: Sequence[tuple[Sequence[str], Bootstrap]]
+                    ) -> str:
+    """The table of each comparison's Δ per test document beside its overall Δ: a row per
+    ``(its first cells under header, its test)`` whose test has documents; "" without any."""
+    found = [(cells, test) for cells, test in rows if test.per_document]
+    if not found:
+        return ""
+    docs = list(dict.fromkeys(d for _, test in found for d in test.per_document))
+    return markdown_table([*header, "all", *docs], [
+        [*cells, f"{test.delta:+.2f}", *(f"{test.per_document[d]:+.2f}"
+                                         if d in test.per_document else "–" for d in docs)]
+        for cells, test in found])
+
+
 def power_text(deltas: Sequence[float]) -> str:
     """``3 seeds (sd 0.57) detect |Δ| ≥ 1.86 with 80 % power``: from the spread of a claim's
     per-seed differences, the smallest true difference the two-sided t-test over them shows 8
@@ -222,3 +256,69 @@ def still_learning(summary: Summary) -> str:
             "seed's in brackets): " + "; ".join(
                 f"{label} ({pct(ln.gain)} %: {', '.join(pct(g) for g in ln.gains)})"
                 for label, ln in cells) + ".")
+
+
+def _span(values: Sequence[int]) -> str:
+    """``40`` or ``18–40``: the least and the most of sorted values."""
+    return f"{values[0]}" if values[0] == values[-1] else f"{values[0]}–{values[-1]}"
+
+
+def _test_set(cells: list[Cell]) -> str:
+    """``1,434 test sentences (Ruth 85, …)``: the test set's size (a translation's sentences,
+    a language model's tokens) and its documents where the comparisons have them ("" where
+    the cells say neither)."""
+    docs = next((list(t.per_document) for c in cells for t in c.tests.values()
+                 if getattr(t, "per_document", None)), [])
+    inside = " (" + ", ".join(d.replace(" (", " ").rstrip(")") for d in docs) + ")" if docs \
+        else ""  # "John (879)" -> "John 879"
+    for fact, unit in (("sentences", "sentences"), ("tokens", "tokens")):
+        if sizes := sorted({v for c in cells for v in c.values.get(fact, ())}):
+            return f"{_span([f'{n:,}' for n in sizes])} test {unit}{inside}"
+    if docs:
+        return f"{sum(int(d.rsplit('(', 1)[1].rstrip(')')) for d in docs):,} test sentences" \
+            + inside
+    return ""
+
+
+def _budget(cells: list[Cell]) -> str:
+    """``40 epochs``, ``18–40 epochs (stops: 20 plateau, 1 cap)`` or ``600 updates``: how long
+    the runs trained, with why they stopped where a rule stopped them ("" where the cells do
+    not say)."""
+    stops = [(e, why) for c in cells if c.stop for e, why in zip(c.stop.epochs, c.stop.reasons,
+                                                                 strict=True)]
+    if stops:
+        reasons = Counter(why for _, why in stops)
+        return f"{_span(sorted({e for e, _ in stops}))} epochs" + (
+            "" if set(reasons) == {"budget"} else
+            " (stops: " + ", ".join(f"{n} {why}" for why, n in sorted(reasons.items())) + ")")
+    updates = sorted({u for c in cells for u in c.values.get("updates", ())})
+    return f"{_span(updates)} updates" if updates else ""
+
+
+def scope(sections: list[Section]) -> str:
+    """What a block's verdicts are about, in one sentence, from its cells: the data, each
+    model's shape and size, the test set (its size and documents), the seeds, the budget and
+    the scored checkpoint."""
+    cells = [c for s in sections for c in s.summary.values()]
+
+    def fact(name: str) -> list:
+        return sorted({v for c in cells for v in c.values.get(name, ())})
+
+    parts = [", ".join(f"`{d}`" for d in fact("datasets"))] if fact("datasets") else []
+    for s in sections:
+        params = sorted({p for c in s.summary.values() for p in c.params})
+        shapes = [x for x in {v for c in s.summary.values() for v in c.values.get("shape", ())}
+                  if x]
+        archs = [s.key] if s.key is not None else sorted(
+            {r.run.arch for runs in s.cells.values() for r in runs.values()})
+        parts.append(", ".join(f"`{a}`" for a in archs) + "".join(f", {x}" for x in
+                                                                 sorted(shapes))
+                     + f", {_span([f'{p / 1e6:.2f}M' for p in params])} parameters")
+    if test := _test_set(cells):
+        parts.append(test)
+    parts.append(seeds_label(sorted({s for c in cells for s in c.seeds})))
+    if budget := _budget(cells):
+        averaged = fact("averaged")
+        parts.append(budget + (f", scored as the average of the last {averaged[-1]} epoch "
+                               "checkpoints" if averaged and averaged[-1] > 1 else ""))
+    return "Scope: " + "; ".join(parts) + ". "

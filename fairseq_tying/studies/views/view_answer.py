@@ -1,6 +1,7 @@
 """The short answer (README's "Does it help?"): per cell of a translation study, its parameters,
 BLEU (mean and each seed), the Δ that decides its claim (with the two means over the seeds it
-pairs where a cell has others) and the verdict rules' word on it, under their legend."""
+pairs where a cell has others) and the verdict rules' word on it, under their legend; then each
+claim in words, with its Δ on each test document."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Bootstrap, Cell, Summary
 from fairseq_tying.studies.statistics.stats import POWER, seeds_for_equivalence
 from fairseq_tying.studies.views.formatting import (
+    by_document,
     format_seed_delta,
     format_tests,
     legend,
     power_text,
+    scope,
     seeds_label,
     shared_means,
     still_learning,
@@ -81,7 +84,8 @@ def in_words(summary: Summary) -> list[str]:
     plain words (``verdicts.in_words``), the difference and its evidence (for a claim that
     BLEU is unchanged, the equivalence test's interval against its margin; else why no
     difference was shown), for a tying mode the parameters it saves, whether the finding holds
-    on chrF and on the best checkpoint, and what its seeds can show."""
+    on chrF and on the best checkpoint, what its seeds can show, and its Δ on each test
+    document (``formatting.by_document``)."""
     out = []
     for cell, claim in _claimed(summary):
         if claim is None or (test := cell.test(claim.test)) is None:
@@ -104,7 +108,8 @@ def in_words(summary: Summary) -> list[str]:
             spare = f", with {(base.params[0] - cell.params[0]) / 1e6:.2f}M fewer parameters"
         others = {name: t for also, name in specs.ALSO.items()
                   if (t := cell.test(claim.test + also)) is not None}
-        after = [x for x in (verdicts.robustness(test, others), power(test)) if x]
+        docs = f"Δ by document: {by_document(test)}" if test.per_document else ""
+        after = [x for x in (verdicts.robustness(test, others), power(test), docs) if x]
         out.append(f"{what}: **{verdicts.in_words(test)}**, {test.delta:+.2f} BLEU "
                    f"({evidence}){spare}" + "".join(f"; {x}" for x in after) + ".")
     return out
@@ -139,40 +144,6 @@ def answers(records: list[Record]) -> bool:
                for arch in {a for a, _, _ in seeds})
 
 
-def scope(sections: list[Section]) -> str:
-    """What the verdicts are about, in one sentence, from the cells: the data, the models'
-    shape and size, the test set and its documents, the seeds, the budget and the scored
-    checkpoint."""
-    cells = [c for s in sections for c in s.summary.values()]
-
-    def fact(name: str) -> list:
-        return sorted({v for c in cells for v in c.values.get(name, ())})
-
-    parts = [", ".join(f"`{d}`" for d in fact("datasets"))] if fact("datasets") else []
-    for s in sections:
-        params = sorted({p for c in s.summary.values() for p in c.params})
-        low, high = f"{params[0] / 1e6:.2f}M", f"{params[-1] / 1e6:.2f}M"
-        shapes = [x for x in {v for c in s.summary.values() for v in c.values.get("shape", ())}
-                  if x]
-        parts.append(f"`{s.key}`" + "".join(f", {x}" for x in sorted(shapes))
-                     + f", {low if low == high else f'{low}–{high}'} parameters")
-    docs = next((list(t.per_document) for c in cells for t in c.tests.values()
-                 if getattr(t, "per_document", None)), [])
-    if docs:  # "John (879)" -> "John 879"
-        sizes = [int(d.rsplit("(", 1)[1].rstrip(")")) for d in docs]
-        parts.append(f"{sum(sizes):,} test sentences (" + ", ".join(
-            d.replace(" (", " ").rstrip(")") for d in docs) + ")")
-    parts.append(seeds_label(sorted({s for c in cells for s in c.seeds})))
-    stops = sorted({e for c in cells if c.stop for e in c.stop.epochs})
-    if stops:
-        budget = f"{stops[0]}" if len(stops) == 1 else f"{stops[0]}–{stops[-1]}"
-        averaged = fact("averaged")
-        parts.append(f"{budget} epochs" + (f", scored as the average of the last "
-                                           f"{averaged[-1]} epoch checkpoints"
-                                           if averaged and averaged[-1] > 1 else ""))
-    return "Scope: " + "; ".join(parts) + ". "
-
-
 def _legend(sections: list[Section]) -> str:
     return (scope(sections) + "Δ: the paired difference over the seeds both cells share, mean "
             "± its 95 % interval over them; where a cell has other seeds, the two means over "
@@ -184,7 +155,8 @@ def _legend(sections: list[Section]) -> str:
             "seeds can show, from the spread (sd) of their differences: the smallest |Δ| the "
             f"t-test over them detects with {100 * POWER:g} % power at α = {verdicts.ALPHA} "
             "(before Holm), and the seeds with which equivalence would hold as often were the "
-            "true Δ 0.\n")
+            "true Δ 0; where the test set has documents, the claim's Δ on each one's sentences "
+            "alone (its corpus BLEU there, mean over the same seeds).\n")
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:

@@ -1,31 +1,32 @@
 """The equal-training study's tables and plot (``specs.GRID`` cells, every run trained the same
 number of epochs): BLEU per cell with each seed, the Δs that decide the papers' claims at equal
-training with the verdict rule (tying against untied; each normalized layer against ``dot``, for
-each architecture, beside the Δ its paper reports for the architecture's family:
-``OutputLayer.paper_deltas``, with what they measure in the legend, ``paper_figures``; a
-counted difference against a paper reads "not replicated here", ``verdicts.on_paper``), and the
-validation NLL per epoch."""
+training with the verdict rule (tying against untied; each normalized layer and each tagged
+cell against ``dot``, for each architecture, beside the Δ its paper reports for the
+architecture's family: ``OutputLayer.paper_deltas``, with what they measure in the legend,
+``paper_figures``; a counted difference against a paper reads "not replicated here",
+``verdicts.on_paper``), each claim's Δ per test document, and the validation NLL per epoch."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fairseq_tying.common.run_spec import CELL_TAG
 from fairseq_tying.common.tables import markdown_table
-from fairseq_tying.core import output_layers
 from fairseq_tying.core.models.tying import THREE_WAY, UNTIED
 from fairseq_tying.core.models.tying import TYING_MODES as TYINGS
 from fairseq_tying.core.output_layers import BASELINE
 from fairseq_tying.studies.engine import specs
 from fairseq_tying.studies.engine.engine import Cells, Section
-from fairseq_tying.studies.engine.specs import PRESS_WOLF, SHARED
 from fairseq_tying.studies.records.record import Record
 from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Bootstrap, Cell, Summary
 from fairseq_tying.studies.statistics.stats import mean_ci
 from fairseq_tying.studies.views.formatting import (
+    DOCUMENTS_CAPTION,
+    documents_table,
     format_delta,
     format_stat,
     holm_changes,
@@ -33,6 +34,7 @@ from fairseq_tying.studies.views.formatting import (
     paper_claim,
     paper_figures,
     papers_legend,
+    scope,
     seeds_label,
     shared_means,
 )
@@ -85,34 +87,58 @@ def _paper(arch: str, layer: str) -> str:
     return ", ".join(map(str, paper_figures(layer, arch))) or "–"
 
 
+@dataclass(frozen=True)
+class _Claim:
+    """One claim of the Δ table: the study's claim (``specs.Claim``), its test, its name in the
+    tables (``what``, then ``where`` in the Δ table) and the paper's Δ beside it."""
+
+    claim: specs.Claim
+    test: Bootstrap
+    what: str
+    where: str
+    paper: str
+
+
+def _claims(summary: Summary, arch: str) -> list[_Claim]:
+    """Every claim of the study whose comparison the summary has, in the Δ table's order: tying
+    against untied (``dot``; decoder, then three-way), then each normalized layer and each
+    tagged cell (``specs.study_claims``) against ``dot`` with three-way tying."""
+    claims = specs.claims_tests(summary)
+    tying = [(c, t) for c, t in claims if c.test == "vs_untied"][::-1]
+    layers = [(c, t) for c, t in claims
+              if c.test == "vs_dot" and c.cell.startswith(f"{THREE_WAY.name}/")]
+    out = []
+    for c, test in tying + layers:
+        tying_name, layer = c.cell.split("/")
+        if c.test == "vs_untied":
+            out.append(_Claim(c, test, f"{tying_name.replace('_', '-')} tying vs untied",
+                              f" (`{BASELINE}`)", "–"))
+        else:
+            paper = _paper(arch, layer) if CELL_TAG not in layer else "–"
+            out.append(_Claim(c, test, f"`{layer}` vs `{BASELINE}`", " (three-way tying)", paper))
+    return out
+
+
 def comparisons(sections: list[Section]) -> tuple[list[list[str]], list[tuple[str, str, str]]]:
-    """Rows of the Δ table: tying against untied (``dot``), each normalized layer against
-    ``dot`` with three-way tying, per architecture; those whose two cells have runs. Beside
-    them the verdicts Holm–Bonferroni changed (``formatting.holm_changes``). A claim with a
-    paper's source reads its verdict ``verdicts.on_paper``."""
+    """Rows of the Δ table: tying against untied (``dot``), each normalized layer and tagged
+    cell against ``dot`` with three-way tying, per architecture (``_claims``). Beside them the
+    verdicts Holm–Bonferroni changed (``formatting.holm_changes``). A claim with a paper's
+    source reads its verdict ``verdicts.on_paper``."""
     rows, changes = [], []
     for s in sections:
-        found = [(f"{t.replace('_', '-')} tying vs untied (`{BASELINE}`)", test, PRESS_WOLF, "–",
-                  verdicts.UNCHANGED) for t in SHARED[::-1]  # decoder, then three-way
-                 if (test := _test(s.summary, f"{t}/{BASELINE}", "vs_untied")) is not None]
-        found += [(f"`{la}` vs `{BASELINE}` (three-way tying)", test,
-                   output_layers.get(la).citation or "–", _paper(str(s.key), la),
-                   verdicts.GAIN) for la in specs.normalized()
-                  if (test := _test(s.summary, f"three_way/{la}", "vs_dot")) is not None]
-        found += [(f"`{c.cell.split('/')[1]}` vs `{BASELINE}` (three-way tying)", test, "–", "–",
-                   verdicts.GAIN) for c in specs.study_claims(s.summary)
-                  if CELL_TAG in c.cell and c.cell.startswith(f"{THREE_WAY.name}/")
-                  and (test := _test(s.summary, c.cell, "vs_dot")) is not None]
-        for what, test, source, paper, expects in found:
+        for found in _claims(s.summary, str(s.key)):
+            claim, test, what = found.claim, found.test, found.what + found.where
+            source = claim.source or "–"
             note = shared_means(test, *_pair(s.summary, test))
-            verdict = verdicts.bootstrap(test, expects)
+            verdict = verdicts.bootstrap(test, claim.expects, claim.margin)
             if paper_claim(source):
-                verdict = verdicts.on_paper(verdict, test)
-            rows.append([what, f"`{s.key}`", source, paper, format_delta(test, note=note),
-                         verdict])
-            if changed := specs.changed_by_holm(test, expects):
+                verdict = verdicts.on_paper(verdict, test, claim.paper)
+            rows.append([what, f"`{s.key}`", source, found.paper,
+                         format_delta(test, note=note), verdict])
+            if changed := specs.changed_by_holm(test, claim.expects):
                 if paper_claim(source):
-                    changed = tuple(map(verdicts.paper_outcome, changed))
+                    changed = tuple(verdicts.paper_outcome(w, test, claim.paper)
+                                    for w in changed)
                 changes.append((f"{what}, `{s.key}`", *changed))
     return rows, changes
 
@@ -127,26 +153,11 @@ def _papers(sections: list[Section]) -> str:
 
 
 def per_document(sections: list[Section]) -> str:
-    """The table of each claim's Δ per test document, beside its overall Δ ("" where the
-    comparisons have no documents)."""
-    rows, docs = [], []
-    for s in sections:
-        for label, name, what in _claims(s.summary):
-            test = _test(s.summary, label, name)
-            if test is None or not test.per_document:
-                continue
-            docs = docs or list(test.per_document)
-            rows.append([what, f"`{s.key}`", f"{test.delta:+.2f}",
-                         *(f"{test.per_document[d]:+.2f}" for d in docs)])
-    return markdown_table(["comparison", "model", "all", *docs], rows) if rows else ""
-
-
-def _claims(summary: Summary) -> list[tuple[str, str, str]]:
-    """(cell, comparison, its name in a table) of every claim, in the Δ table's order."""
-    out = [(f"{t}/{BASELINE}", "vs_untied", f"{t.replace('_', '-')} tying vs untied")
-           for t in SHARED[::-1]]
-    return out + [(f"three_way/{la}", "vs_dot", f"`{la}` vs `{BASELINE}`")
-                  for la in specs.normalized()]
+    """The table of each claim's Δ per test document (``_claims``), beside its overall Δ (""
+    where the comparisons have no documents)."""
+    return documents_table(["comparison", "model"], [
+        ([found.what, f"`{s.key}`"], found.test)
+        for s in sections for found in _claims(s.summary, str(s.key))])
 
 
 def _test(summary: Summary, label: str, name: str) -> Bootstrap | None:
@@ -162,9 +173,11 @@ def _pair(summary: Summary, test: Bootstrap) -> tuple[Cell, Cell]:
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
-    """The block's text and ``summary.json`` (one summary per architecture)."""
+    """The block's text (its scope first, ``formatting.scope``) and ``summary.json`` (one
+    summary per architecture)."""
     budget = _budget(sections)
-    parts = [f"Every run trained {budget}; its score is {_scored(sections)}. Mean ± 95 % "
+    parts = [scope(sections).rstrip() + "\n",
+             f"Every run trained {budget}; its score is {_scored(sections)}. Mean ± 95 % "
              "CI (Student t over seeds); validation NLL in base 2 per token after the last "
              "epoch.\n",
              f"**BLEU after {budget}** (sacrebleu, detokenized, test set)\n",
@@ -186,10 +199,7 @@ def render(sections: list[Section]) -> tuple[str, Any]:
         if changes:
             parts += ["", holm_changes(changes)]
     if table := per_document(sections):
-        parts += ["\n**Δ BLEU by test document**: each claim's Δ on one document's sentences "
-                  "alone (its corpus BLEU there, mean over the shared seeds), the document's "
-                  "sentences in brackets; a document that carries the overall Δ alone shows "
-                  "here.\n", table]
+        parts += [f"\n{DOCUMENTS_CAPTION}", table]
     return "\n".join(parts), {str(s.key): s.summary for s in sections}
 
 

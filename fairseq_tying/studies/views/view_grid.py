@@ -1,8 +1,9 @@
 """The translation studies' tables and plots (``specs.GRID``): a grid of output layers × tying
 modes per value, the paired Δs, the parameters, our Δs beside the papers' (their Δs only, with
 what they measure; never a paper's BLEU, which is another corpus's and model's) and the papers'
-claims (a counted difference against one reads "not replicated here"), one set per
-architecture (the main one first, the others under their own heading)."""
+claims (a counted difference against one reads "not replicated here") with each one's Δ per test
+document, one set per architecture (the main one first, the others under their own heading),
+under the study's scope."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from fairseq_tying.studies.engine.engine import Cells, Section, band
 from fairseq_tying.studies.statistics import verdicts
 from fairseq_tying.studies.statistics.cells import Cell, Summary
 from fairseq_tying.studies.views.formatting import (
+    DOCUMENTS_CAPTION,
+    documents_table,
     epochs_text,
     format_delta,
     format_p,
@@ -35,6 +38,7 @@ from fairseq_tying.studies.views.formatting import (
     paper_claim,
     paper_figures,
     papers_legend,
+    scope,
     shared_means,
 )
 from fairseq_tying.studies.views.plots import (
@@ -83,10 +87,10 @@ def claims_table(summary: Summary) -> str | None:
     if not claims:
         return None
     rows = [[c.text, c.source, _delta(summary, summary[c.cell], c.test, False),
-             verdicts.on_paper(verdict, test) if paper_claim(c.source) else verdict]
+             verdicts.on_paper(verdict, test, c.paper) if paper_claim(c.source) else verdict]
             for c, test, verdict in claims]
-    changes = [(c.text, *(map(verdicts.paper_outcome, changed) if paper_claim(c.source)
-                          else changed))
+    changes = [(c.text, *([verdicts.paper_outcome(w, test, c.paper) for w in changed]
+                          if paper_claim(c.source) else changed))
                for c, test, _ in claims if (changed := specs.changed_by_holm(test, c.expects))]
     return markdown_table(["claim", "source", "Δ BLEU", "verdict"], rows) + (
         f"\n\n{holm_changes(changes)}" if changes else "")
@@ -147,6 +151,9 @@ def tables(summary: Summary, arch: str = "") -> str:
     if table := claims_table(summary):
         parts += [f"\n**The papers' claims**: {legend(*specs.family_of([summary]), papers=True)}"
                   " (Δ and p as above)\n", table]
+        if by_document := documents_table(["claim"], [([c.text], test) for c, test, _ in
+                                                      specs.claims_of(summary)]):
+            parts += [f"\n{DOCUMENTS_CAPTION}", by_document]
     return "\n".join(parts)
 
 
@@ -189,11 +196,12 @@ def paper_table(summary: Summary, arch: str = "") -> tuple[str, list[str]] | Non
 
 
 def render(sections: list[Section]) -> tuple[str, Any]:
-    """The block's text and ``summary.json`` (one architecture's summary, else one per
-    architecture) of a translation study's sections."""
-    texts = [tables(s.summary, str(s.key)) if i == 0
-             else f"### `{s.key}`\n\n{tables(s.summary, str(s.key))}"
-             for i, s in enumerate(sections)]
+    """The block's text (its scope first, ``formatting.scope``) and ``summary.json`` (one
+    architecture's summary, else one per architecture) of a translation study's sections."""
+    texts = [scope(sections).rstrip()]
+    texts += [tables(s.summary, str(s.key)) if i == 0
+              else f"### `{s.key}`\n\n{tables(s.summary, str(s.key))}"
+              for i, s in enumerate(sections)]
     summary = sections[0].summary if len(sections) == 1 else {s.key: s.summary for s in sections}
     return "\n\n".join(texts), summary
 

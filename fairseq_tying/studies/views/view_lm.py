@@ -1,7 +1,8 @@
 """The perplexity study's tables and plots (``specs.LM``): test perplexity per cell, its per-seed
 difference to the untied and to the decoder-tied dot-product model, each comparison's verdict
 under the per-seed form of the verdict rule (``verdicts.lower``) with what its seeds can show,
-the convergence check of every cell, and Press & Wolf's finding beside ours."""
+the convergence check of every cell, and Press & Wolf's finding beside ours, under the study's
+scope (no comparison's Δ per test document: the records keep no per-token scores)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,16 @@ from fairseq_tying.studies.views.formatting import (
     format_stat,
     holm_changes,
     power_text,
+    scope,
     seeds_label,
     still_learning,
 )
 from fairseq_tying.studies.views.plots import plot_bands, plot_methods, points
 
 COMPARISONS = (("vs_untied_dot", "untied dot"), ("vs_tied_dot", "tied dot"))
+BY_DOCUMENT = ("Δ by test document: none, since the records keep each run's test perplexity "
+               "over the whole test set and no per-token log-probabilities to split by "
+               "document.")
 
 
 def _epochs(cell: Cell) -> str:
@@ -175,21 +180,22 @@ def convergence(section: Section) -> str:
 
 
 def _in_words(diff: SeedDifference) -> str:
-    """Whether our comparison shows Press & Wolf's finding: "yes (supported)", or "not
-    replicated here" with the verdict (our model and corpus are not theirs, so a difference
-    against them contradicts nothing of theirs)."""
+    """Whether our comparison shows Press & Wolf's finding: "yes (supported)"; "not replicated
+    here" where a difference that counts goes against it (our model and corpus are not theirs,
+    so it contradicts nothing of theirs, ``verdicts.PAPER_RULE``); else the verdict, unresolved
+    with its reason."""
     outcome = verdicts.outcome(diff.verdict)
     if outcome == "supported":
         return "yes (supported)"
     if outcome == "contradicted":
-        return "not replicated here (tying raised it)"
-    return f"not replicated here: {diff.verdict}"
+        return f"{verdicts.NOT_REPLICATED} (tying raised it)"
+    return diff.verdict
 
 
 def finding(summary: Summary) -> str:
     """Press & Wolf's finding beside ours (decoder-tied vs untied, dot product)."""
     tied = summary.get(lm_label(LM_TIED, []))
-    ours, answer = "no paired runs", "not replicated here (no paired runs)"
+    ours, answer = "no paired runs", "unresolved (no paired runs)"
     if tied and (diff := tied.test("vs_untied_dot")) is not None:
         base = summary[lm_label(LM_BASELINE, [])].stat("test_ppl")
         ours = (f"{format_stat(base)} → {format_stat(tied.stat('test_ppl'))}; Δ "
@@ -209,6 +215,7 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     seeds = sorted({s for c in summary.values() for s in c.seeds})
     check = convergence(section)
     text = "\n".join([
+        scope(sections).rstrip() + "\n",
         f"Seeds: {', '.join(map(str, seeds))}. Test perplexity (fairseq-eval-lm) of the average "
         "of the last epoch checkpoints, and of the best single checkpoint (lowest validation "
         "loss); mean ± 95 % CI (Student t over seeds). Δ: per-seed difference to the untied "
@@ -217,6 +224,7 @@ def render(sections: list[Section]) -> tuple[str, Any]:
         main_table(summary),
         f"\n**Verdicts**: {legend(summary)}.\n",
         claims_table(summary),
+        f"\n{BY_DOCUMENT}",
         *([f"\n{holm_changes(found)}"] if (found := changes(summary)) else []),
         *(["\n**Convergence check**: each run's best validation loss (base 2, per token) "
            "over its last epochs against its best before them, the plateau rule's gain; the mean "
