@@ -166,7 +166,7 @@ def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(named_s
         "tiny.transformer_twwt.none.dot.s1", "tiny.transformer_twwt.three_way.dot.s1"]
     block = _block(first / "results.md", "tiny")
     assert block.startswith("2 of 4 runs are recorded.\n\nScope: `tiny`; ")
-    assert "\n\nSeeds: 1." in block
+    assert "; seed 1; " in block.split("\n\n")[1]  # the scope's seeds
     assert (first / "results.md").read_text().endswith("\n\nWritten by hand.\n")
     answer = _block(first / "README.md", "answer")
     assert answer.startswith("From the `tiny` study's 2 records.\n\nScope: `tiny`; ")
@@ -192,7 +192,7 @@ def test_a_study_by_name_prepares_trains_resumes_and_rebuilds_its_report(named_s
     assert all((second / "records" / n).read_bytes() == b for n, b in recorded.items())
     assert len(list((second / "records").glob("*.json"))) == 4
     report = (second / "results.md").read_text()
-    assert "4 of 4 runs are recorded.\n\nScope: " in report and "\n\nSeeds: 1, 2." in report
+    assert "4 of 4 runs are recorded.\n\nScope: " in report and "; seeds 1, 2; " in report
     summary = (second / "summary.json").read_text()
     assert json.loads(summary)["three_way/dot"]["vs_untied"]["n_seeds"] == 2
 

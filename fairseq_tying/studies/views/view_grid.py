@@ -102,14 +102,13 @@ def tables(summary: Summary, arch: str = "") -> str:
     beside ours only where three-way tying has runs of a layer with one."""
     tyings = [t for t in TYINGS if any(cell_of(summary, t, la) for la in LAYERS)]
     layers = [la for la in LAYERS if any(cell_of(summary, t, la) for t in tyings)]
-    seeds = sorted({s for c in summary.values() for s in c.seeds})
 
     def grid(fmt) -> str:
         rows = [[la] + [fmt(c) if (c := cell_of(summary, t, la)) else "–" for t in tyings]
                 for la in layers]
         return markdown_table(["output layer", *tyings], rows)
 
-    parts = [f"Seeds: {', '.join(map(str, seeds))}. Mean ± 95 % CI (Student t over seeds).\n",
+    parts = ["Mean ± 95 % CI (Student t over seeds).\n",
              "**BLEU** (sacrebleu, detokenized, test set)\n",
              grid(lambda c: f"{format_stat(c.stat('bleu'))} (n={len(c.seeds)})")]
     if BASELINE in layers and len(layers) > 1:

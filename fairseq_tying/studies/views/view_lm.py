@@ -212,11 +212,10 @@ def render(sections: list[Section]) -> tuple[str, Any]:
     """The block's text and ``summary.json`` of the perplexity study."""
     (section,) = sections
     summary = section.summary
-    seeds = sorted({s for c in summary.values() for s in c.seeds})
     check = convergence(section)
     text = "\n".join([
         scope(sections).rstrip() + "\n",
-        f"Seeds: {', '.join(map(str, seeds))}. Test perplexity (fairseq-eval-lm) of the average "
+        "Test perplexity (fairseq-eval-lm) of the average "
         "of the last epoch checkpoints, and of the best single checkpoint (lowest validation "
         "loss); mean ± 95 % CI (Student t over seeds). Δ: per-seed difference to the untied "
         "dot-product model, and for the decoder-tied cells to the decoder-tied dot-product "
