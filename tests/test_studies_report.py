@@ -382,7 +382,8 @@ def _also(cell, name: str) -> str:
     test = cell.test(name)
     finding = verdicts.finding(test)
     others = {"chrF": cell.test(name + "_chrf"), "the best checkpoint": cell.test(name + "_best")}
-    differ = [f"not on {k} ({verdicts.finding(t)} there)" for k, t in others.items()
+    words = {"better": "better", "worse": "worse", "none": "no difference shown"}
+    differ = [f"not on {k} ({words[verdicts.finding(t)]} there)" for k, t in others.items()
               if verdicts.finding(t) != finding]
     robust = "holds on BLEU only" if len(differ) == 2 else "; ".join(differ) or \
         "holds on chrF and the best checkpoint"

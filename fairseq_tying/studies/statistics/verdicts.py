@@ -343,10 +343,14 @@ def finding(test: Bootstrap | SeedDifference) -> str:
     return ("better" if delta > 0 else "worse") if shown else "none"
 
 
+_FOUND = {"better": "better", "worse": "worse", "none": "no difference shown"}  # finding's words
+
+
 def robustness(test: Bootstrap, others: dict[str, Bootstrap | SeedDifference]) -> str:
     """Whether a claim's finding (``finding`` of its BLEU comparison) is the same under the
     protocol's other choices (``others`` by name: "chrF", "the best checkpoint"): "holds on
-    chrF and the best checkpoint", "holds on BLEU only", or "not on chrF (none there)"; ""
+    chrF and the best checkpoint", "holds on BLEU only", or "not on chrF (no difference shown
+    there)"; ""
     without others."""
     if not others:
         return ""
@@ -356,7 +360,7 @@ def robustness(test: Bootstrap, others: dict[str, Bootstrap | SeedDifference]) -
         return "holds on " + " and ".join(others)
     if len(differ) == len(others) > 1:
         return "holds on BLEU only"
-    return "; ".join(f"not on {name} ({found} there)" for name, found in differ.items())
+    return "; ".join(f"not on {name} ({_FOUND[found]} there)" for name, found in differ.items())
 
 
 def without_holm(test: Family) -> Family:
