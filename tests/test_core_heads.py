@@ -213,21 +213,28 @@ def test_the_model_decodes_incrementally_and_scores_references_by_the_formula(jo
 # --- --z-loss through the criterions, with and without the chunked loss -----------------------
 
 
-def _criterion_step(data, *flags: str, chunked: bool):
+def _first_step(argv: list[str]):
+    """(model, criterion, the first 6 training samples, loss, sample size, logging output) of
+    one criterion step of the model fairseq-train would build from argv, seeded."""
     import fairseq_tying  # noqa: F401
 
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data), "--user-dir", PLUGIN_DIR, "--arch", "transformer_twwt", *TINY_MODEL,
-        "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
-        "--chunked-loss" if chunked else "--no-chunked-loss", "--chunked-loss-mb", "0.002",
-        *flags])
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
     task = tasks.setup_task(args)
     task.load_dataset("train")
     torch.manual_seed(0)
     model, criterion = task.build_model(args), task.build_criterion(args)
     dataset = task.dataset("train")
     sample = dataset.collater([dataset[i] for i in range(6)])
-    loss, _, log = criterion(model, sample)
+    loss, sample_size, log = criterion(model, sample)
+    return model, criterion, sample, loss, sample_size, log
+
+
+def _criterion_step(data, *flags: str, chunked: bool):
+    model, _, sample, loss, _, log = _first_step([
+        str(data), "--user-dir", PLUGIN_DIR, "--arch", "transformer_twwt", *TINY_MODEL,
+        "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
+        "--chunked-loss" if chunked else "--no-chunked-loss", "--chunked-loss-mb", "0.002",
+        *flags])
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     return model, sample, loss.detach(), log, grads
@@ -262,20 +269,11 @@ def test_z_loss_is_the_same_with_and_without_the_chunked_loss(joined_bin, output
 def _lm_step(data, *flags: str, chunked: bool):
     """(model, sample, loss, sample size, logging output, the metrics logged from it) of one
     step of a tiny language model under cross_entropy_tying."""
-    import fairseq_tying  # noqa: F401
-
-    args = options.parse_args_and_arch(options.get_training_parser(), [
+    model, criterion, sample, loss, sample_size, log = _first_step([
         str(data), "--user-dir", PLUGIN_DIR, "--task", "language_modeling", "--sample-break-mode",
         "eos", "--arch", "transformer_lm_tied", *TINY_LM, "--dropout", "0",
         "--criterion", "cross_entropy_tying", "--chunked-loss" if chunked else "--no-chunked-loss",
         "--chunked-loss-mb", "0.002", *flags])
-    task = tasks.setup_task(args)
-    task.load_dataset("train")
-    torch.manual_seed(0)
-    model, criterion = task.build_model(args), task.build_criterion(args)
-    dataset = task.dataset("train")
-    sample = dataset.collater([dataset[i] for i in range(6)])
-    loss, sample_size, log = criterion(model, sample)
     with metrics.aggregate(new_root=True) as logged:
         type(criterion).reduce_metrics([log])
         meters = {k: float(logged.get_smoothed_value(k) if k == "ppl" else logged[k].avg)
