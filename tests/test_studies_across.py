@@ -43,11 +43,41 @@ def _summary(deltas: dict[str, list[float]]) -> dict[str, Summary]:
 def test_only_comparisons_both_sets_make_are_rows():
     there = _summary({"three_way/dot": [1.3, 1.4, 1.1], "three_way/sqnorm": [0.1, 0.2, 0.0]})
     here = _summary({"three_way/dot": [3.0, 3.4, 2.8], "three_way/l2norm": [0.5, 0.6, 0.4]})
-    (row,) = across.rows(here, there)
-    assert row[1] == "three_way × dot vs untied" and row[-1] == across.LARGER
-    assert row[2] == "+1.27 (n=3)" and row[3] == "+3.07 (n=3)"
-    assert "Beside full" in across.render(here, there, "full")
-    assert across.render(here, _summary({}), "full") == ""
+    (row,) = across.rows(here, there, "full")
+    assert row[1:3] == ["three_way × dot vs untied", "full"] and row[-1] == across.LARGER
+    assert row[3].startswith("+1.27 (n=3): ") and row[4].startswith("+3.07 (n=3): ")
+    assert "Beside full" in across.render(here, [(there, "full")])
+    assert across.render(here, [(_summary({}), "full")]) == ""
+
+
+def test_each_delta_carries_its_finding_and_every_study_beside_is_one_table():
+    """A Δ reads with the rules' finding in its own study (better, worse, no difference): the
+    row says whether the comparison keeps its sign and verdict; several studies beside share
+    one table, a row per comparison and study."""
+    def counted(summaries, p):  # the comparison's pooled p, Holm-adjusted in its family
+        (model,) = summaries
+        cell = summaries[model]["three_way/l2norm"]
+        return {model: {"three_way/l2norm": cell.with_test(
+            "vs_dot", replace(cell.tests["vs_dot"], p=p, p_holm=p))}}
+
+    here = counted(_summary({"three_way/l2norm": [0.5, 0.6, 0.4]}), 0.001)
+    lower = counted(_summary({"three_way/l2norm": [0.3, -0.2, 0.1]}), 0.4)
+    higher = counted(_summary({"three_way/l2norm": [-0.5, -0.7, -0.4]}), 0.001)
+    table = across.render(here, [(lower, "lr × 0.5"), (higher, "lr × 2")])
+    assert table.startswith("**Beside lr × 0.5 and lr × 2**")
+    half, double = (across.rows(here, s, n) for s, n in ((lower, "lr × 0.5"), (higher, "lr × 2")))
+    assert half[0][3] == "+0.07 (n=3): no difference shown"
+    assert double[0][3] == "-0.53 (n=3): worse" and double[0][4] == "+0.50 (n=3): better"
+    assert [line.count("| three_way × l2norm vs `dot` |") for line in table.splitlines()
+            if "l2norm" in line] == [1, 1]
+    # with another comparison, each comparison's rows stay together, in the order given
+    both = {m: {**here[m], **_summary({"three_way/dot": [1.0, 1.2, 0.8]})[m]} for m in here}
+    order = [(line.split("|")[2].strip(), line.split("|")[3].strip())
+             for line in across.render(both, [(lower, "lr × 0.5"), (both, "lr × 2")]).splitlines()
+             if line.startswith("| `")]
+    assert order == [("three_way × dot vs untied", "lr × 2"),
+                     ("three_way × l2norm vs `dot`", "lr × 0.5"),
+                     ("three_way × l2norm vs `dot`", "lr × 2")]
 
 
 def _learning(summaries: dict[str, Summary], label: str, *cells: str) -> dict[str, Summary]:
@@ -77,5 +107,5 @@ def test_a_change_between_cells_still_learning_is_unresolved():
                             "the full corpus")
     assert elsewhere[0][-1] == ("unresolved (still learning at the budget: three_way/dot in "
                                 "the full corpus)")
-    assert "unresolved where a compared cell still learns" in across.render(learning, there,
-                                                                            "full")
+    assert "unresolved where a compared cell still learns" in across.render(
+        learning, [(there, "full")])

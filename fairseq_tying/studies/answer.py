@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,12 +157,13 @@ class Answered:
 
 def make(sweep: Sweep, sweep_file: Path, out: Path, refs: Path | None = None,
          n_samples: int | None = None, records_only: bool = False,
-         beside: tuple[Path, str] | None = None, command: str | None = None) -> Answered:
+         beside: Sequence[tuple[Path, str]] = (), command: str | None = None) -> Answered:
     """Check the sweep's runs, record those that can be compared in ``OUT/records`` and write
     the answer (``OUT/answer.md``, ``summary.json``, the plots); with ``records_only``, the
-    answer of the records already in ``OUT/records`` alone; with ``beside``, each shared
-    comparison's change from that study to this one; ``command``: the command its head names
-    (default ``studies answer SWEEP``). :class:`Unanswered` when no run can be compared."""
+    answer of the records already in ``OUT/records`` alone; with ``beside`` (summary.json,
+    name), each comparison this study shares with one of those and its change from there;
+    ``command``: the command its head names (default ``studies answer SWEEP``).
+    :class:`Unanswered` when no run can be compared."""
     refs = refs or default_references(sweep)
     if records_only:
         have = {p.stem for p in (out / "records").glob("*.json")}
@@ -183,7 +185,7 @@ def make(sweep: Sweep, sweep_file: Path, out: Path, refs: Path | None = None,
 def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
            refs: Path | None = None, n_samples: int | None = None, records_only: bool = False,
            report: Path | None = None, block: str = "answer",
-           beside: tuple[Path, str] | None = None) -> int:
+           beside: Sequence[tuple[Path, str]] = ()) -> int:
     """``studies answer``: the answer of the sweep's runs (``make``) in ``OUT`` (default
     ``answers/NAME``), printed; with ``report``, also into its marked ``block``."""
     sweep = load_sweep(sweep_file, runs, check_data=False)
@@ -209,7 +211,7 @@ def answer(sweep_file: Path, runs: Path | None = None, out: Path | None = None,
 
 
 def render(out: Path, refs: list[str], n_samples: int | None, expected: int,
-           beside: tuple[Path, str] | None = None, docs: list[str] | None = None
+           beside: Sequence[tuple[Path, str]] = (), docs: list[str] | None = None
            ) -> tuple[str, list[str]]:
     """The answer's text from ``OUT/records`` (the verdicts, the tables, the changes from
     the study ``beside``), and ``summary.json`` and the plots written beside them."""
@@ -220,10 +222,9 @@ def render(out: Path, refs: list[str], n_samples: int | None, expected: int,
     tables = tables.replace(scope(renderer.sections(view_of("equal"))).rstrip() + "\n\n", "", 1)
     plots = renderer.plots("equal", out, summary)
     parts = [verdicts.strip(), tables.strip()]
-    if beside is not None:
-        there = {model: summary_of(cells)
-                 for model, cells in json.loads(beside[0].read_text()).items()}
-        parts.append(across.render(summary, there, beside[1]))
+    others = [({model: summary_of(cells) for model, cells in json.loads(path.read_text()).items()},
+               name) for path, name in beside]
+    parts.append(across.render(summary, others))
     return "\n\n".join(p for p in parts if p), [str(p) for p in plots]
 
 

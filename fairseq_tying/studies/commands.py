@@ -35,9 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--report", type=Path, help="also write the answer into this Markdown "
                     "file's <!-- BLOCK:begin --> ... <!-- BLOCK:end --> block")
     an.add_argument("--block", default="answer", help="the --report block (default: answer)")
-    an.add_argument("--beside", nargs=2, metavar=("SUMMARY", "NAME"), help="another study's "
-                    "summary.json and its name: each comparison both make, its Δ there and "
-                    "here and the change (e.g. with more data)")
+    an.add_argument("--beside", nargs=2, action="append", default=[],
+                    metavar=("SUMMARY", "NAME"), help="another study's summary.json and its "
+                    "name (repeatable): each comparison both make, its Δ and finding there and "
+                    "here and the change (e.g. with more data, at another learning rate)")
 
     co = sub.add_parser("collect", help="the scores of the evaluated runs under a folder "
                         "(mean ± CI per method, each run, a plot); no Δ or p: a sweep's "
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return answer(args.sweep, args.runs, args.out, args.references,
                           args.bootstrap_samples, args.records_only, args.report, args.block,
-                          (Path(args.beside[0]), args.beside[1]) if args.beside else None)
+                          [(Path(summary), name) for summary, name in args.beside])
         except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
             print(f"error: answer: {e}", file=sys.stderr)
             return 2

@@ -1,19 +1,23 @@
-"""The same claims on two data sets: does a difference grow or shrink with the data?
+"""The same claims in two studies: does a difference grow or shrink with the data, or move
+with another learning rate or draw of the data?
 
-A claim's comparison gives per-seed differences d_1..d_n on each data set (a bootstrap's
+A claim's comparison gives per-seed differences d_1..d_n in each study (a bootstrap's
 ``per_seed_delta``: this study's cells, and those of the other's ``summary.json``). The seeds
-of the two sets are independent runs, so the change of the claim's Δ from the other set (A) to
-this one (B) is Welch's difference of two means:
+of the two studies are independent runs, so the change of the claim's Δ from the other study
+(A) to this one (B) is Welch's difference of two means:
 
     Δ = mean(d^B) − mean(d^A)        s² = v_A + v_B,  v = var(d)/n
     df = s⁴ / (v_A²/(n_A − 1) + v_B²/(n_B − 1))       (Welch–Satterthwaite)
     95 % CI:  Δ ± t_{0.975, df}·s
 
 "larger here" when the interval lies above 0, "smaller here" when below, else "no change
-shown". Both sets need at least 2 seeds. A claim's Δ between cells still learning at their
-budget (the comparison's ``learning``, on either set) might move with a longer budget, so its
-change is neither larger nor smaller: it reads "unresolved (still learning at the budget: …)",
-naming those cells and the set they are on (``verdicts.still_learning``), as a verdict would.
+shown". Both need at least 2 seeds. Beside each Δ stands the rules' finding on it in its own
+study (``verdicts.in_words``: better, worse, no difference shown, ...), so a row says whether
+the comparison keeps its sign and its verdict there. A claim's Δ between cells still learning
+at their budget (the comparison's ``learning``, in either study) might move with a longer
+budget, so its change is neither larger nor smaller: it reads "unresolved (still learning at
+the budget: …)", naming those cells and the study they are in (``verdicts.still_learning``),
+as a verdict would.
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ def verdict(diff: float, half: float, here: Bootstrap, there: Bootstrap, name: s
     return verdicts.still_learning(learning) if learning and found != NO_CHANGE else found
 
 
+def _delta(deltas: Sequence[float], test: Bootstrap) -> str:
+    """A comparison's mean Δ, its seeds and the rules' finding on it in its own study."""
+    return f"{sum(deltas) / len(deltas):+.2f} (n={len(deltas)}): {verdicts.in_words(test)}"
+
+
 def rows(here: dict[str, Summary], there: dict[str, Summary], name: str = "the other set"
          ) -> list[list[str]]:
     """A row per comparison both summaries make (same model, cell and comparison); ``name``:
@@ -88,22 +97,25 @@ def rows(here: dict[str, Summary], there: dict[str, Summary], name: str = "the o
         diff, half = welch(a, b)
         model, cell, comparison = key
         against = "untied" if comparison == "vs_untied" else "`dot`"
-        out.append([f"`{model}`", f"{cell.replace('/', ' × ')} vs {against}",
-                    f"{sum(a) / len(a):+.2f} (n={len(a)})", f"{sum(b) / len(b):+.2f} (n={len(b)})",
-                    f"{diff:+.2f} ± {half:.2f}",
+        out.append([f"`{model}`", f"{cell.replace('/', ' × ')} vs {against}", name,
+                    _delta(a, theirs[key]), _delta(b, mine[key]), f"{diff:+.2f} ± {half:.2f}",
                     verdict(diff, half, mine[key], theirs[key], name)])
     return out
 
 
-def render(here: dict[str, Summary], there: dict[str, Summary], name: str) -> str:
-    """The table of every shared comparison's Δ on both sets and its change."""
-    table = rows(here, there, name)
+def render(here: dict[str, Summary], others: Sequence[tuple[dict[str, Summary], str]]) -> str:
+    """One table of every comparison this study shares with one of ``others`` (summaries,
+    name): its Δ and finding there and here, and its change; a comparison's rows together."""
+    table = sorted((row for there, name in others for row in rows(here, there, name)),
+                   key=lambda row: row[:2])  # a comparison's rows together, in others' order
     if not table:
         return ""
-    return (f"**Beside {name}**: each comparison's Δ BLEU (mean over seeds of the paired "
-            f"difference) there and here, and its change here − there ± the 95 % Welch "
-            "interval over the two sets' seeds (independent runs): larger or smaller where the "
-            "interval excludes 0, unresolved where a compared cell still learns at its budget "
-            "on either set.\n\n"
-            + markdown_table(["model", "comparison", f"Δ {name}", "Δ here", "change",
+    names = [name for _, name in others]
+    listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+    return (f"**Beside {listed}**: each comparison's Δ BLEU (mean over seeds of the paired "
+            "difference) and the rules' finding on it, in the other study and here, and its "
+            "change here − there ± the 95 % Welch interval over the two studies' seeds "
+            "(independent runs): larger or smaller where the interval excludes 0, unresolved "
+            "where a compared cell still learns at its budget in either study.\n\n"
+            + markdown_table(["model", "comparison", "there", "Δ there", "Δ here", "change",
                               "verdict"], table))
