@@ -374,6 +374,15 @@ def test_the_rule_in_words_is_better_worse_no_difference_or_not_decided():
     assert verdicts.in_words(_test([0.9], 0.001)) == "too few seeds (1 of 3)"
 
 
+def test_robustness_needs_the_seeds_a_finding_needs():
+    """One seed finds nothing on BLEU, chrF or the best checkpoint: "holds on chrF" would be
+    vacuous, so a claim with too few seeds says nothing of robustness (the pilot's claims)."""
+    gain, none = _test([0.2, 0.5, 0.7], 0.003), _test([0.2, 0.5, 0.7], 0.3)
+    assert verdicts.robustness(gain, {"chrF": none}) == "not on chrF (no difference shown there)"
+    assert verdicts.robustness(gain, {"chrF": gain}) == "holds on chrF"
+    assert verdicts.robustness(_test([0.9], 0.001), {"chrF": _test([0.9], 0.3)}) == ""
+
+
 def _also(cell, name: str) -> str:
     """What a claim's bullet adds: the finding on chrF and the best checkpoint, and what its
     seeds can show (sd of the per-seed Δs; the t-test's detectable Δ by statsmodels)."""

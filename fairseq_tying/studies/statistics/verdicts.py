@@ -350,9 +350,8 @@ def robustness(test: Bootstrap, others: dict[str, Bootstrap | SeedDifference]) -
     """Whether a claim's finding (``finding`` of its BLEU comparison) is the same under the
     protocol's other choices (``others`` by name: "chrF", "the best checkpoint"): "holds on
     chrF and the best checkpoint", "holds on BLEU only", or "not on chrF (no difference shown
-    there)"; ""
-    without others."""
-    if not others:
+    there)"; "" without others, or with too few seeds for a finding on any of them."""
+    if not others or test.n_seeds < SEEDS:
         return ""
     mine = finding(test)
     differ = {name: finding(t) for name, t in others.items() if finding(t) != mine}
