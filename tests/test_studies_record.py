@@ -136,7 +136,10 @@ def test_one_builder_makes_the_study_record_and_collects_scores(tmp_path):
         build_record(run)
     record = build_record(run, row_norms=False)
     assert (record.name, record.run.method, record.run.dataset, record.run.tag) == (
-        "toy.s1", "m", "toy", None)  # a translation record has no tag
+        "toy.s1", "m", "toy", "x")  # a tagged grid block's run: its cell is "dot+x"
+    saved = Record.load(record.save(tmp_path / "toy.s1.json"))
+    assert saved.run.tag == "x" and saved.run.cell_layer() == "dot+x"
+    assert "task" not in json.loads((tmp_path / "toy.s1.json").read_text())
     assert record.checkpoint == "c.avg.pt" and record.output_row_norms is None
     assert (record.train.params, record.train.params_trained, record.train.train_seconds) == (
         1000, 900, 12.5)

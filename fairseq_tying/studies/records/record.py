@@ -5,7 +5,7 @@ read here only (:meth:`Record.save`, :meth:`Record.load`). Its layout, schema 1 
 ``schema`` is schema 1)::
 
     {"schema": 1, "name", "method", "dataset", "arch", "tying", "output_layer", "seed",
-     "train_args", ["task", "tag"]: a language model's, "checkpoint",
+     "train_args", ["task"]: a language model's, ["tag"]: a tagged grid block's, "checkpoint",
      "train": Training, "eval": Evaluation, "eval_TAG": Evaluation ..., "output_row_norms"}
 
 ``eval`` is the test set's evaluation (BLEU, chrF and their signatures for a translation model,

@@ -167,9 +167,9 @@ def build_record(run_dir: str | os.PathLike, row_norms: bool = True, scores_only
     result = read_evaluation(run_dir / eval_name, checkpoint=not scores_only)
     facts = RunFacts.read(run_dir, recorded=result.run)
     lm = isinstance(result, PerplexityResult)
-    # a translation model's record has no task or tag
-    identity = replace(facts.identity, task=LM_TASK if lm else None,
-                       tag=facts.identity.tag if lm else None)
+    # a translation model's record has no task; a tagged grid block's run keeps its tag, the
+    # cell it is compared as ("dot+zloss", Identity.cell_layer)
+    identity = replace(facts.identity, task=LM_TASK if lm else None)
     tagged = {}
     for extra in sorted(run_dir.glob("eval.*.json")):
         evaluation = read_evaluation(extra)
