@@ -193,10 +193,15 @@ def test_continue_from_is_its_own_action(tmp_path, data):
     other = source.parent / sweep.runs[1].name
     assert plan.actions[1].describe() == (f"{sweep.runs[1].name}: train from epoch 1, then "
                                           f"evaluate (no run at {other} to continue)")
+    rank = {"rank": 0, "cpu": "Intel Xeon, AVX2 kernels", "device": "cpu", "torch": "2.13.0"}
+    (source / "ranks").mkdir(exist_ok=True)
+    (source / "ranks" / "rank0.json").write_text(json.dumps(rank))
     prepare_run_dir(sweep, plan.actions[0])
     copied = sweep.runs[0].run_dir
     assert (copied / "checkpoints" / "checkpoint_last.pt").is_file()
     assert json.loads((copied / "continued_from.json").read_text())["epochs"] == 2
+    # what trained those epochs: a run with none left to train keeps it in its record
+    assert json.loads((copied / "ranks" / "rank0.json").read_text()) == rank
 
 
 def test_continue_from_a_run_with_another_command_is_refused(tmp_path, data):

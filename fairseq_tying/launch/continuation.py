@@ -113,8 +113,8 @@ def source_epochs(run: Run, source: Path) -> tuple[int | None, str]:
 
 
 def copy_from(run: Run, source: Path) -> str:
-    """Copy the checkpoints and validation history of the finished run ``source`` (planned:
-    :func:`source_epochs`) into ``run``'s folder; the line that says so."""
+    """Copy the checkpoints, validation history, log and rank files of the finished run
+    ``source`` (planned: :func:`source_epochs`) into ``run``'s folder; the line that says so."""
     (run.run_dir / CONTINUED_FROM).unlink(missing_ok=True)  # from an attempt cut short
     valid = json.loads((source / VALID_HISTORY).read_text())
     trained = valid["epochs"][-1]["epoch"]
@@ -124,6 +124,12 @@ def copy_from(run: Run, source: Path) -> str:
         # reads every validation and the whole training time from it
         atomic_write(run.run_dir / TRAIN_LOG,
                      lambda tmp: shutil.copyfile(source / TRAIN_LOG, tmp))
+    # the processors, device and torch that trained those epochs (the record's train facts);
+    # an epoch trained here adds this machine's (job.rank_facts), none leaves them as they are
+    for ranks in sorted((source / "ranks").glob("rank*.json")):
+        (run.run_dir / "ranks").mkdir(exist_ok=True)
+        atomic_write(run.run_dir / "ranks" / ranks.name,
+                     lambda tmp, ranks=ranks: shutil.copyfile(ranks, tmp))
     write_json(run.run_dir / CONTINUED_FROM, {"output_dir": str(source.parent),
                                               "run": source.name, "epochs": trained})
     with building_dir(run.run_dir / "checkpoints") as work:  # last: it marks the run started
