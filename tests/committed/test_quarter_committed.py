@@ -5,6 +5,7 @@ answer --records-only`` writes from the committed records."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -19,6 +20,8 @@ from tests.helpers import REPO
 
 QUARTER = REPO / "docs" / "quarter"
 SWEEP = "slurm/bible_quarter.yaml"
+PILOT = "slurm/bible_quarter_pilot.yaml"
+PAPER_CELLS = (".none.dot.s1", ".three_way.dot.s1", ".three_way.l2norm.s1", ".three_way.fixnorm.s1")
 BESIDE = ["docs/equal/summary.json", "the full corpus"]
 
 
@@ -26,12 +29,31 @@ def _sweep():
     return load_sweep(REPO / SWEEP, check_data=False)
 
 
-def test_the_budget_is_the_pilots_stop_epoch():
-    (pilot,) = records.load(QUARTER / "pilot" / "records", hypotheses=False)
-    assert pilot.train.stop.reason == "plateau"
+def _pilot():
+    return load_sweep(REPO / PILOT, check_data=False)
+
+
+def test_the_budget_is_the_latest_plateau_of_the_paper_cells_pilots():
+    """The pilot trained seed 1 of every cell to its plateau; the budget is the latest stop of
+    the four cells of the papers' claims (the newer heads train at it, and the answer says
+    whether they still learn there)."""
+    pilots = records.load(QUARTER / "pilot" / "records", hypotheses=False)
+    assert {p.name for p in pilots} == {r.name for r in _pilot().runs}
+    assert all(p.train.stop.reason == "plateau" for p in pilots)
+    paper = [p.train.stop.epoch for p in pilots if p.name.endswith(PAPER_CELLS)]
     (epochs,) = {r.stopping["max_epoch"] for r in _sweep().runs}
-    assert epochs == pilot.train.stop.epoch
+    assert len(paper) == len(PAPER_CELLS) and epochs == max(paper)
     assert all(r.stopping["plateau"] is False for r in _sweep().runs)
+
+
+def test_the_pilots_answer_is_rebuilt_from_its_records(tmp_path, monkeypatch):
+    out = tmp_path / "pilot"
+    shutil.copytree(QUARTER / "pilot" / "records", out / "records")
+    refs = write_lines(tmp_path / "test.en", read_split("test", "en"))
+    monkeypatch.chdir(REPO)
+    assert studies(["answer", PILOT, "--records-only", "--out", str(out), "--references",
+                    str(refs)]) == 0
+    assert (out / "answer.md").read_text() == (QUARTER / "pilot" / "answer.md").read_text()
 
 
 @pytest.mark.skipif(not (QUARTER / "answer.md").is_file(), reason="the low-resource study's "
@@ -56,11 +78,47 @@ def test_the_answer_is_rebuilt_from_the_records(tmp_path, monkeypatch):
     assert block_text(report.read_text(), "quarter") == block_text(committed, "quarter")
 
 
+def test_the_first_budgets_answer_is_rebuilt_from_its_records(tmp_path, monkeypatch):
+    """The study's first protocol (12 epochs, the untied pilot's), kept with its sweep file."""
+    first = QUARTER / "12_epochs"
+    out = tmp_path / "first"
+    shutil.copytree(first / "records", out / "records")
+    refs = write_lines(tmp_path / "test.en", read_split("test", "en"))
+    monkeypatch.chdir(REPO)
+    sweep = str((first / "bible_quarter.yaml").relative_to(REPO))
+    assert studies(["answer", sweep, "--records-only", "--out", str(out), "--references",
+                    str(refs)]) == 0
+    assert (out / "answer.md").read_text() == (first / "answer.md").read_text()
+    (epochs,) = {r.stopping["max_epoch"] for r in load_sweep(first / "bible_quarter.yaml",
+                                                              check_data=False).runs}
+    assert epochs == 12
+
+
+def test_the_guides_tying_deltas_are_the_two_budgets():
+    delta = {name: json.loads((QUARTER / name / "summary.json").read_text())["transformer_twwt"]
+             ["three_way/dot"]["vs_untied"]["delta_bleu"] for name in ("12_epochs", ".")}
+    guide = " ".join((REPO / "docs" / "your_data.md").read_text().split())
+    assert (f"tying's Δ was {delta['12_epochs']:+.2f} BLEU at the untied pilot's budget and "
+            f"{delta['.']:+.2f} at that of a pilot of every cell").replace("-", "−") in guide
+
+
 def test_the_guides_cost_row_is_its_record():
+    # a run trained from epoch 1 (seed 1 went on from its pilot), two runs on the 2 cores
     (record,) = [r for r in records.load(QUARTER / "records", hypotheses=False)
-                 if r.name == "bible_quarter.transformer_twwt.three_way.dot.s1"]
+                 if r.name == "bible_quarter.transformer_twwt.three_way.dot.s3"]
+    assert record.train.continued_from is None
     (budget,) = {r.stopping["max_epoch"] for r in _sweep().runs}
     seconds = record.train.train_seconds
     guide = (REPO / "docs" / "your_data.md").read_text()
     assert f"({budget} epochs in {seconds:,} s)" in guide
     assert f"| {round(seconds / budget)} s |" in guide and record.train.torch.startswith("2.13.0")
+
+
+def test_the_guides_pilot_stops_are_the_pilots():
+    stop = {p.name.split(".", 2)[2].rsplit(".", 1)[0]: p.train.stop.epoch
+            for p in records.load(QUARTER / "pilot" / "records", hypotheses=False)}
+    assert stop["three_way.l2norm"] == stop["three_way.fixnorm"]
+    guide = " ".join((REPO / "docs" / "your_data.md").read_text().split())
+    assert (f"the untied `dot` flattened after {stop['none.dot']} epochs, three-way `dot` after "
+            f"{stop['three_way.dot']}, `l2norm` and `fixnorm` after {stop['three_way.l2norm']})"
+            ) in guide
