@@ -122,3 +122,29 @@ def test_the_guides_pilot_stops_are_the_pilots():
     assert (f"the untied `dot` flattened after {stop['none.dot']} epochs, three-way `dot` after "
             f"{stop['three_way.dot']}, `l2norm` and `fixnorm` after {stop['three_way.l2norm']})"
             ) in guide
+
+
+def test_the_reading_quotes_the_answers():
+    """The section's reading ("What it says") quotes its Δs from the quarter's, the full
+    corpus's and the pilot's summaries."""
+    text = (REPO / "docs" / "results.md").read_text()
+    start = text.index("### What it says", text.index("## Low-resource"))
+    reading = " ".join(text[start:text.index("\n## ", start)].split())
+
+    def cells(path):
+        return json.loads((REPO / "docs" / path / "summary.json").read_text())["transformer_twwt"]
+
+    here, full, pilot = cells("quarter"), cells("equal"), cells("quarter/pilot")
+    delta = {c: here[f"three_way/{c}"]["vs_dot"]["delta_bleu"]
+             for c in ("l2norm", "fixnorm", "softcap", "ngpt", "dot+zloss")}
+    tying = here["three_way/dot"]["vs_untied"]["delta_bleu"]
+    on_full = full["three_way/dot"]["vs_untied"]["delta_bleu"]
+    quoted = [f"tying gains {tying:+.2f}", f"it gains {on_full:+.2f}",
+              f"`l2norm` is better than `dot`** ({delta['l2norm']:+.2f}",
+              f"(+{full['three_way/l2norm']['vs_dot']['delta_bleu']:.2f}; no change shown)",
+              f"`fixnorm`'s {delta['fixnorm']:+.2f}",
+              f"{delta['softcap']:+.2f} and {delta['dot+zloss']:+.2f} BLEU",
+              f"(`ngpt`) is {-delta['ngpt']:.2f} BLEU behind",
+              f"scored {pilot['three_way/ngpt']['bleu']['mean']:.2f} BLEU against three-way "
+              f"`dot`'s {pilot['three_way/dot']['bleu']['mean']:.2f}"]
+    assert [q for q in quoted if q not in reading] == []
