@@ -20,4 +20,5 @@ RUN_JSON = "run.json"  # the launcher's settings of the run (name, method, seed,
 VALID_HISTORY = "valid_history.json"  # per-epoch validations under the plateau rule
 TRAIN_DONE = "train.done"  # written when training ends: the result and why it stopped
 CONTINUED_FROM = "continued_from.json"  # the run of another sweep its first epochs come from
+RANKS = "ranks"  # ranks/rank{N}.json: what each training process last wrote of its machine
 EVAL_JSON = "eval.json"  # the evaluation of the test set; its presence marks the run evaluated

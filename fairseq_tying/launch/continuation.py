@@ -18,7 +18,7 @@ import re
 import shutil
 from pathlib import Path
 
-from fairseq_tying.common import CONTINUED_FROM, RUN_JSON, TRAIN_DONE, VALID_HISTORY
+from fairseq_tying.common import CONTINUED_FROM, RANKS, RUN_JSON, TRAIN_DONE, VALID_HISTORY
 from fairseq_tying.common.atomic import atomic_write, building_dir, write_json
 from fairseq_tying.common.run_spec import read_run_json
 from fairseq_tying.sweeps.config import Run, SweepError, data_bin
@@ -126,9 +126,9 @@ def copy_from(run: Run, source: Path) -> str:
                      lambda tmp: shutil.copyfile(source / TRAIN_LOG, tmp))
     # the processors, device and torch that trained those epochs (the record's train facts);
     # an epoch trained here adds this machine's (job.rank_facts), none leaves them as they are
-    for ranks in sorted((source / "ranks").glob("rank*.json")):
-        (run.run_dir / "ranks").mkdir(exist_ok=True)
-        atomic_write(run.run_dir / "ranks" / ranks.name,
+    for ranks in sorted((source / RANKS).glob("rank*.json")):
+        (run.run_dir / RANKS).mkdir(exist_ok=True)
+        atomic_write(run.run_dir / RANKS / ranks.name,
                      lambda tmp, ranks=ranks: shutil.copyfile(ranks, tmp))
     write_json(run.run_dir / CONTINUED_FROM, {"output_dir": str(source.parent),
                                               "run": source.name, "epochs": trained})

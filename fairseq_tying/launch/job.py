@@ -28,7 +28,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.distributed import utils as dist_utils
 
-from fairseq_tying.common import EVAL_JSON, PLUGIN_DIR, TRAIN_DONE, atomic, checkpoints
+from fairseq_tying.common import EVAL_JSON, PLUGIN_DIR, RANKS, TRAIN_DONE, atomic, checkpoints
 from fairseq_tying.common.eval_options import EvalOptions, LMEvalOptions
 from fairseq_tying.common.extras import configure_logging, require
 from fairseq_tying.common.reproducible import cpu_name
@@ -168,7 +168,7 @@ def _install_fairseq_hook(run_dir: Path, rank: int) -> None:
             write_json(run_dir / "progress.json", {"num_updates": updates})
         if should_stop or end_of_epoch or stop.item() > 0:
             params = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
-            ranks = run_dir / "ranks" / f"rank{rank}.json"
+            ranks = run_dir / RANKS / f"rank{rank}.json"
             before = json.loads(ranks.read_text()).get("cpu") if ranks.is_file() else None
             write_json(ranks, {"rank": rank, "num_updates": updates, "param_sum": params,
                                **rank_facts(device, before), "pid": os.getpid()})
@@ -243,9 +243,9 @@ class TrainJob(submitit.helpers.Checkpointable):
 
     def _train(self, run_dir: Path, env: submitit.JobEnvironment, rank: int) -> dict:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (run_dir / "ranks").mkdir(exist_ok=True)
+        (run_dir / RANKS).mkdir(exist_ok=True)
         if self._resume_stopping(run_dir):  # stopped before, killed before train.done
-            ranks = run_dir / "ranks" / f"rank{rank}.json"
+            ranks = run_dir / RANKS / f"rank{rank}.json"
             return self._finish(run_dir, rank, json.loads(ranks.read_text()) if ranks.is_file()
                                 else {"rank": rank})
         handler = _log_to(run_dir / "logs" / f"train.rank{rank}.log")
@@ -265,7 +265,7 @@ class TrainJob(submitit.helpers.Checkpointable):
             self._requeue(submitit_handler, rank)
         finally:
             logging.getLogger().removeHandler(handler)
-        result = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())
+        result = json.loads((run_dir / RANKS / f"rank{rank}.json").read_text())
         return self._finish(run_dir, rank, result)
 
     def _resume_stopping(self, run_dir: Path) -> bool:

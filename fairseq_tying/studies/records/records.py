@@ -26,7 +26,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fairseq_tying.common import CONTINUED_FROM, EVAL_JSON, LM_TASK, TRAIN_DONE, VALID_HISTORY
+from fairseq_tying.common import (
+    CONTINUED_FROM,
+    EVAL_JSON,
+    LM_TASK,
+    RANKS,
+    TRAIN_DONE,
+    VALID_HISTORY,
+)
 from fairseq_tying.common.atomic import read_lines
 from fairseq_tying.evaluation import norms
 from fairseq_tying.evaluation.result import PerplexityResult, Result, read_result
@@ -109,7 +116,7 @@ def train_facts(run_dir: Path) -> Training:
     logs = sorted((run_dir / "logs").glob("train.rank0*.log"))
     if not logs:
         raise FileNotFoundError(f"{run_dir}/logs/train.rank0.log: missing")
-    rank0 = run_dir / "ranks" / "rank0.json"
+    rank0 = run_dir / RANKS / "rank0.json"
     where = json.loads(rank0.read_text()) if rank0.is_file() else {}
     if "date" not in where and (run_dir / TRAIN_DONE).is_file():
         # a rank file older than its date: the day train.done was written (the job's clock)
