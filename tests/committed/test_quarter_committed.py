@@ -13,6 +13,7 @@ import pytest
 from fairseq_tying.common.atomic import write_lines
 from fairseq_tying.common.blocks import block_text
 from fairseq_tying.data.bible import read_split
+from fairseq_tying.data.build import sample_indices
 from fairseq_tying.studies.commands import main as studies
 from fairseq_tying.studies.records import records
 from fairseq_tying.sweeps.config import load_sweep
@@ -22,7 +23,14 @@ QUARTER = REPO / "docs" / "quarter"
 SWEEP = "slurm/bible_quarter.yaml"
 PILOT = "slurm/bible_quarter_pilot.yaml"
 PAPER_CELLS = (".none.dot.s1", ".three_way.dot.s1", ".three_way.l2norm.s1", ".three_way.fixnorm.s1")
-BESIDE = ["docs/equal/summary.json", "the full corpus"]
+FULL = ("docs/equal/summary.json", "the full corpus")
+# the quarter's checks (docs/quarter/NAME): each sweep, its name beside the quarter's answer and
+# the studies beside its own (the second draw's beside the full corpus, as the first draw's)
+CHECKS = {"lr_half": ("slurm/bible_quarter_lr_half.yaml", "lr × 0.5", ()),
+          "lr_double": ("slurm/bible_quarter_lr_double.yaml", "lr × 2", ()),
+          "s2": ("slurm/bible_quarter_s2.yaml", "the second draw", (FULL,))}
+BESIDE = [FULL, *((f"docs/quarter/{name}/summary.json", label)
+                  for name, (_, label, _) in CHECKS.items())]
 
 
 def _sweep():
@@ -72,10 +80,29 @@ def test_the_answer_is_rebuilt_from_the_records(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     assert studies(["answer", SWEEP, "--records-only", "--out", str(out), "--references",
                     str(refs), "--report", str(report), "--block", "quarter",
-                    "--beside", *BESIDE]) == 0
+                    *(a for pair in BESIDE for a in ("--beside", *pair))]) == 0
     assert (out / "answer.md").read_text() == (QUARTER / "answer.md").read_text()
     committed = (REPO / "docs" / "results.md").read_text()
     assert block_text(report.read_text(), "quarter") == block_text(committed, "quarter")
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_each_checks_answer_is_rebuilt_from_its_records(tmp_path, monkeypatch, check):
+    """The learning-rate checks and the second draw: every run of the check's sweep trained to
+    the quarter's budget, and its answer is what its records give."""
+    sweep, _, beside = CHECKS[check]
+    recs = records.load(QUARTER / check / "records", hypotheses=False)
+    assert {r.name for r in recs} == {r.name for r in load_sweep(REPO / sweep,
+                                                                 check_data=False).runs}
+    (budget,) = {r.stopping["max_epoch"] for r in _sweep().runs}
+    assert all(r.train.stop.epoch == budget and r.train.stop.reason == "budget" for r in recs)
+    out = tmp_path / check
+    shutil.copytree(QUARTER / check / "records", out / "records")
+    refs = write_lines(tmp_path / "test.en", read_split("test", "en"))
+    monkeypatch.chdir(REPO)
+    assert studies(["answer", sweep, "--records-only", "--out", str(out), "--references",
+                    str(refs), *(a for pair in beside for a in ("--beside", *pair))]) == 0
+    assert (out / "answer.md").read_text() == (QUARTER / check / "answer.md").read_text()
 
 
 def test_the_first_budgets_answer_is_rebuilt_from_its_records(tmp_path, monkeypatch):
@@ -148,3 +175,45 @@ def test_the_reading_quotes_the_answers():
               f"scored {pilot['three_way/ngpt']['bleu']['mean']:.2f} BLEU against three-way "
               f"`dot`'s {pilot['three_way/dot']['bleu']['mean']:.2f}"]
     assert [q for q in quoted if q not in reading] == []
+
+
+def test_the_reading_quotes_the_checks():
+    """"Across learning rates and draws" quotes the checks' Δs, their BLEU at lr × 2 and the
+    second draw's tying gain from their summaries; every seed of every check has `l2norm`
+    ahead, as it says."""
+    text = (REPO / "docs" / "results.md").read_text()
+    start = text.index("### What it says", text.index("## Low-resource"))
+    reading = " ".join(text[start:text.index("\n## ", start)].split())
+
+    def cells(name):
+        path = QUARTER / name / "summary.json"
+        return json.loads(path.read_text())["transformer_twwt"]
+
+    def delta(test):
+        return f"{test['delta_bleu']:+.2f} ± {test['delta_ci95']:.2f}"
+
+    here, half, double, s2 = (cells(n) for n in (".", "lr_half", "lr_double", "s2"))
+    gains = {n: c["three_way/l2norm"]["vs_dot"] for n, c in
+             (("here", here), ("half", half), ("double", double), ("s2", s2))}
+    assert all(d > 0 for g in gains.values() for d in g["per_seed_delta"].values())
+    tying = s2["three_way/dot"]["vs_untied"]
+    assert all(d > 0 for d in tying["per_seed_delta"].values())
+    quoted = [f"{delta(gains['half'])} BLEU at lr × 0.5", f"{delta(gains['here'])} at the primary",
+              f"{delta(gains['double'])} at lr × 2", f"{delta(gains['s2'])} on the second draw",
+              f"`dot` reads {double['three_way/dot']['bleu']['mean']:.2f} and `l2norm` "
+              f"{double['three_way/l2norm']['bleu']['mean']:.2f} BLEU, against "
+              f"{here['three_way/dot']['bleu']['mean']:.2f} and "
+              f"{here['three_way/l2norm']['bleu']['mean']:.2f}",
+              f"it gains {tying['delta_bleu']:+.2f} (better"]
+    assert [q for q in quoted if q not in reading] == []
+    best_dot = max(c["three_way/dot"]["bleu"]["mean"] for c in (here, half, double))
+    assert best_dot < here["three_way/l2norm"]["bleu"]["mean"]
+
+
+def test_the_second_draw_shares_a_quarter_of_the_first():
+    """The protocol's count of the verses both draws hold (``--sample-seed`` 1 and 2)."""
+    n = len(read_split("train", "en"))
+    first, second = (set(sample_indices(n, 0.25, seed)) for seed in (1, 2))
+    text = " ".join((REPO / "docs" / "results.md").read_text().split())
+    shared = len(first & second)
+    assert f"another {len(second):,} pairs, of which {shared:,} are in the first draw" in text

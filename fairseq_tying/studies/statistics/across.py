@@ -2,9 +2,11 @@
 with another learning rate or draw of the data?
 
 A claim's comparison gives per-seed differences d_1..d_n in each study (a bootstrap's
-``per_seed_delta``: this study's cells, and those of the other's ``summary.json``). The seeds
-of the two studies are independent runs, so the change of the claim's Δ from the other study
-(A) to this one (B) is Welch's difference of two means:
+``per_seed_delta``: this study's cells, and those of the other's ``summary.json``). The change
+of the claim's Δ from the other study (A) to this one (B) is Welch's difference of two means,
+which takes the two studies' runs as independent. A seed's runs in two studies start from the
+same initialization (and, on the same data, see the same batches), so they may correlate; a
+positive correlation makes the interval wider than it need be (conservative):
 
     Δ = mean(d^B) − mean(d^A)        s² = v_A + v_B,  v = var(d)/n
     df = s⁴ / (v_A²/(n_A − 1) + v_B²/(n_B − 1))       (Welch–Satterthwaite)
@@ -115,7 +117,9 @@ def render(here: dict[str, Summary], others: Sequence[tuple[dict[str, Summary], 
     return (f"**Beside {listed}**: each comparison's Δ BLEU (mean over seeds of the paired "
             "difference) and the rules' finding on it, in the other study and here, and its "
             "change here − there ± the 95 % Welch interval over the two studies' seeds "
-            "(independent runs): larger or smaller where the interval excludes 0, unresolved "
-            "where a compared cell still learns at its budget in either study.\n\n"
+            "(their runs taken as independent, though a seed's runs start from the same "
+            "initialization in both: a positive correlation widens the interval): larger or "
+            "smaller where the interval excludes 0, unresolved where a compared cell still "
+            "learns at its budget in either study.\n\n"
             + markdown_table(["model", "comparison", "there", "Δ there", "Δ here", "change",
                               "verdict"], table))
