@@ -204,9 +204,9 @@ def test_the_pooled_test_rejects_5_percent_of_true_nulls_not_10():
         theirs.append(test["p_sacrebleu"] < 0.05)
     assert 0.025 <= np.mean(ours) <= 0.08
     assert np.mean(theirs) >= 1.5 * np.mean(ours)
-    # the rates docs/results.md quotes are this simulation's (it is seeded)
+    # the rates docs/verdicts.md quotes are this simulation's (it is seeded)
     quoted = f"rejects {100 * np.mean(ours):.1f} %, sacrebleu's {100 * np.mean(theirs):.1f} %"
-    assert quoted in " ".join((REPO / "docs" / "results.md").read_text().split())
+    assert quoted in " ".join((REPO / "docs" / "verdicts.md").read_text().split())
 
 
 def test_a_difference_of_zero_has_p_one():

@@ -95,7 +95,7 @@ MIN_SAMPLES = 1000  # the fewest resamples (sacrebleu's default), however small 
 GAIN, UNCHANGED = "gain", "unchanged"  # what a claim expects of its difference
 NO_HARM = "no harm"  # a paper's claim that BLEU is not lower (``on_paper``)
 
-VERSION = 4  # of the rules below; docs/results.md's "Verdicts" says what each version changed
+VERSION = 4  # of the rules below; docs/verdicts.md says what each version changed
 
 
 def rule(test: str) -> str:
