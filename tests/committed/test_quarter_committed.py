@@ -41,6 +41,23 @@ def _pilot():
     return load_sweep(REPO / PILOT, check_data=False)
 
 
+def _beside(pairs) -> list[str]:
+    """``--beside SUMMARY NAME`` for each (summary, name) pair."""
+    return [a for pair in pairs for a in ("--beside", *pair)]
+
+
+def _cells(study: str) -> dict:
+    """The Transformer cells of docs/STUDY/summary.json."""
+    return json.loads((REPO / "docs" / study / "summary.json").read_text())["transformer_twwt"]
+
+
+def _reading() -> str:
+    """The quarter's "What it says", whitespace collapsed."""
+    text = (REPO / "docs" / "results.md").read_text()
+    start = text.index("### What it says", text.index("## Low-resource"))
+    return " ".join(text[start:text.index("\n## ", start)].split())
+
+
 def test_the_budget_is_the_latest_plateau_of_the_paper_cells_pilots():
     """The pilot trained seed 1 of every cell to its plateau; the budget is the latest stop of
     the four cells of the papers' claims (the newer heads train at it, and the answer says
@@ -80,7 +97,7 @@ def test_the_answer_is_rebuilt_from_the_records(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     assert studies(["answer", SWEEP, "--records-only", "--out", str(out), "--references",
                     str(refs), "--report", str(report), "--block", "quarter",
-                    *(a for pair in BESIDE for a in ("--beside", *pair))]) == 0
+                    *_beside(BESIDE)]) == 0
     assert (out / "answer.md").read_text() == (QUARTER / "answer.md").read_text()
     committed = (REPO / "docs" / "results.md").read_text()
     assert block_text(report.read_text(), "quarter") == block_text(committed, "quarter")
@@ -101,7 +118,7 @@ def test_each_checks_answer_is_rebuilt_from_its_records(tmp_path, monkeypatch, c
     refs = write_lines(tmp_path / "test.en", read_split("test", "en"))
     monkeypatch.chdir(REPO)
     assert studies(["answer", sweep, "--records-only", "--out", str(out), "--references",
-                    str(refs), *(a for pair in beside for a in ("--beside", *pair))]) == 0
+                    str(refs), *_beside(beside)]) == 0
     assert (out / "answer.md").read_text() == (QUARTER / check / "answer.md").read_text()
 
 
@@ -154,14 +171,8 @@ def test_the_guides_pilot_stops_are_the_pilots():
 def test_the_reading_quotes_the_answers():
     """The section's reading ("What it says") quotes its Δs from the quarter's, the full
     corpus's and the pilot's summaries."""
-    text = (REPO / "docs" / "results.md").read_text()
-    start = text.index("### What it says", text.index("## Low-resource"))
-    reading = " ".join(text[start:text.index("\n## ", start)].split())
-
-    def cells(path):
-        return json.loads((REPO / "docs" / path / "summary.json").read_text())["transformer_twwt"]
-
-    here, full, pilot = cells("quarter"), cells("equal"), cells("quarter/pilot")
+    reading = _reading()
+    here, full, pilot = _cells("quarter"), _cells("equal"), _cells("quarter/pilot")
     delta = {c: here[f"three_way/{c}"]["vs_dot"]["delta_bleu"]
              for c in ("l2norm", "fixnorm", "softcap", "ngpt", "dot+zloss")}
     tying = here["three_way/dot"]["vs_untied"]["delta_bleu"]
@@ -181,18 +192,12 @@ def test_the_reading_quotes_the_checks():
     """"Across learning rates and draws" quotes the checks' Δs, their BLEU at lr × 2 and the
     second draw's tying gain from their summaries; every seed of every check has `l2norm`
     ahead, as it says."""
-    text = (REPO / "docs" / "results.md").read_text()
-    start = text.index("### What it says", text.index("## Low-resource"))
-    reading = " ".join(text[start:text.index("\n## ", start)].split())
-
-    def cells(name):
-        path = QUARTER / name / "summary.json"
-        return json.loads(path.read_text())["transformer_twwt"]
+    reading = _reading()
 
     def delta(test):
         return f"{test['delta_bleu']:+.2f} ± {test['delta_ci95']:.2f}"
 
-    here, half, double, s2 = (cells(n) for n in (".", "lr_half", "lr_double", "s2"))
+    here, half, double, s2 = (_cells(f"quarter{n}") for n in ("", "/lr_half", "/lr_double", "/s2"))
     gains = {n: c["three_way/l2norm"]["vs_dot"] for n, c in
              (("here", here), ("half", half), ("double", double), ("s2", s2))}
     assert all(d > 0 for g in gains.values() for d in g["per_seed_delta"].values())
