@@ -78,6 +78,10 @@ def run_cli(tool: str, *args: str | os.PathLike, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run one of fairseq's console scripts from this environment (``cli_env()`` unless ENV;
     INPUT on its stdin); output captured."""
+    if tool == "fairseq-train" and "--save-dir" not in args:
+        # fairseq probes --save-dir even with --no-save, writing and removing checkpoints/dummy
+        # in the working directory, which every test worker shares: a race between workers
+        raise AssertionError("a test runs fairseq-train with --save-dir in its own tmp_path")
     return _run([str(BIN / tool), *map(str, args)], tool, check, env, None, input)
 
 
@@ -358,9 +362,11 @@ TIMING = {"wps", "ups", "wall", "gb_free", "cuda_gb_allocated"}  # also as train
 CHUNKED = ["--chunked-loss", "--chunked-loss-mb", "0.01"]
 
 
-def translation_args(data: Path, arch: str, *flags: str) -> list[str]:
-    """fairseq-train's arguments for 8 logged updates of a tiny model, saving nothing."""
+def translation_args(data: Path, save_dir: Path, arch: str, *flags: str) -> list[str]:
+    """fairseq-train's arguments for 8 logged updates of a tiny model, saving nothing (fairseq
+    still probes SAVE_DIR, and writes crash.pt there when a step raises)."""
     return [str(data), "--user-dir", "fairseq_tying", "--arch", arch, *TINY_MODEL,
+            "--save-dir", str(save_dir),
             "--dropout", "0.1",  # the same masks with and without: the loss draws no numbers
             "--criterion", "label_smoothed_cross_entropy_pr", "--label-smoothing", "0.1",
             "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600", "--max-update", "8",

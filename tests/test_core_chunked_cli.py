@@ -20,27 +20,28 @@ pytestmark = pytest.mark.slow  # every test runs fairseq's CLI
 
 
 @pytest.mark.parametrize("output_layer", output_layers.names())
-def test_every_output_layer_logs_the_same_losses(joined_bin, output_layer):
-    want, got = train_both(*translation_args(joined_bin, "transformer_twwt", "--output-layer",
-                                             output_layer, "--output-bias"))
+def test_every_output_layer_logs_the_same_losses(joined_bin, tmp_path, output_layer):
+    want, got = train_both(*translation_args(joined_bin, tmp_path, "transformer_twwt",
+                                             "--output-layer", output_layer, "--output-bias"))
     assert "nll_loss" in got[0][1] and "wnorm_mean" in got[0][1]
     assert_same_logs(want, got)
 
 
-def test_dynamicconv_with_projection_and_accuracy(joined_bin):
-    want, got = train_both(*translation_args(joined_bin, "dynamicconv_dwt", "--output-layer",
-                                             "distance", "--tied-projection",
+def test_dynamicconv_with_projection_and_accuracy(joined_bin, tmp_path):
+    want, got = train_both(*translation_args(joined_bin, tmp_path, "dynamicconv_dwt",
+                                             "--output-layer", "distance", "--tied-projection",
                                              "--report-accuracy", "--ignore-prefix-size", "1"))
     assert "accuracy" in got[0][1] and "train_accuracy" in got[-1][1]
     assert_same_logs(want, got)
 
 
-def test_fp16_optimizer_logs_the_same_losses(joined_bin):
+def test_fp16_optimizer_logs_the_same_losses(joined_bin, tmp_path):
     """fairseq's FP16Optimizer (half weights, fp32 master copy, loss scale) runs on a CPU only
     without its flattened master copy, which it puts on a CUDA device. (fairseq's --bf16 implies
     a TPU: bf16 is covered by the criterion's unit tests, tests/test_core_chunked_loss.py.)"""
-    want, got = train_both(*translation_args(joined_bin, "transformer_twwt", "--output-layer",
-                                             "l2norm", "--fp16", "--fp16-no-flatten-grads"))
+    want, got = train_both(*translation_args(joined_bin, tmp_path, "transformer_twwt",
+                                             "--output-layer", "l2norm", "--fp16",
+                                             "--fp16-no-flatten-grads"))
     assert "loss_scale" in got[0][1]
     assert_same_logs(want, got)
 
@@ -55,10 +56,8 @@ def test_language_model_logs_the_same_losses_as_stock_cross_entropy(lm_bin, tmp_
 
 
 def test_stock_architecture_is_refused(joined_bin, tmp_path):
-    # fairseq saves crash.pt to --save-dir when a train step raises, even with --no-save
-    proc = run_cli("fairseq-train", *translation_args(joined_bin, "transformer",
-                                                      "--share-all-embeddings", "--chunked-loss",
-                                                      "--save-dir", str(tmp_path)),
+    proc = run_cli("fairseq-train", *translation_args(joined_bin, tmp_path, "transformer",
+                                                      "--share-all-embeddings", "--chunked-loss"),
                    check=False)
     assert proc.returncode != 0
     assert "--chunked-loss scores the decoder's features" in proc.stderr

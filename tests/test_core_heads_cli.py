@@ -38,8 +38,8 @@ pytestmark = pytest.mark.slow  # every test runs fairseq's CLI
     ("--output-layer", "dot", "--z-loss", "0.01"),
     ("--output-layer", "ngpt", "--z-loss", "0.01"),
 ], ids=["softcap", "ngpt", "dot-zloss", "ngpt-zloss"])
-def test_fairseq_trains_it_the_same_with_either_loss(joined_bin, flags):
-    want, got = train_both(*translation_args(joined_bin, "transformer_twwt", *flags))
+def test_fairseq_trains_it_the_same_with_either_loss(joined_bin, tmp_path, flags):
+    want, got = train_both(*translation_args(joined_bin, tmp_path, "transformer_twwt", *flags))
     assert_same_logs(want, got)
     inner = [record for kind, record in want if kind == "train_inner"]
     assert all(("z_loss" in r) == ("--z-loss" in flags) for r in inner)
@@ -51,8 +51,8 @@ def test_fairseq_trains_it_the_same_with_either_loss(joined_bin, flags):
 def test_a_transform_layer_from_one_file_trains_the_same_with_either_loss_and_decodes(
         joined_bin, tmp_path):
     env = toy_env(TOY_TRANSFORM_FILE)
-    want, got = train_both(*translation_args(joined_bin, "transformer_twwt", "--output-layer",
-                                             TOY_TRANSFORM), env=env)
+    want, got = train_both(*translation_args(joined_bin, tmp_path, "transformer_twwt",
+                                             "--output-layer", TOY_TRANSFORM), env=env)
     assert_same_logs(want, got)
     run_cli("fairseq-train", *train_args(joined_bin, tmp_path, "transformer_twwt",
                                          "--output-layer", TOY_TRANSFORM), env=env)

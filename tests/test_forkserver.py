@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests import forkserver
-from tests.helpers import BIN, REPO, cli_env
+from tests.helpers import BIN, REPO, cli_env, run_cli
 
 pytestmark = pytest.mark.slow  # each case starts a plain process (4 s) beside the forked one
 CASES = [
@@ -58,3 +58,10 @@ def test_an_environment_the_server_was_not_started_with_runs_as_a_plain_process(
                         subprocess.CompletedProcess(a[0], 0, "", ""))
     forkserver.run([str(BIN / "fairseq-train"), "--help"], env, REPO, 60, None)
     assert ran == [env]
+
+
+def test_fairseq_train_without_its_own_save_dir_is_refused_before_it_runs(tmp_path):
+    """fairseq-train probes ./checkpoints with --no-save too; workers share the directory."""
+    with pytest.raises(AssertionError, match="--save-dir in its own tmp_path"):
+        run_cli("fairseq-train", "--no-such-flag")
+    assert run_cli("fairseq-train", "--help", "--save-dir", str(tmp_path)).returncode == 0

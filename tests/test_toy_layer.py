@@ -102,7 +102,8 @@ def test_without_it_registered_nothing_knows_it(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="grid.output_layer: unknown value 'scaled_dot'"):
         load_sweep(sweep, check_data=False)
     proc = run_cli("fairseq-train", "unused", "--user-dir", "fairseq_tying", "--arch",
-                   "transformer_twwt", "--output-layer", TOY_LAYER, check=False)
+                   "transformer_twwt", "--output-layer", TOY_LAYER, "--save-dir", str(tmp_path),
+                   check=False)
     assert proc.returncode == 2 and "invalid choice: 'scaled_dot'" in proc.stderr
 
 
@@ -138,8 +139,8 @@ def test_a_study_grid_has_its_row_and_claim(toy):
 def test_fairseq_trains_it_with_either_loss_decodes_it_and_the_exports_refuse_it(joined_bin,
                                                                                 tmp_path):
     env = toy_env()
-    want, got = train_both(*translation_args(joined_bin, "transformer_twwt", "--output-layer",
-                                             TOY_LAYER), env=env)
+    want, got = train_both(*translation_args(joined_bin, tmp_path, "transformer_twwt",
+                                             "--output-layer", TOY_LAYER), env=env)
     assert_same_logs(want, got)
     ckpt = train_checkpoint(joined_bin, tmp_path / "run", "transformer_twwt", "three_way",
                             TOY_LAYER, False, env=env)
