@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,27 @@ def _beside(pairs) -> list[str]:
     return [a for pair in pairs for a in ("--beside", *pair)]
 
 
+def _rebuilt(folder: Path, sweep: str, tmp_path: Path, *flags: str) -> Path:
+    """``studies answer SWEEP --records-only`` on a copy of FOLDER's records (run from the
+    repository, as the committed answer was): its answer.md is FOLDER's. Returns the copy."""
+    out = tmp_path / folder.name
+    shutil.copytree(folder / "records", out / "records")
+    refs = write_lines(tmp_path / "test.en", read_split("test", "en"))
+    assert studies(["answer", sweep, "--records-only", "--out", str(out), "--references",
+                    str(refs), *flags]) == 0
+    assert (out / "answer.md").read_text() == (folder / "answer.md").read_text()
+    return out
+
+
+def _at_the_budget(folder: Path, sweep: str) -> None:
+    """FOLDER's records are SWEEP's runs, every one trained to the quarter's budget."""
+    recs = records.load(folder / "records", hypotheses=False)
+    assert {r.name for r in recs} == {r.name for r in load_sweep(REPO / sweep,
+                                                                 check_data=False).runs}
+    (budget,) = {r.stopping["max_epoch"] for r in _sweep().runs}
+    assert all(r.train.stop.epoch == budget and r.train.stop.reason == "budget" for r in recs)
+
+
 def _cells(study: str) -> dict:
     """The Transformer cells of docs/STUDY/summary.json."""
     return json.loads((REPO / "docs" / study / "summary.json").read_text())["transformer_twwt"]
@@ -72,33 +94,20 @@ def test_the_budget_is_the_latest_plateau_of_the_paper_cells_pilots():
 
 
 def test_the_pilots_answer_is_rebuilt_from_its_records(tmp_path, monkeypatch):
-    out = tmp_path / "pilot"
-    shutil.copytree(QUARTER / "pilot" / "records", out / "records")
-    refs = write_lines(tmp_path / "test.en", read_split("test", "en"))
     monkeypatch.chdir(REPO)
-    assert studies(["answer", PILOT, "--records-only", "--out", str(out), "--references",
-                    str(refs)]) == 0
-    assert (out / "answer.md").read_text() == (QUARTER / "pilot" / "answer.md").read_text()
+    _rebuilt(QUARTER / "pilot", PILOT, tmp_path)
 
 
 @pytest.mark.skipif(not (QUARTER / "answer.md").is_file(), reason="the low-resource study's "
                     "answer is not recorded yet: python -m fairseq_tying.studies answer "
                     f"{SWEEP} --out docs/quarter ...")
 def test_the_answer_is_rebuilt_from_the_records(tmp_path, monkeypatch):
-    recs = records.load(QUARTER / "records", hypotheses=False)
-    assert {r.name for r in recs} == {r.name for r in _sweep().runs}
-    (budget,) = {r.stopping["max_epoch"] for r in _sweep().runs}
-    assert all(r.train.stop.epoch == budget and r.train.stop.reason == "budget" for r in recs)
-    refs = write_lines(tmp_path / "test.en", read_split("test", "en"))
-    out = tmp_path / "quarter"
-    shutil.copytree(QUARTER / "records", out / "records")
+    _at_the_budget(QUARTER, SWEEP)
     report = tmp_path / "results.md"
     shutil.copyfile(REPO / "docs" / "results.md", report)
     monkeypatch.chdir(REPO)
-    assert studies(["answer", SWEEP, "--records-only", "--out", str(out), "--references",
-                    str(refs), "--report", str(report), "--block", "quarter",
-                    *_beside(BESIDE)]) == 0
-    assert (out / "answer.md").read_text() == (QUARTER / "answer.md").read_text()
+    _rebuilt(QUARTER, SWEEP, tmp_path, "--report", str(report), "--block", "quarter",
+             *_beside(BESIDE))
     committed = (REPO / "docs" / "results.md").read_text()
     assert block_text(report.read_text(), "quarter") == block_text(committed, "quarter")
 
@@ -108,31 +117,16 @@ def test_each_checks_answer_is_rebuilt_from_its_records(tmp_path, monkeypatch, c
     """The learning-rate checks and the second draw: every run of the check's sweep trained to
     the quarter's budget, and its answer is what its records give."""
     sweep, _, beside = CHECKS[check]
-    recs = records.load(QUARTER / check / "records", hypotheses=False)
-    assert {r.name for r in recs} == {r.name for r in load_sweep(REPO / sweep,
-                                                                 check_data=False).runs}
-    (budget,) = {r.stopping["max_epoch"] for r in _sweep().runs}
-    assert all(r.train.stop.epoch == budget and r.train.stop.reason == "budget" for r in recs)
-    out = tmp_path / check
-    shutil.copytree(QUARTER / check / "records", out / "records")
-    refs = write_lines(tmp_path / "test.en", read_split("test", "en"))
+    _at_the_budget(QUARTER / check, sweep)
     monkeypatch.chdir(REPO)
-    assert studies(["answer", sweep, "--records-only", "--out", str(out), "--references",
-                    str(refs), *_beside(beside)]) == 0
-    assert (out / "answer.md").read_text() == (QUARTER / check / "answer.md").read_text()
+    _rebuilt(QUARTER / check, sweep, tmp_path, *_beside(beside))
 
 
 def test_the_first_budgets_answer_is_rebuilt_from_its_records(tmp_path, monkeypatch):
     """The study's first protocol (12 epochs, the untied pilot's), kept with its sweep file."""
     first = QUARTER / "12_epochs"
-    out = tmp_path / "first"
-    shutil.copytree(first / "records", out / "records")
-    refs = write_lines(tmp_path / "test.en", read_split("test", "en"))
     monkeypatch.chdir(REPO)
-    sweep = str((first / "bible_quarter.yaml").relative_to(REPO))
-    assert studies(["answer", sweep, "--records-only", "--out", str(out), "--references",
-                    str(refs)]) == 0
-    assert (out / "answer.md").read_text() == (first / "answer.md").read_text()
+    _rebuilt(first, str((first / "bible_quarter.yaml").relative_to(REPO)), tmp_path)
     (epochs,) = {r.stopping["max_epoch"] for r in load_sweep(first / "bible_quarter.yaml",
                                                               check_data=False).runs}
     assert epochs == 12
